@@ -1,0 +1,125 @@
+"""Span semantic conventions: the attribute and span names agentbolt reads and writes.
+
+Generic fields use the OpenTelemetry GenAI names (``gen_ai.*``); our own namespace
+``agentbolt.*`` holds only what reinforcement learning needs (rollout/attempt ids, token ids,
+logprobs, rewards, policy version). The deprecated ``gen_ai.prompt`` / ``gen_ai.completion``
+attributes are never written.
+
+Every span stored by agentbolt carries :data:`SCHEMA_VERSION` (``Span.schema_version``) so
+readers can tell which version of these conventions produced it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+SCHEMA_VERSION: Final = "1.0"
+"""Version of these conventions. Bumped on any incompatible change to names or encodings."""
+
+# --- OpenTelemetry GenAI (generic fields) -----------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+"""``chat``, ``text_completion``, ``execute_tool``, ``invoke_agent``, ``create_agent``."""
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+"""JSON-encoded list of input messages."""
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+"""JSON-encoded list of output messages."""
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+
+# Values of gen_ai.operation.name
+OP_CHAT: Final = "chat"
+OP_TEXT_COMPLETION: Final = "text_completion"
+OP_EXECUTE_TOOL: Final = "execute_tool"
+OP_INVOKE_AGENT: Final = "invoke_agent"
+
+# Standard OpenTelemetry exception attributes (on exception events and spans).
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
+ERROR_TYPE: Final = "error.type"
+
+# --- agentbolt.* (what RL needs) ---------------------------------------------------------------
+ROLLOUT_ID: Final = "agentbolt.rollout_id"
+"""Rollout id; on spans and as an OTLP resource attribute to route spans to a rollout."""
+ATTEMPT_ID: Final = "agentbolt.attempt_id"
+"""Attempt id; on spans and as an OTLP resource attribute."""
+SCHEMA_VERSION_ATTR: Final = "agentbolt.schema_version"
+
+# LLM-call spans written by the gateway.
+PROMPT_TOKEN_IDS: Final = "agentbolt.llm.prompt_token_ids"
+"""Exact prompt token ids as the inference backend saw them (list of int)."""
+RESPONSE_TOKEN_IDS: Final = "agentbolt.llm.response_token_ids"
+"""Exact generated token ids (list of int)."""
+RESPONSE_LOGPROBS: Final = "agentbolt.llm.response_logprobs"
+"""Logprob of each generated token under the sampling policy (list of float)."""
+TOKEN_SOURCE: Final = "agentbolt.llm.token_source"
+"""How token ids were obtained: ``exact`` (from the backend), ``retokenized`` or ``missing``."""
+POLICY_VERSION: Final = "agentbolt.llm.policy_version"
+"""Resources version (policy weights) that served the call."""
+LLM_LATENCY_S: Final = "agentbolt.llm.latency_s"
+LLM_STREAM: Final = "agentbolt.llm.stream"
+LLM_UPSTREAM: Final = "agentbolt.llm.upstream"
+LLM_CHOICE_INDEX: Final = "agentbolt.llm.choice_index"
+LLM_REQUEST: Final = "agentbolt.llm.request"
+"""JSON of the request body as forwarded upstream."""
+LLM_RESPONSE: Final = "agentbolt.llm.response"
+"""JSON of the response body as returned to the client (assembled for streams)."""
+
+TOKEN_SOURCE_EXACT: Final = "exact"
+TOKEN_SOURCE_RETOKENIZED: Final = "retokenized"
+TOKEN_SOURCE_MISSING: Final = "missing"
+
+# Rewards and other emitted records.
+REWARD_VALUE: Final = "agentbolt.reward.value"
+"""The primary reward value (float)."""
+REWARD_PRIMARY: Final = "agentbolt.reward.primary"
+"""Name of the primary reward dimension."""
+REWARD_DIMENSIONS: Final = "agentbolt.reward.dimensions"
+"""JSON object of all named reward dimensions ``{name: value}``."""
+REWARD_TARGET_SPAN_ID: Final = "agentbolt.reward.target_span_id"
+"""Optional explicit target: the span id of the LLM call this reward belongs to."""
+REWARD_TARGET_RESPONSE_ID: Final = "agentbolt.reward.target_response_id"
+"""Optional explicit target: the ``gen_ai.response.id`` of the LLM call this reward belongs to."""
+REWARD_IS_FINAL: Final = "agentbolt.reward.final"
+"""True when this reward is the episode's final reward (e.g. the agent's return value)."""
+MESSAGE_BODY: Final = "agentbolt.message.body"
+OBSERVATION_BODY: Final = "agentbolt.observation.body"
+OBJECT_JSON: Final = "agentbolt.object.json"
+OBJECT_TYPE: Final = "agentbolt.object.type"
+OPERATION_NAME: Final = "agentbolt.operation.name"
+OPERATION_INPUT: Final = "agentbolt.operation.input"
+OPERATION_OUTPUT: Final = "agentbolt.operation.output"
+SPAN_KIND_ATTR: Final = "agentbolt.span.kind"
+"""Our classification of a span: one of the ``KIND_*`` values below."""
+
+KIND_LLM: Final = "llm"
+KIND_AGENT: Final = "agent"
+KIND_TOOL: Final = "tool"
+KIND_REWARD: Final = "reward"
+KIND_MESSAGE: Final = "message"
+KIND_OBSERVATION: Final = "observation"
+KIND_OBJECT: Final = "object"
+KIND_EXCEPTION: Final = "exception"
+KIND_OPERATION: Final = "operation"
+
+# Span names written by agentbolt itself.
+SPAN_LLM_CALL: Final = "agentbolt.llm"
+SPAN_REWARD: Final = "agentbolt.reward"
+SPAN_MESSAGE: Final = "agentbolt.message"
+SPAN_OBSERVATION: Final = "agentbolt.observation"
+SPAN_OBJECT: Final = "agentbolt.object"
+SPAN_EXCEPTION: Final = "agentbolt.exception"
+SPAN_OPERATION: Final = "agentbolt.operation"

@@ -1,0 +1,47 @@
+"""The store: rollouts, attempts, spans and resources behind one async protocol.
+
+Open a backend by URL::
+
+    from agentbolt.store import open_store
+
+    store = open_store("sqlite:///runs.db")      # the embedded default
+    store = open_store("memory://")              # in-process, for tests
+    store = open_store("postgresql://user@host:5432/db")   # several machines
+
+Backends are plugins registered by URL scheme (``agentbolt_register_stores``); the built-in
+ones register through the same hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import UserError
+from .base import Store
+
+__all__ = ["DEFAULT_STORE_URL", "Store", "open_store"]
+
+DEFAULT_STORE_URL = "sqlite:///agentbolt.db"
+"""Used when no store URL is given: a SQLite file in the working directory."""
+
+
+def open_store(url: str = DEFAULT_STORE_URL, *, plugins: Any = None, **options: Any) -> Store:
+    """Open the store at ``url`` with the backend registered for its scheme.
+
+    Keyword options go to the backend (e.g. ``sweep_interval_s``). Raises
+    :class:`~agentbolt.errors.UserError` naming the registered schemes when none matches.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise UserError(
+            f"store URL must look like 'sqlite:///runs.db', 'memory://' or 'postgresql://host/db', got {url!r}"
+        )
+    scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
+    scheme = {"postgres": "postgresql"}.get(scheme, scheme)
+    if plugins is None:
+        from ..plugins import default_plugins
+
+        plugins = default_plugins()
+    factory = plugins.stores.get(scheme)
+    store = factory(url, **options)
+    return store

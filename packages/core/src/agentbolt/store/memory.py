@@ -1,0 +1,414 @@
+"""``memory://``: an in-process store for tests and single-process experiments.
+
+Nothing survives the process. Safe to share between threads and event loops of one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from .. import types as t
+from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
+from . import lifecycle
+from .base import Notifier, check_span_batch, normalize_statuses
+from .sweeper import Sweeper
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """The in-memory backend. Options: ``sweep_interval_s`` (default 1.0), ``clock``."""
+
+    def __init__(
+        self,
+        url: str = "memory://",
+        *,
+        sweep_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._notifier = Notifier()
+        self._qseq = 0
+        self._rollouts: dict[str, t.Rollout] = {}
+        self._order: dict[str, int] = {}
+        self._queues: dict[t.RolloutMode, list[tuple[int, str]]] = {m: [] for m in t.RolloutMode}
+        self._attempts: dict[str, t.Attempt] = {}
+        self._attempts_of: dict[str, list[str]] = {}
+        self._running: set[str] = set()
+        self._spans: dict[str, dict[str, t.Span]] = {}
+        self._span_seq: dict[str, int] = {}
+        self._resources: list[t.Resources] = []
+        self._closed = False
+        self._sweeper = Sweeper(self._sweep_now, sweep_interval_s, name="agentbolt-memory-sweeper")
+
+    # -- helpers (call with the lock held) ----------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UserError("this store is closed; open a new one with open_store()")
+
+    def _rollout(self, rollout_id: str) -> t.Rollout:
+        try:
+            return self._rollouts[rollout_id]
+        except KeyError:
+            raise NotFoundError("rollout", rollout_id) from None
+
+    def _push(self, rollout: t.Rollout) -> None:
+        heapq.heappush(self._queues[rollout.mode], (self._order[rollout.rollout_id], rollout.rollout_id))
+
+    def _apply(self, rollout: t.Rollout, attempt: t.Attempt | None) -> None:
+        """Store new versions of a rollout and its attempt, keeping the indexes in step."""
+        previous = self._rollouts.get(rollout.rollout_id)
+        self._rollouts[rollout.rollout_id] = rollout
+        if rollout.status is t.RolloutStatus.QUEUED and (
+            previous is None or previous.status is not t.RolloutStatus.QUEUED
+        ):
+            self._push(rollout)
+        if attempt is not None:
+            self._attempts[attempt.attempt_id] = attempt
+            if attempt.status is t.AttemptStatus.RUNNING:
+                self._running.add(attempt.attempt_id)
+            else:
+                self._running.discard(attempt.attempt_id)
+
+    def _expire_one(self, attempt_id: str, now: float) -> bool:
+        attempt = self._attempts[attempt_id]
+        changed = lifecycle.expire(self._rollouts[attempt.rollout_id], attempt, now)
+        if changed is None:
+            return False
+        self._apply(*changed)
+        return True
+
+    def _sweep_now(self) -> int:
+        with self._lock:
+            if self._closed:
+                return 0
+            now = self._clock()
+            ended = sum(self._expire_one(aid, now) for aid in list(self._running))
+        if ended:
+            self._notifier.notify()
+        return ended
+
+    # -- rollouts -----------------------------------------------------------------------------
+
+    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            known = {r.version for r in self._resources}
+            planned: dict[str, t.Rollout] = {}
+            result: list[t.Rollout] = []
+            for spec in specs:
+                if spec.resources_version is not None and spec.resources_version not in known:
+                    raise NotFoundError("resources version", spec.resources_version)
+                rid = spec.rollout_id or t.new_id("ro-")
+                existing = self._rollouts.get(rid) or planned.get(rid)
+                if existing is not None:
+                    if not existing.matches_spec(spec):
+                        raise ConflictError(
+                            f"rollout {rid} already exists with different content; use a new rollout_id"
+                        )
+                    result.append(existing)
+                    continue
+                rollout = lifecycle.new_rollout(spec, rid, now)
+                planned[rid] = rollout
+                result.append(rollout)
+            for rid, rollout in planned.items():
+                self._qseq += 1
+                self._order[rid] = self._qseq
+                self._attempts_of[rid] = []
+                self._spans[rid] = {}
+                self._span_seq[rid] = 0
+                self._apply(rollout, None)
+            return result
+
+    async def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        mode: t.RolloutMode | None = None,
+    ) -> list[t.Claim]:
+        if limit < 1:
+            raise UserError(f"limit must be at least 1, got {limit}")
+        if lease_s <= 0:
+            raise UserError(f"lease_s must be positive, got {lease_s}")
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            latest = self._resources[-1].version if self._resources else None
+            claims: list[t.Claim] = []
+            queues = [self._queues[mode]] if mode is not None else list(self._queues.values())
+            while len(claims) < limit:
+                candidates = [q for q in queues if q]
+                if not candidates:
+                    break
+                queue = min(candidates, key=lambda q: q[0][0])
+                _, rid = heapq.heappop(queue)
+                rollout = self._rollouts.get(rid)
+                if rollout is None or rollout.status is not t.RolloutStatus.QUEUED:
+                    continue  # stale heap entry (cancelled or purged)
+                updated, attempt = lifecycle.claim(
+                    rollout,
+                    attempt_id=t.new_id("at-"),
+                    worker_id=worker_id,
+                    lease_s=lease_s,
+                    now=now,
+                    resources_version=latest,
+                )
+                self._apply(updated, attempt)
+                self._attempts_of[rid].append(attempt.attempt_id)
+                claims.append(t.Claim(rollout=updated, attempt=attempt))
+            return claims
+
+    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
+        with self._lock:
+            self._check_open()
+            unknown = [a for a in attempt_ids if a not in self._attempts]
+            if unknown:
+                raise NotFoundError("attempt", unknown)
+            now = self._clock()
+            ended = False
+            out = []
+            for aid in attempt_ids:
+                ended |= self._expire_one(aid, now)
+                attempt = lifecycle.renew(self._attempts[aid], lease_s, now)
+                self._attempts[aid] = attempt
+                out.append(attempt)
+        if ended:
+            self._notifier.notify()
+        return out
+
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: t.AttemptStatus,
+        *,
+        reward: float | None = None,
+        error: t.ErrorInfo | None = None,
+    ) -> t.Rollout:
+        with self._lock:
+            self._check_open()
+            if attempt_id not in self._attempts:
+                raise NotFoundError("attempt", attempt_id)
+            now = self._clock()
+            expired = self._expire_one(attempt_id, now)
+            attempt = self._attempts[attempt_id]
+            try:
+                rollout, attempt = lifecycle.finish(
+                    self._rollouts[attempt.rollout_id],
+                    attempt,
+                    t.AttemptStatus(status),
+                    now=now,
+                    reward=reward,
+                    error=error,
+                )
+            finally:
+                if expired:
+                    self._notifier.notify()
+            self._apply(rollout, attempt)
+        self._notifier.notify()
+        return rollout
+
+    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            plans = []
+            for rid in rollout_ids:
+                rollout = self._rollout(rid)
+                attempt = self._attempts.get(rollout.current_attempt_id or "")
+                plans.append(lifecycle.cancel(rollout, attempt, now, reason))  # validates all first
+            for rollout, attempt in plans:
+                self._apply(rollout, attempt)
+            out = [r for r, _ in plans]
+        self._notifier.notify()
+        return out
+
+    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
+        with self._lock:
+            unknown = [r for r in rollout_ids if r not in self._rollouts]
+            if unknown:
+                raise NotFoundError("rollout", unknown)
+            return [self._rollouts[r] for r in rollout_ids]
+
+    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+        with self._lock:
+            self._rollout(rollout_id)
+            return [self._attempts[a] for a in self._attempts_of[rollout_id]]
+
+    async def query_rollouts(
+        self,
+        *,
+        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
+        mode: t.RolloutMode | None = None,
+        group_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> t.Page[t.Rollout]:
+        statuses = normalize_statuses(status)
+        after = _parse_cursor(cursor)
+        if limit < 1:
+            raise UserError(f"limit must be at least 1, got {limit}")
+        with self._lock:
+            items: list[t.Rollout] = []
+            last = None
+            for rid, rollout in self._rollouts.items():
+                q = self._order[rid]
+                if q <= after:
+                    continue
+                if statuses is not None and rollout.status not in statuses:
+                    continue
+                if mode is not None and rollout.mode != mode:
+                    continue
+                if group_id is not None and rollout.group_id != group_id:
+                    continue
+                if len(items) == limit:
+                    return t.Page(items=items, next_cursor=str(last))
+                items.append(rollout)
+                last = q
+            return t.Page(items=items, next_cursor=None)
+
+    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
+        with self._lock:
+            counts = dict.fromkeys(t.RolloutStatus, 0)
+            for rollout in self._rollouts.values():
+                if group_id is None or rollout.group_id == group_id:
+                    counts[rollout.status] += 1
+            return counts
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            fut = self._notifier.future()
+            rollouts = await self.get_rollouts(rollout_ids)
+            remaining = None if deadline is None else deadline - loop.time()
+            if all(r.status.is_final for r in rollouts) or (remaining is not None and remaining <= 0):
+                self._notifier.discard(fut)
+                return rollouts
+            # The sweeper notifies on expiry; the periodic wake-up only bounds clock drift.
+            await self._notifier.wait(fut, 5.0 if remaining is None else min(remaining, 5.0))
+
+    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
+        if rollout_ids is None and older_than_s is None:
+            raise UserError("purge needs rollout_ids or older_than_s")
+        with self._lock:
+            now = self._clock()
+            chosen: list[str] = []
+            if rollout_ids is not None:
+                for rid in rollout_ids:
+                    rollout = self._rollout(rid)
+                    if not rollout.status.is_final:
+                        raise InvalidTransitionError(
+                            f"rollout {rid} is {rollout.status.value}; cancel it before purging"
+                        )
+                chosen.extend(dict.fromkeys(rollout_ids))
+            if older_than_s is not None:
+                chosen.extend(
+                    rid
+                    for rid, r in self._rollouts.items()
+                    if r.status.is_final
+                    and r.ended_at is not None
+                    and r.ended_at <= now - older_than_s
+                    and rid not in chosen
+                )
+            for rid in chosen:
+                del self._rollouts[rid]
+                del self._order[rid]
+                for aid in self._attempts_of.pop(rid):
+                    self._attempts.pop(aid, None)
+                    self._running.discard(aid)
+                self._spans.pop(rid, None)
+                self._span_seq.pop(rid, None)
+            return len(chosen)
+
+    # -- spans --------------------------------------------------------------------------------
+
+    async def add_spans(self, spans: Sequence[t.Span]) -> int:
+        check_span_batch(spans)
+        with self._lock:
+            self._check_open()
+            unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
+            if unknown:
+                raise NotFoundError("rollout", unknown)
+            for span in spans:
+                if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
+                    raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
+            added = 0
+            for span in spans:
+                rid = span.rollout_id
+                assert rid is not None
+                stored = self._spans[rid]
+                if span.span_id in stored:
+                    continue
+                self._span_seq[rid] += 1
+                stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})
+                added += 1
+            return added
+
+    async def query_spans(
+        self,
+        rollout_ids: Sequence[str],
+        *,
+        latest_attempt_only: bool = False,
+        after_seq: int | None = None,
+    ) -> dict[str, list[t.Span]]:
+        with self._lock:
+            unknown = [r for r in rollout_ids if r not in self._rollouts]
+            if unknown:
+                raise NotFoundError("rollout", unknown)
+            out: dict[str, list[t.Span]] = {}
+            for rid in rollout_ids:
+                current = self._rollouts[rid].current_attempt_id
+                out[rid] = [
+                    s
+                    for s in self._spans[rid].values()
+                    if (after_seq is None or (s.seq or 0) > after_seq)
+                    and (not latest_attempt_only or s.attempt_id is None or s.attempt_id == current)
+                ]
+            return out
+
+    # -- resources ----------------------------------------------------------------------------
+
+    async def add_resources(self, resources: t.Resources) -> t.Resources:
+        with self._lock:
+            self._check_open()
+            version = (self._resources[-1].version or 0) + 1 if self._resources else 1
+            stored = resources.model_copy(update={"version": version, "created_at": self._clock()})
+            self._resources.append(stored)
+            return stored
+
+    async def get_resources(self, version: int | None = None) -> t.Resources | None:
+        with self._lock:
+            if version is None:
+                return self._resources[-1] if self._resources else None
+            if 1 <= version <= len(self._resources):
+                return self._resources[version - 1]
+            raise NotFoundError("resources version", version)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        return self._sweep_now()
+
+    async def close(self) -> None:
+        self._sweeper.stop()
+        with self._lock:
+            self._closed = True
+
+
+def _parse_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    try:
+        return int(cursor)
+    except ValueError:
+        raise UserError(f"invalid cursor {cursor!r}; pass back a Page.next_cursor unchanged") from None

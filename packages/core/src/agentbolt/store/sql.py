@@ -1,0 +1,1207 @@
+"""``sqlite:///path.db`` and ``postgresql://...``: durable stores on SQLAlchemy 2.
+
+One code path serves both databases; the differences are confined to connection set-up,
+locking and change notification:
+
+- **SQLite** (the embedded default): WAL journal, ``synchronous=NORMAL`` (every acknowledged
+  write survives a crash of the process; use ``?synchronous=full`` to also survive power loss),
+  write transactions start with ``BEGIN IMMEDIATE`` so several processes can share one file and
+  two of them never claim the same rollout. Within a process all statements run on one
+  dedicated thread, so asyncio tasks never contend for the file lock. Waiters notice other
+  processes' commits through ``PRAGMA data_version``.
+- **PostgreSQL**: a connection pool used from a thread pool; claims use
+  ``SELECT ... FOR UPDATE SKIP LOCKED``; rollout rows are locked before attempt rows; waiters
+  are woken by ``LISTEN``/``NOTIFY``. ``?schema=NAME`` keeps the tables in their own schema.
+
+Status changes go through :mod:`agentbolt.store.lifecycle`, like every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from .. import types as t
+from ..errors import (
+    ConflictError,
+    InvalidTransitionError,
+    MissingDependencyError,
+    NotFoundError,
+    StaleAttemptError,
+    StoreUnavailableError,
+    UserError,
+)
+from . import lifecycle
+from .base import Notifier, check_span_batch, normalize_statuses
+from .sweeper import Sweeper
+
+__all__ = ["SCHEMA_VERSION", "SqlStore"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+SCHEMA_VERSION = 1
+"""Version of the table layout below; stored in ``store_meta``."""
+
+_IN_CHUNK = 500  # ids per IN (...) list
+_GROUP_COMMIT_MAX = 64  # SQLite write operations committed together at most
+
+metadata = sa.MetaData()
+
+rollouts = sa.Table(
+    "rollouts",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("rollout_id", sa.String, nullable=False, unique=True),
+    sa.Column("task_id", sa.String),
+    sa.Column("input", sa.Text, nullable=False),
+    sa.Column("mode", sa.String(8), nullable=False),
+    sa.Column("group_id", sa.String),
+    sa.Column("resources_version", sa.Integer),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempt_count", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("timeout_s", sa.Float),
+    sa.Column("final_reward", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Column("current_attempt_id", sa.String),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+    sa.Column("span_seq", sa.Integer, nullable=False, server_default="0"),
+    # Few indexes on purpose: each one is rewritten on every status change. (status, id) serves
+    # the queue (status = 'queued' ORDER BY id) and status queries; purge-by-age scans.
+    sa.Index("ix_rollouts_status_id", "status", "id"),
+    sa.Index("ix_rollouts_group", "group_id", "id"),
+)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("attempt_id", sa.String, primary_key=True),
+    sa.Column("rollout_id", sa.String, nullable=False, index=True),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("worker_id", sa.String, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("lease_expires_at", sa.Float),
+    sa.Column("deadline_at", sa.Float),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Index(
+        "ix_attempts_running",
+        "lease_expires_at",
+        sqlite_where=sa.text("status = 'running'"),
+        postgresql_where=sa.text("status = 'running'"),
+    ),
+)
+
+# Append-only rows with a single secondary index: (rollout key, span key) enforces idempotency
+# and serves per-rollout queries (sorted by seq after the index lookup). Every extra index
+# roughly halves ingest speed, because each commit writes every index page it touched; integer
+# keys (the rollout's row id, the 64-bit span id) keep that index small.
+spans = sa.Table(
+    "spans",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("rkey", sa.BigInteger, nullable=False),  # rollouts.id
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("skey", sa.BigInteger, nullable=False),  # span id as a signed 64-bit integer
+    sa.Column("attempt_id", sa.String),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.UniqueConstraint("rkey", "skey", name="uq_spans_rollout_span"),
+)
+
+resources = sa.Table(
+    "resources",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+store_meta = sa.Table(
+    "store_meta",
+    metadata,
+    sa.Column("key", sa.String, primary_key=True),
+    sa.Column("value", sa.String, nullable=False),
+)
+
+# --- hot path: raw DBAPI cursors --------------------------------------------------------------
+#
+# Core statements cost 50-230 us each in Python on a small machine (cache keys, compilation,
+# result processing); a raw cursor on the same connection and transaction costs ~13 us. The
+# operations every rollout goes through (claim, heartbeat, finish, spans, reads by id) therefore
+# use SQL text on the driver connection, written once with ``?`` placeholders and ``{table}``
+# names and translated per dialect by :class:`_Sql`. Everything else uses Core.
+
+_RCOLS = (
+    "rollout_id", "task_id", "input", "mode", "group_id", "resources_version", "status",
+    "attempt_count", "max_attempts", "timeout_s", "final_reward", "error", "current_attempt_id",
+    "created_at", "started_at", "ended_at", "updated_at", "metadata",
+)  # fmt: skip
+_ACOLS = (
+    "attempt_id", "rollout_id", "idx", "worker_id", "status", "lease_expires_at", "deadline_at",
+    "started_at", "heartbeat_at", "ended_at", "error",
+)  # fmt: skip
+_RSTATE = (
+    "resources_version", "status", "attempt_count", "final_reward", "error", "current_attempt_id",
+    "started_at", "ended_at", "updated_at",
+)  # fmt: skip
+_ASTATE = ("status", "lease_expires_at", "heartbeat_at", "ended_at", "error")
+
+_SELECT_ROLLOUTS = f"SELECT {', '.join(_RCOLS)} FROM {{rollouts}}"
+_SELECT_ATTEMPTS = f"SELECT {', '.join(_ACOLS)} FROM {{attempts}}"
+_INSERT_ROLLOUT = f"INSERT INTO {{rollouts}} ({', '.join(_RCOLS)}) VALUES ({', '.join('?' * len(_RCOLS))})"
+_INSERT_ATTEMPT = f"INSERT INTO {{attempts}} ({', '.join(_ACOLS)}) VALUES ({', '.join('?' * len(_ACOLS))})"
+_UPDATE_ROLLOUT = f"UPDATE {{rollouts}} SET {', '.join(c + ' = ?' for c in _RSTATE)} WHERE rollout_id = ?"
+_UPDATE_ATTEMPT = f"UPDATE {{attempts}} SET {', '.join(c + ' = ?' for c in _ASTATE)} WHERE attempt_id = ?"
+_INSERT_SPAN = (
+    "INSERT INTO {spans} (rkey, seq, skey, attempt_id, body) VALUES (?, ?, ?, ?, ?) ON CONFLICT (rkey, skey) DO NOTHING"
+)
+
+_INSERT_SPAN_WITH_ID = (
+    "INSERT INTO {spans} (id, rkey, seq, skey, attempt_id, body) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (rkey, skey) DO NOTHING"
+)
+
+
+def span_key(span_id: str) -> int:
+    """A 16-hex-digit span id as the signed 64-bit integer stored in ``spans.skey``."""
+    return int(span_id, 16) - (1 << 63)
+
+
+class _Sql:
+    """SQL text for one dialect and schema: ``?`` -> ``%s`` for psycopg, qualified table names."""
+
+    def __init__(self, dialect: str, schema: str | None) -> None:
+        self.pg = dialect == "postgresql"
+        prefix = f'"{schema}".' if schema and self.pg else ""
+        self._tables = {name: prefix + name for name in ("rollouts", "attempts", "spans", "resources")}
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, template: str) -> str:
+        text = self._cache.get(template)
+        if text is None:
+            text = template.format(**self._tables)
+            if self.pg:
+                text = text.replace("?", "%s")
+            self._cache[template] = text
+        return text
+
+    def lock(self, skip_locked: bool = False) -> str:
+        """Row-lock suffix for SELECTs (SQLite's write transaction already excludes others)."""
+        if not self.pg:
+            return ""
+        return " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
+
+
+def _cursor(conn: Connection) -> Any:
+    """A DBAPI cursor on the connection's current transaction."""
+    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def _error_json(error: t.ErrorInfo | None) -> str | None:
+    return None if error is None else error.model_dump_json()
+
+
+def _error_from(text: str | None) -> t.ErrorInfo | None:
+    return None if text is None else t.ErrorInfo.model_validate_json(text)
+
+
+def _rollout_insert(r: t.Rollout) -> tuple[Any, ...]:
+    return (
+        r.rollout_id, r.task_id, orjson.dumps(r.input).decode(), r.mode.value, r.group_id,
+        r.resources_version, r.status.value, r.attempt_count, r.max_attempts, r.timeout_s,
+        r.final_reward, _error_json(r.error), r.current_attempt_id, r.created_at, r.started_at,
+        r.ended_at, r.updated_at, orjson.dumps(r.metadata).decode(),
+    )  # fmt: skip
+
+
+def _rollout_state(r: t.Rollout) -> tuple[Any, ...]:
+    return (
+        r.resources_version, r.status.value, r.attempt_count, r.final_reward, _error_json(r.error),
+        r.current_attempt_id, r.started_at, r.ended_at, r.updated_at, r.rollout_id,
+    )  # fmt: skip
+
+
+def _rollout_from(row: Sequence[Any]) -> t.Rollout:
+    # Rows come from our own writes, so the model is constructed without re-validation.
+    return t.Rollout.model_construct(
+        rollout_id=row[0],
+        task_id=row[1],
+        input=orjson.loads(row[2]),
+        mode=t.RolloutMode(row[3]),
+        group_id=row[4],
+        resources_version=row[5],
+        status=t.RolloutStatus(row[6]),
+        attempt_count=row[7],
+        max_attempts=row[8],
+        timeout_s=row[9],
+        final_reward=row[10],
+        error=_error_from(row[11]),
+        current_attempt_id=row[12],
+        created_at=row[13],
+        started_at=row[14],
+        ended_at=row[15],
+        updated_at=row[16],
+        metadata=orjson.loads(row[17]),
+    )
+
+
+def _attempt_insert(a: t.Attempt) -> tuple[Any, ...]:
+    return (
+        a.attempt_id, a.rollout_id, a.index, a.worker_id, a.status.value, a.lease_expires_at,
+        a.deadline_at, a.started_at, a.heartbeat_at, a.ended_at, _error_json(a.error),
+    )  # fmt: skip
+
+
+def _attempt_state(a: t.Attempt) -> tuple[Any, ...]:
+    return (a.status.value, a.lease_expires_at, a.heartbeat_at, a.ended_at, _error_json(a.error), a.attempt_id)
+
+
+def _attempt_from(row: Sequence[Any]) -> t.Attempt:
+    return t.Attempt.model_construct(
+        attempt_id=row[0],
+        rollout_id=row[1],
+        index=row[2],
+        worker_id=row[3],
+        status=t.AttemptStatus(row[4]),
+        lease_expires_at=row[5],
+        deadline_at=row[6],
+        started_at=row[7],
+        heartbeat_at=row[8],
+        ended_at=row[9],
+        error=_error_from(row[10]),
+    )
+
+
+def _chunks(items: Sequence[R], size: int = _IN_CHUNK) -> Iterable[Sequence[R]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# --- URL handling -------------------------------------------------------------------------------
+
+
+def _parse_url(url: str) -> tuple[str, str, dict[str, str]]:
+    """(dialect, SQLAlchemy URL, our options) for a store URL."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    ours = {k: query.pop(k) for k in ("schema", "synchronous", "busy_timeout_ms", "pool_size") if k in query}
+    rest = urlencode(query)
+    if scheme == "sqlite":
+        path = parts.path
+        if not path or path in ("/", "/:memory:") or parts.netloc not in ("",):
+            raise UserError(
+                f"invalid SQLite store URL {url!r}: use sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db (for a throwaway store use memory://)"
+            )
+        database = path[1:]  # sqlite:///rel.db -> "rel.db"; sqlite:////abs.db -> "/abs.db"
+        return "sqlite", f"sqlite+pysqlite:///{database}" + (f"?{rest}" if rest else ""), ours
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql", urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, rest, "")), ours
+    raise UserError(f"SqlStore handles sqlite:// and postgresql:// URLs, not {url!r}")
+
+
+def redact_url(url: str) -> str:
+    """The URL without a password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class SqlStore:
+    """The SQLite / PostgreSQL backend. Open it through :func:`agentbolt.store.open_store`.
+
+    Options (keyword arguments, or query parameters of the URL):
+        sweep_interval_s: background sweep period (default 1.0; 0 disables).
+        synchronous: SQLite ``normal`` (default) or ``full``.
+        busy_timeout_ms: SQLite lock wait across processes (default 60000).
+        schema: PostgreSQL schema for the tables (created if missing).
+        pool_size: PostgreSQL connections (default 8).
+        clock: time source, for tests.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        sweep_interval_s: float = 1.0,
+        synchronous: str | None = None,
+        busy_timeout_ms: int | None = None,
+        schema: str | None = None,
+        pool_size: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = redact_url(url)
+        self.dialect, sa_url, opts = _parse_url(url)
+        self._clock = clock
+        self._notifier = Notifier()
+        self._closed = False
+        self._listener: _PgListener | None = None
+        self._listener_lock = threading.Lock()
+        schema = schema or opts.get("schema")
+        if self.dialect == "sqlite":
+            sync = (synchronous or opts.get("synchronous") or "normal").upper()
+            if sync not in ("NORMAL", "FULL"):
+                raise UserError(f"synchronous must be 'normal' or 'full', not {sync.lower()!r}")
+            timeout_ms = int(busy_timeout_ms or opts.get("busy_timeout_ms") or 60000)
+            # The group-commit writer thread and the reader thread each keep one connection.
+            self._engine = sa.create_engine(
+                sa_url, poolclass=sa.pool.NullPool, connect_args={"check_same_thread": False}
+            )
+            _setup_sqlite(self._engine, sync, timeout_ms)
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentbolt-sqlite-read")
+            self._writer: _GroupCommitWriter | None = _GroupCommitWriter(self._engine)
+            self._channel = ""
+        else:
+            try:
+                import psycopg  # noqa: F401
+            except ImportError:
+                raise MissingDependencyError("psycopg", "'agentbolt[postgres]'", "The PostgreSQL store") from None
+            size = int(pool_size or opts.get("pool_size") or 8)
+            kwargs: dict[str, Any] = {"pool_size": size, "max_overflow": 0, "pool_pre_ping": True}
+            if schema:
+                kwargs["execution_options"] = {"schema_translate_map": {None: schema}}
+            self._engine = sa.create_engine(sa_url, **kwargs)
+            self._executor = concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="agentbolt-pg")
+            self._writer = None
+            self._pg_url = sa_url
+            self._channel = f"agentbolt_{schema}" if schema else "agentbolt"
+        self._schema = schema
+        self._q = _Sql(self.dialect, schema)
+        self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) pairs seen valid
+        self._local = threading.local()
+        self._data_version: int | None = None
+        try:
+            self._create_schema()
+        except sa.exc.OperationalError as exc:
+            self._shutdown_threads()
+            self._engine.dispose()
+            raise StoreUnavailableError(f"cannot open store {self.url}: {exc.orig}") from exc
+        self._sweeper = Sweeper(self._sweep_blocking, sweep_interval_s, name="agentbolt-sql-sweeper")
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _create_schema(self) -> None:
+        with self._engine.begin() as conn:
+            if self._schema and self.dialect == "postgresql":
+                conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            if self.dialect == "postgresql":  # serialize concurrent first-time set-ups
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7254100)")
+            metadata.create_all(conn, checkfirst=True)
+            found = conn.execute(sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
+            if found is None:
+                conn.execute(store_meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif int(found) != SCHEMA_VERSION:
+                raise UserError(
+                    f"store {self.url} has table layout version {found}; this agentbolt uses "
+                    f"{SCHEMA_VERSION}. Use a new database or a matching agentbolt version."
+                )
+
+    def _submit(self, fn: Callable[[Connection], R], *, write: bool = True) -> concurrent.futures.Future[R]:
+        if self._closed:
+            raise UserError("this store is closed; open a new one with open_store()")
+        if write and self._writer is not None:
+            return self._writer.submit(fn)
+        return self._executor.submit(self._transaction, fn, write)
+
+    async def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> R:
+        if self.dialect == "sqlite" and not self._closed:
+            done, value = self._run_inline(fn, write)
+            if done:
+                return value
+        return await asyncio.wrap_future(self._submit(fn, write=write))
+
+    def _run_inline(self, fn: Callable[[Connection], R], write: bool) -> tuple[bool, R | None]:
+        """SQLite fast path: run on the calling thread if the file lock is free right now.
+
+        Most of an operation's time is Python holding the GIL, so a worker thread buys little
+        concurrency, while each hand-off between threads costs ~0.15 ms on a small VM. The
+        calling thread's connection has ``busy_timeout = 0``: if another connection (the
+        writer thread, another process) holds the lock, this returns ``(False, None)`` at once
+        and the caller queues the operation on the writer/reader thread, which waits.
+        """
+        conn = getattr(self._local, "inline", None)
+        if conn is None:
+            conn = self._local.inline = self._engine.connect()
+            conn.connection.driver_connection.execute("PRAGMA busy_timeout = 0")  # type: ignore[union-attr]
+        try:
+            with conn.execution_options(agentbolt_write=write).begin():
+                return True, fn(conn)
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc.orig):
+                return False, None  # SQLITE_BUSY / SQLITE_LOCKED: hand over to the waiting thread
+            raise StoreUnavailableError(f"store {self.url}: {exc.orig}") from exc
+
+    def _shutdown_threads(self) -> None:
+        if self._writer is not None:
+            self._writer.stop()
+        self._executor.shutdown(wait=True)
+
+    def _transaction(self, fn: Callable[[Connection], R], write: bool) -> R:
+        """Run ``fn`` in its own transaction on a pooled connection (PostgreSQL, SQLite reads)."""
+        for attempt in range(5):
+            try:
+                if self.dialect == "sqlite":  # the reader thread keeps its one connection
+                    conn = getattr(self._local, "conn", None)
+                    if conn is None:
+                        conn = self._local.conn = self._engine.connect()
+                    with conn.begin():
+                        return fn(conn)
+                with self._engine.connect() as conn, conn.begin():
+                    return fn(conn)
+            except sa.exc.IntegrityError:
+                if self.dialect != "postgresql" or attempt == 4:
+                    raise
+            except sa.exc.OperationalError as exc:
+                code = getattr(exc.orig, "sqlstate", None)
+                if code in ("40001", "40P01") and attempt < 4:  # serialization failure / deadlock
+                    continue
+                raise StoreUnavailableError(f"store {self.url}: {exc.orig}") from exc
+            log.debug("retrying a transaction that raced a concurrent writer")
+        raise AssertionError("unreachable")
+
+    def _notify_final(self, conn: Connection) -> None:
+        """Wake other processes' waiters (PostgreSQL NOTIFY, sent at commit). This process's
+        waiters are woken by the caller once the transaction returns."""
+        if self._q.pg:
+            _cursor(conn).execute("SELECT pg_notify(%s, '')", (self._channel,))
+
+    def _now(self) -> float:
+        return self._clock()
+
+    def _load_rollouts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Rollout]:
+        """Rollouts by id (``NotFoundError`` for unknown ones); ``lock`` row-locks them in id order."""
+        out: dict[str, t.Rollout] = {}
+        cur = _cursor(conn)
+        for chunk in _chunks(sorted(set(ids))):
+            sql = self._q(f"{_SELECT_ROLLOUTS} WHERE rollout_id IN ({_marks(len(chunk))}) ORDER BY rollout_id")
+            cur.execute(sql + (self._q.lock() if lock else ""), tuple(chunk))
+            for row in cur.fetchall():
+                out[row[0]] = _rollout_from(row)
+        missing = [r for r in ids if r not in out]
+        if missing:
+            raise NotFoundError("rollout", missing)
+        return out
+
+    def _load_attempts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Attempt]:
+        out: dict[str, t.Attempt] = {}
+        cur = _cursor(conn)
+        for chunk in _chunks(sorted(set(ids))):
+            sql = self._q(f"{_SELECT_ATTEMPTS} WHERE attempt_id IN ({_marks(len(chunk))}) ORDER BY attempt_id")
+            cur.execute(sql + (self._q.lock() if lock else ""), tuple(chunk))
+            for row in cur.fetchall():
+                out[row[0]] = _attempt_from(row)
+        missing = [a for a in ids if a not in out]
+        if missing:
+            raise NotFoundError("attempt", missing)
+        return out
+
+    def _save(self, conn: Connection, pairs: Sequence[tuple[t.Rollout, t.Attempt | None]]) -> None:
+        if not pairs:
+            return
+        cur = _cursor(conn)
+        cur.executemany(self._q(_UPDATE_ROLLOUT), [_rollout_state(r) for r, _ in pairs])
+        changed = [_attempt_state(a) for _, a in pairs if a is not None]
+        if changed:
+            cur.executemany(self._q(_UPDATE_ATTEMPT), changed)
+
+    def _expire_due(
+        self, conn: Connection, found: dict[str, t.Attempt], now: float
+    ) -> list[tuple[t.Rollout, t.Attempt]]:
+        """Expire the due attempts among ``found`` (updated in place); rollout rows lock first."""
+        due = [a.attempt_id for a in found.values() if lifecycle.expire_due(a, now)]
+        if not due:
+            return []
+        rolls = self._load_rollouts(conn, [found[a].rollout_id for a in due], lock=True)
+        if self._q.pg:  # re-read under the rollout locks: another process may have moved on
+            found.update(self._load_attempts(conn, due, lock=True))
+        changed = []
+        for aid in sorted(due):
+            res = lifecycle.expire(rolls[found[aid].rollout_id], found[aid], now)
+            if res is not None:
+                rolls[res[0].rollout_id], found[aid] = res
+                changed.append(res)
+        self._save(conn, changed)
+        if changed:
+            self._notify_final(conn)
+        return changed
+
+    # -- rollouts -----------------------------------------------------------------------------
+
+    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
+        specs = list(specs)
+        ids = [s.rollout_id or t.new_id("ro-") for s in specs]
+
+        def tx(conn: Connection) -> list[t.Rollout]:
+            now = self._now()
+            cur = _cursor(conn)
+            versions = sorted({s.resources_version for s in specs if s.resources_version is not None})
+            if versions:
+                cur.execute(
+                    self._q(f"SELECT version FROM {{resources}} WHERE version IN ({_marks(len(versions))})"),
+                    tuple(versions),
+                )
+                known = {row[0] for row in cur.fetchall()}
+                missing = [v for v in versions if v not in known]
+                if missing:
+                    raise NotFoundError("resources version", missing)
+            existing: dict[str, t.Rollout] = {}
+            for chunk in _chunks(sorted(set(ids))):
+                cur.execute(self._q(f"{_SELECT_ROLLOUTS} WHERE rollout_id IN ({_marks(len(chunk))})"), tuple(chunk))
+                existing.update((row[0], _rollout_from(row)) for row in cur.fetchall())
+            planned: dict[str, t.Rollout] = {}
+            out = []
+            for rid, spec in zip(ids, specs, strict=True):
+                have = existing.get(rid) or planned.get(rid)
+                if have is not None:
+                    if not have.matches_spec(spec):
+                        raise ConflictError(
+                            f"rollout {rid} already exists with different content; use a new rollout_id"
+                        )
+                    out.append(have)
+                    continue
+                planned[rid] = lifecycle.new_rollout(spec, rid, now)
+                out.append(planned[rid])
+            if planned:
+                cur.executemany(self._q(_INSERT_ROLLOUT), [_rollout_insert(r) for r in planned.values()])
+            return out
+
+        return await self._run(tx)
+
+    async def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int = 1,
+        lease_s: float = 30.0,
+        mode: t.RolloutMode | None = None,
+    ) -> list[t.Claim]:
+        if limit < 1:
+            raise UserError(f"limit must be at least 1, got {limit}")
+        if lease_s <= 0:
+            raise UserError(f"lease_s must be positive, got {lease_s}")
+        where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{t.RolloutMode(mode).value}'")
+        sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
+
+        def tx(conn: Connection) -> list[t.Claim]:
+            cur = _cursor(conn)
+            cur.execute(sql, (limit,))
+            rows = cur.fetchall()
+            if not rows:
+                return []
+            now = self._now()
+            cur.execute(self._q("SELECT MAX(version) FROM {resources}"))
+            latest = cur.fetchone()[0]
+            claims = []
+            for row in rows:
+                rollout, attempt = lifecycle.claim(
+                    _rollout_from(row),
+                    attempt_id=t.new_id("at-"),
+                    worker_id=worker_id,
+                    lease_s=lease_s,
+                    now=now,
+                    resources_version=latest,
+                )
+                claims.append(t.Claim.model_construct(rollout=rollout, attempt=attempt))
+            cur.executemany(self._q(_INSERT_ATTEMPT), [_attempt_insert(c.attempt) for c in claims])
+            cur.executemany(self._q(_UPDATE_ROLLOUT), [_rollout_state(c.rollout) for c in claims])
+            return claims
+
+        return await self._run(tx)
+
+    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
+        if lease_s <= 0:
+            raise UserError(f"lease_s must be positive, got {lease_s}")
+        ids = list(attempt_ids)
+
+        def tx(conn: Connection) -> tuple[list[t.Attempt], bool]:
+            now = self._now()
+            found = self._load_attempts(conn, ids)
+            expired = self._expire_due(conn, found, now)
+            renewed = {a: lifecycle.renew(found[a], lease_s, now) for a in dict.fromkeys(ids)}
+            running = [
+                (x.lease_expires_at, x.heartbeat_at, a)
+                for a, x in renewed.items()
+                if x.status is t.AttemptStatus.RUNNING
+            ]
+            if running:
+                _cursor(conn).executemany(
+                    self._q(
+                        "UPDATE {attempts} SET lease_expires_at = ?, heartbeat_at = ? WHERE attempt_id = ? AND status = 'running'"
+                    ),
+                    running,
+                )
+            if self._q.pg:  # another process may have ended an attempt meanwhile
+                renewed = self._load_attempts(conn, ids)
+            return [renewed[a] for a in ids], bool(expired)
+
+        out, expired = await self._run(tx)
+        if expired:
+            self._notifier.notify()
+        return out
+
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: t.AttemptStatus,
+        *,
+        reward: float | None = None,
+        error: t.ErrorInfo | None = None,
+    ) -> t.Rollout:
+        status = t.AttemptStatus(status)
+
+        def tx(conn: Connection) -> tuple[t.Rollout | None, StaleAttemptError | None]:
+            now = self._now()
+            attempt = self._load_attempts(conn, [attempt_id])[attempt_id]
+            rollout = self._load_rollouts(conn, [attempt.rollout_id], lock=True)[attempt.rollout_id]
+            if self._q.pg:  # re-read under the rollout's row lock
+                attempt = self._load_attempts(conn, [attempt_id], lock=True)[attempt_id]
+            expired = lifecycle.expire(rollout, attempt, now)
+            if expired is not None:  # the deadline or lease passed: that is final, keep it
+                self._save(conn, [expired])
+                self._notify_final(conn)
+                rollout, attempt = expired
+            try:
+                rollout, attempt = lifecycle.finish(rollout, attempt, status, now=now, reward=reward, error=error)
+            except StaleAttemptError as exc:
+                if expired is None:
+                    raise
+                return None, exc  # commit the expiry, then reject the report
+            self._save(conn, [(rollout, attempt)])
+            self._notify_final(conn)
+            return rollout, None
+
+        rollout, stale = await self._run(tx)
+        self._notifier.notify()
+        if stale is not None:
+            raise stale
+        assert rollout is not None
+        return rollout
+
+    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
+        ids = list(rollout_ids)
+
+        def tx(conn: Connection) -> list[t.Rollout]:
+            now = self._now()
+            rolls = self._load_rollouts(conn, ids, lock=True)
+            current = [r.current_attempt_id for r in rolls.values() if r.current_attempt_id]
+            atts = self._load_attempts(conn, current, lock=True) if current else {}
+            plans = {
+                rid: lifecycle.cancel(r, atts.get(r.current_attempt_id or ""), now, reason) for rid, r in rolls.items()
+            }
+            self._save(conn, list(plans.values()))
+            self._notify_final(conn)
+            return [plans[r][0] for r in ids]
+
+        out = await self._run(tx)
+        self._notifier.notify()
+        return out
+
+    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
+        ids = list(rollout_ids)
+
+        def tx(conn: Connection) -> list[t.Rollout]:
+            found = self._load_rollouts(conn, ids)
+            return [found[r] for r in ids]
+
+        return await self._run(tx, write=False)
+
+    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+        def tx(conn: Connection) -> list[t.Attempt]:
+            self._load_rollouts(conn, [rollout_id])
+            rows = conn.execute(sa.select(attempts).where(attempts.c.rollout_id == rollout_id).order_by(attempts.c.idx))
+            return [_attempt_from(r) for r in rows]
+
+        return await self._run(tx, write=False)
+
+    async def query_rollouts(
+        self,
+        *,
+        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
+        mode: t.RolloutMode | None = None,
+        group_id: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> t.Page[t.Rollout]:
+        statuses = normalize_statuses(status)
+        if limit < 1:
+            raise UserError(f"limit must be at least 1, got {limit}")
+        try:
+            after = int(cursor) if cursor is not None else 0
+        except ValueError:
+            raise UserError(f"invalid cursor {cursor!r}; pass back a Page.next_cursor unchanged") from None
+
+        def tx(conn: Connection) -> t.Page[t.Rollout]:
+            stmt = sa.select(*(rollouts.c[c] for c in _RCOLS), rollouts.c.id).where(rollouts.c.id > after)
+            if statuses is not None:
+                stmt = stmt.where(rollouts.c.status.in_([s.value for s in statuses]))
+            if mode is not None:
+                stmt = stmt.where(rollouts.c.mode == t.RolloutMode(mode).value)
+            if group_id is not None:
+                stmt = stmt.where(rollouts.c.group_id == group_id)
+            rows = conn.execute(stmt.order_by(rollouts.c.id).limit(limit + 1)).all()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            return t.Page(items=[_rollout_from(r) for r in rows], next_cursor=str(rows[-1][-1]) if more else None)
+
+        return await self._run(tx, write=False)
+
+    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
+        def tx(conn: Connection) -> dict[t.RolloutStatus, int]:
+            stmt = sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status)
+            if group_id is not None:
+                stmt = stmt.where(rollouts.c.group_id == group_id)
+            counts = dict.fromkeys(t.RolloutStatus, 0)
+            for status, n in conn.execute(stmt):
+                counts[t.RolloutStatus(status)] = n
+            return counts
+
+        return await self._run(tx, write=False)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        if self.dialect == "postgresql":
+            self._ensure_listener()
+        while True:
+            fut = self._notifier.future()
+            rollouts_now = await self.get_rollouts(rollout_ids)
+            remaining = None if deadline is None else deadline - loop.time()
+            if all(r.status.is_final for r in rollouts_now) or (remaining is not None and remaining <= 0):
+                self._notifier.discard(fut)
+                return rollouts_now
+            await self._wait_for_change(fut, remaining)
+
+    async def _wait_for_change(self, fut: asyncio.Future[None], remaining: float | None) -> None:
+        """Return on a notification, another process's commit, or after a bounded wait."""
+        loop = asyncio.get_running_loop()
+        cap = 5.0 if remaining is None else min(remaining, 5.0)
+        if self.dialect == "postgresql":  # NOTIFY wakes us; the cap bounds a lost notification
+            await self._notifier.wait(fut, cap)
+            return
+        # SQLite: PRAGMA data_version changes when another connection commits; checking it is a
+        # read of one page header, not a query over the rollouts.
+        end = loop.time() + cap
+        try:
+            while not fut.done() and loop.time() < end:
+                version = await self._run(_data_version, write=False)
+                if self._data_version is not None and version != self._data_version:
+                    self._data_version = version
+                    return
+                self._data_version = version
+                await asyncio.wait([fut], timeout=min(0.05, max(end - loop.time(), 0)))
+        finally:
+            self._notifier.discard(fut)
+
+    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
+        if rollout_ids is None and older_than_s is None:
+            raise UserError("purge needs rollout_ids or older_than_s")
+
+        def tx(conn: Connection) -> int:
+            chosen: list[str] = []
+            if rollout_ids is not None:
+                for r in self._load_rollouts(conn, list(rollout_ids), lock=True).values():
+                    if not r.status.is_final:
+                        raise InvalidTransitionError(
+                            f"rollout {r.rollout_id} is {r.status.value}; cancel it before purging"
+                        )
+                chosen.extend(dict.fromkeys(rollout_ids))
+            if older_than_s is not None:
+                cutoff = self._now() - older_than_s
+                rows = conn.execute(
+                    sa.select(rollouts.c.rollout_id).where(
+                        rollouts.c.status.in_(["succeeded", "failed", "cancelled"]), rollouts.c.ended_at <= cutoff
+                    )
+                ).scalars()
+                seen = set(chosen)
+                chosen.extend(r for r in rows if r not in seen)
+            for chunk in _chunks(chosen):
+                keys = sa.select(rollouts.c.id).where(rollouts.c.rollout_id.in_(chunk)).scalar_subquery()
+                conn.execute(spans.delete().where(spans.c.rkey.in_(keys)))
+                conn.execute(attempts.delete().where(attempts.c.rollout_id.in_(chunk)))
+                conn.execute(rollouts.delete().where(rollouts.c.rollout_id.in_(chunk)))
+            return len(chosen)
+
+        return await self._run(tx)
+
+    # -- spans --------------------------------------------------------------------------------
+
+    async def add_spans(self, batch: Sequence[t.Span]) -> int:
+        check_span_batch(batch)
+        if not batch:
+            return 0
+        # Everything per span is prepared here, so the writer thread only assigns seq values.
+        by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
+        attempts_seen: set[tuple[str, str]] = set()
+        for span in batch:
+            rid, aid = span.rollout_id, span.attempt_id
+            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))  # type: ignore[arg-type]
+            if aid is not None:
+                attempts_seen.add((rid, aid))  # type: ignore[arg-type]
+        rids = sorted(by_rollout)
+        unchecked = sorted(attempts_seen - self._known_attempts)
+        in_rids = f"rollout_id IN ({_marks(len(rids))})"
+        if self._q.pg:
+            # A per-rollout counter, bumped under the rollout's row lock: concurrent transactions
+            # may commit out of id order, so ids alone would let an ``after_seq`` reader miss spans.
+            counts = " ".join(["WHEN ? THEN ?"] * len(rids))
+            allocate = self._q(
+                f"UPDATE {{rollouts}} SET span_seq = span_seq + CASE rollout_id {counts} END WHERE {in_rids} RETURNING rollout_id, id, span_seq"
+            )
+            allocate_params: tuple[Any, ...] = (*(x for rid in rids for x in (rid, len(by_rollout[rid]))), *rids)
+        else:
+            # SQLite runs one write transaction at a time, so the span's row id, assigned here
+            # from MAX(id), already increases in commit order: it serves as seq, and no rollout
+            # row is rewritten per batch.
+            allocate = self._q(f"SELECT rollout_id, id FROM {{rollouts}} WHERE {in_rids}")
+            allocate_params = tuple(rids)
+
+        def tx(conn: Connection) -> int:
+            cur = _cursor(conn)
+            if self._q.pg:  # lock in id order so concurrent batches cannot deadlock
+                cur.execute(
+                    self._q(f"SELECT 1 FROM {{rollouts}} WHERE {in_rids} ORDER BY rollout_id FOR UPDATE"), tuple(rids)
+                )
+            cur.execute(allocate, allocate_params)
+            found = cur.fetchall()
+            missing = sorted(set(rids) - {row[0] for row in found})
+            if missing:
+                raise NotFoundError("rollout", missing)
+            if unchecked:
+                known = set()
+                for chunk in _chunks([a for _, a in unchecked]):
+                    cur.execute(
+                        self._q(
+                            f"SELECT rollout_id, attempt_id FROM {{attempts}} WHERE attempt_id IN ({_marks(len(chunk))})"
+                        ),
+                        tuple(chunk),
+                    )
+                    known.update(cur.fetchall())
+                bad = [f"{r}/{a}" for r, a in unchecked if (r, a) not in known]
+                if bad:
+                    raise NotFoundError("attempt of rollout", bad)
+            rows = []
+            if self._q.pg:
+                for rid, rkey, last in found:
+                    group = by_rollout[rid]
+                    first = last - len(group) + 1
+                    rows.extend((rkey, first + i, *prepared) for i, prepared in enumerate(group))
+                cur.executemany(self._q(_INSERT_SPAN), rows)
+            else:
+                cur.execute(self._q("SELECT COALESCE(MAX(id), 0) FROM {spans}"))
+                next_id = cur.fetchone()[0] + 1
+                for rid, rkey in sorted(found):
+                    for prepared in by_rollout[rid]:
+                        rows.append((next_id, rkey, next_id, *prepared))
+                        next_id += 1
+                cur.executemany(self._q(_INSERT_SPAN_WITH_ID), rows)
+            return cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else len(rows)
+
+        added = await self._run(tx)
+        if unchecked:  # attempts never change rollout; remember the pairs that checked out
+            if len(self._known_attempts) > 100_000:
+                self._known_attempts.clear()
+            self._known_attempts.update(unchecked)  # type: ignore[arg-type]
+        return added
+
+    async def query_spans(
+        self,
+        rollout_ids: Sequence[str],
+        *,
+        latest_attempt_only: bool = False,
+        after_seq: int | None = None,
+    ) -> dict[str, list[t.Span]]:
+        ids = list(rollout_ids)
+
+        def tx(conn: Connection) -> dict[str, list[tuple[int, str | None, str]]]:
+            cur = _cursor(conn)
+            keys: dict[int, tuple[str, str | None]] = {}  # rollouts.id -> (rollout id, current attempt)
+            for chunk in _chunks(sorted(set(ids))):
+                cur.execute(
+                    self._q(
+                        f"SELECT id, rollout_id, current_attempt_id FROM {{rollouts}} WHERE rollout_id IN ({_marks(len(chunk))})"
+                    ),
+                    tuple(chunk),
+                )
+                keys.update((k, (rid, aid)) for k, rid, aid in cur.fetchall())
+            found = {rid for rid, _ in keys.values()}
+            missing = [r for r in ids if r not in found]
+            if missing:
+                raise NotFoundError("rollout", missing)
+            raw: dict[str, list[tuple[int, str | None, str]]] = {r: [] for r in ids}
+            for chunk in _chunks(sorted(keys)):
+                sql = f"SELECT rkey, seq, attempt_id, body FROM {{spans}} WHERE rkey IN ({_marks(len(chunk))})"
+                params: tuple[Any, ...] = tuple(chunk)
+                if after_seq is not None:
+                    sql += " AND seq > ?"
+                    params += (after_seq,)
+                cur.execute(self._q(sql + " ORDER BY rkey, seq"), params)
+                for rkey, seq, aid, body in cur.fetchall():
+                    rid, current = keys[rkey]
+                    if latest_attempt_only and aid is not None and aid != current:
+                        continue
+                    raw[rid].append((seq, aid, body))
+            return raw
+
+        raw = await self._run(tx, write=False)
+        return {
+            rid: [
+                t.Span.model_validate_json(body).model_copy(update={"seq": seq, "rollout_id": rid, "attempt_id": aid})
+                for seq, aid, body in rows
+            ]
+            for rid, rows in raw.items()
+        }
+
+    # -- resources ----------------------------------------------------------------------------
+
+    async def add_resources(self, res: t.Resources) -> t.Resources:
+        def tx(conn: Connection) -> t.Resources:
+            now = self._now()
+            body = res.model_dump_json(exclude={"version", "created_at"})
+            version = conn.execute(
+                resources.insert().values(body=body, created_at=now).returning(resources.c.version)
+            ).scalar_one()
+            return res.model_copy(update={"version": version, "created_at": now})
+
+        return await self._run(tx)
+
+    async def get_resources(self, version: int | None = None) -> t.Resources | None:
+        def tx(conn: Connection) -> t.Resources | None:
+            stmt = sa.select(resources)
+            stmt = (
+                stmt.where(resources.c.version == version)
+                if version is not None
+                else stmt.order_by(resources.c.version.desc()).limit(1)
+            )
+            row = conn.execute(stmt).first()
+            if row is None:
+                if version is not None:
+                    raise NotFoundError("resources version", version)
+                return None
+            return t.Resources.model_validate_json(row.body).model_copy(
+                update={"version": row.version, "created_at": row.created_at}
+            )
+
+        return await self._run(tx, write=False)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def _sweep_tx(self, conn: Connection) -> int:
+        now = self._now()
+        cur = _cursor(conn)
+        cur.execute(
+            self._q(
+                "SELECT attempt_id FROM {attempts} WHERE status = 'running' AND (lease_expires_at <= ? OR deadline_at <= ?) LIMIT 1000"
+            ),
+            (now, now),
+        )
+        due = [row[0] for row in cur.fetchall()]
+        return len(self._expire_due(conn, self._load_attempts(conn, due), now)) if due else 0
+
+    def _sweep_blocking(self) -> int:
+        if self._closed:
+            return 0
+        ended = self._submit(self._sweep_tx).result()
+        if ended:
+            self._notifier.notify()
+        return ended
+
+    async def sweep(self) -> int:
+        ended = await self._run(self._sweep_tx)
+        if ended:
+            self._notifier.notify()
+        return ended
+
+    def _ensure_listener(self) -> None:
+        with self._listener_lock:
+            if self._listener is None and not self._closed:
+                self._listener = _PgListener(self._pg_url, self._channel, self._notifier)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._sweeper.stop()
+        self._closed = True
+        if self._listener is not None:
+            self._listener.stop()
+        self._shutdown_threads()
+        self._engine.dispose()
+
+
+class _GroupCommitWriter:
+    """SQLite's single writer: runs queued write operations on one thread, committing the
+    operations that queued up meanwhile in one transaction (group commit).
+
+    Each operation runs inside its own SAVEPOINT, so one that raises is rolled back alone and
+    gets its exception; the others commit. Nothing is acknowledged before its COMMIT returns,
+    so every acknowledged write survives a crash of the process.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None  # owned by the writer thread
+        self._queue: queue.SimpleQueue[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]] | None]
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="agentbolt-sqlite-write", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[Connection], R]) -> concurrent.futures.Future[R]:
+        fut: concurrent.futures.Future[R] = concurrent.futures.Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < _GROUP_COMMIT_MAX:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            self._run_batch(batch)
+            if stop:
+                break
+        if self._conn is not None:
+            self._conn.close()
+
+    def _run_batch(self, batch: list[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]]]) -> None:
+        results: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+        try:
+            if self._conn is None:
+                self._conn = self._engine.connect().execution_options(agentbolt_write=True)
+            conn = self._conn
+            with conn.begin() as tx:
+                raw = conn.connection.driver_connection
+                for fn, fut in batch:
+                    # Raw SAVEPOINTs: SQLAlchemy's nested transactions cost ~0.2 ms each here.
+                    if len(batch) > 1:
+                        raw.execute("SAVEPOINT agentbolt_op")
+                    try:
+                        value = fn(conn)
+                    except Exception as exc:  # this operation alone is undone
+                        if len(batch) > 1:
+                            raw.execute("ROLLBACK TO agentbolt_op")
+                            raw.execute("RELEASE agentbolt_op")
+                        else:
+                            tx.rollback()
+                        results.append((fut, None, exc))
+                    else:
+                        if len(batch) > 1:
+                            raw.execute("RELEASE agentbolt_op")
+                        results.append((fut, value, None))
+        except Exception as exc:  # BEGIN or COMMIT failed: nothing of the batch was applied
+            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated and self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            error = _as_store_error(exc)
+            results = [(fut, None, error) for _, fut in batch]
+        for fut, value, error in results:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(value)
+
+
+def _as_store_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, sa.exc.OperationalError):
+        return StoreUnavailableError(f"SQLite write failed: {exc.orig}")
+    return exc
+
+
+def _data_version(conn: Connection) -> int:
+    cur = _cursor(conn)
+    cur.execute("PRAGMA data_version")
+    return int(cur.fetchone()[0])
+
+
+def _setup_sqlite(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute(f"PRAGMA synchronous = {synchronous}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.execute("PRAGMA cache_size = -65536")  # 64 MiB: index pages stay cached as the file grows
+        cur.execute("PRAGMA mmap_size = 268435456")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # BEGIN IMMEDIATE takes the write lock up front, so a write transaction never fails
+        # half-way on a lock upgrade; other connections wait up to busy_timeout, except the
+        # inline fast path, which must not wait on the event loop.
+        raw = conn.connection.driver_connection
+        raw.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get("agentbolt_write") else "BEGIN")
+
+
+class _PgListener:
+    """A thread holding a LISTEN connection; each NOTIFY wakes this process's waiters."""
+
+    def __init__(self, sa_url: str, channel: str, notifier: Notifier) -> None:
+        import psycopg
+
+        self._conninfo = sa.engine.make_url(sa_url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._channel = channel
+        self._notifier = notifier
+        self._stop = threading.Event()
+        self._psycopg = psycopg
+        self._thread = threading.Thread(target=self._run, name="agentbolt-pg-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(f'LISTEN "{self._channel}"')
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._notifier.notify()
+            except Exception as exc:  # reconnect; waiters still wake on their bounded timeout
+                if self._stop.is_set():
+                    return
+                log.warning("PostgreSQL LISTEN connection failed (%s); retrying", exc)
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

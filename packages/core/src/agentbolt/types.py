@@ -1,0 +1,926 @@
+"""The data interface: what flows between algorithms, the store, runners and LightningRL.
+
+Every model is a frozen pydantic v2 model that round-trips through JSON. Timestamps of
+rollouts and attempts are Unix seconds (float); span times are Unix nanoseconds (int), as in
+OpenTelemetry. Statuses are ``str`` enums, so they serialize as plain strings.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Any, Generic, TypeVar
+
+import orjson
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+
+from . import semconv
+from .errors import SchemaError
+
+__all__ = [
+    "Attempt",
+    "AttemptStatus",
+    "AttributeValue",
+    "Claim",
+    "ErrorInfo",
+    "ErrorKind",
+    "LLMEndpoint",
+    "Page",
+    "Resources",
+    "Rollout",
+    "RolloutMode",
+    "RolloutSpec",
+    "RolloutStatus",
+    "Span",
+    "SpanEvent",
+    "SpanKind",
+    "SpanLink",
+    "SpanStatus",
+    "StatusCode",
+    "Task",
+    "TokenSource",
+    "Transition",
+    "new_id",
+    "span_body_json",
+    "spans_from_otlp_json",
+    "spans_to_otlp_json",
+]
+
+T = TypeVar("T")
+
+AttributeValue = str | bool | int | float | list[str] | list[bool] | list[int] | list[float]
+"""An OpenTelemetry attribute value: a primitive or a homogeneous list of primitives."""
+
+_PRIMITIVES = (str, bool, int, float)
+
+
+def _check_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Validate OpenTelemetry attribute values (checked in Python: a pydantic union of eight
+    list/primitive types costs five times more to validate and serialize)."""
+    for key, value in attrs.items():
+        if type(value) in _PRIMITIVES:
+            continue
+        if isinstance(value, tuple):
+            value = attrs[key] = list(value)
+        if isinstance(value, list):
+            if not value:
+                continue
+            kinds = {type(v) for v in value}
+            if len(kinds) == 1 and kinds <= set(_PRIMITIVES):
+                continue
+            if kinds <= {int, float}:  # e.g. logprobs [0, -0.5]: a float list
+                attrs[key] = [float(v) for v in value]
+                continue
+            raise ValueError(
+                f"attribute {key!r}: a list must hold one primitive type (str, bool, int or float), "
+                f"got {sorted(k.__name__ for k in kinds)}"
+            )
+        if isinstance(value, _PRIMITIVES):  # subclasses such as str enums
+            attrs[key] = _PRIMITIVES[[isinstance(value, p) for p in _PRIMITIVES].index(True)](value)
+            continue
+        raise ValueError(
+            f"attribute {key!r}: {type(value).__name__} is not an OpenTelemetry attribute value; "
+            "use str, bool, int, float or a list of one of them (JSON-encode structured values)"
+        )
+    return attrs
+
+
+_ATTRIBUTE_SCHEMA = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "boolean"},
+            {"type": "integer"},
+            {"type": "number"},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "items": {"type": "boolean"}},
+            {"type": "array", "items": {"type": "integer"}},
+            {"type": "array", "items": {"type": "number"}},
+        ]
+    },
+}
+
+Attributes = Annotated[dict[str, Any], AfterValidator(_check_attributes), WithJsonSchema(_ATTRIBUTE_SCHEMA)]
+"""A mapping of attribute names to :data:`AttributeValue` values."""
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def new_id(prefix: str = "") -> str:
+    """A random, URL-safe id (16 hex chars of randomness) with an optional prefix like ``ro-``."""
+    return f"{prefix}{secrets.token_hex(8)}"
+
+
+# --------------------------------------------------------------------------------------------
+# Statuses
+# --------------------------------------------------------------------------------------------
+
+
+class RolloutStatus(enum.StrEnum):
+    """Lifecycle of a rollout. ``succeeded``, ``failed`` and ``cancelled`` are final."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """True for a status a rollout never leaves."""
+        return self in _FINAL_ROLLOUT
+
+
+_FINAL_ROLLOUT = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
+
+
+class AttemptStatus(enum.StrEnum):
+    """Lifecycle of one attempt at a rollout. Everything but ``running`` is final."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        """True once the attempt has ended."""
+        return self is not AttemptStatus.RUNNING
+
+
+class RolloutMode(enum.StrEnum):
+    """Whether a rollout feeds training or only evaluation."""
+
+    TRAIN = "train"
+    VAL = "val"
+
+
+class ErrorKind(enum.StrEnum):
+    """Why an attempt or rollout failed; decides whether the store retries it."""
+
+    AGENT = "agent"
+    """The agent raised. Not retried: the traceback is the user's to read."""
+    INFRASTRUCTURE = "infrastructure"
+    """The gateway, the inference backend or the runner failed. Retried while attempts remain."""
+    TIMEOUT = "timeout"
+    """The attempt ran past the rollout's ``timeout_s``. Not retried."""
+    LOST = "lost"
+    """The worker stopped renewing its lease (crashed, killed, partitioned). Retried."""
+    CANCELLED = "cancelled"
+    """The rollout was cancelled by a caller."""
+
+
+class TokenSource(enum.StrEnum):
+    """How an LLM call's token ids were obtained."""
+
+    EXACT = "exact"
+    """Returned by the inference backend: the ids the policy actually saw and sampled."""
+    RETOKENIZED = "retokenized"
+    """Reconstructed by tokenizing text: may differ from what the policy sampled."""
+    MISSING = "missing"
+    """No token ids available: the call cannot be trained on."""
+
+
+# --------------------------------------------------------------------------------------------
+# Tasks, rollouts, attempts
+# --------------------------------------------------------------------------------------------
+
+
+class Task(BaseModel):
+    """One item of a dataset: what the agent is asked to do."""
+
+    model_config = _FROZEN
+
+    task_id: str
+    """Stable id of the task; GRPO groups rollouts of the same task within a step."""
+    input: JsonValue = None
+    """The agent's input, any JSON value (a question, a dict of fields, ...)."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form data kept with the task (gold answers, sources, ...)."""
+
+
+class ErrorInfo(BaseModel):
+    """What went wrong with an attempt or a rollout."""
+
+    model_config = _FROZEN
+
+    kind: ErrorKind
+    """Category; decides retries (see :class:`ErrorKind`)."""
+    type: str
+    """Exception class name or short error code, e.g. ``ValueError`` or ``timeout``."""
+    message: str
+    """Human-readable description."""
+    traceback: str | None = None
+    """Formatted traceback, when the error was an exception."""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, kind: ErrorKind = ErrorKind.AGENT) -> ErrorInfo:
+        """Record an exception, with its formatted traceback."""
+        import traceback as tb
+
+        return cls(
+            kind=kind,
+            type=type(exc).__qualname__,
+            message=str(exc),
+            traceback="".join(tb.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+class RolloutSpec(BaseModel):
+    """What a caller enqueues. The store turns it into a :class:`Rollout`."""
+
+    model_config = _FROZEN
+
+    rollout_id: str | None = None
+    """Caller-supplied id; enqueueing the same id twice is idempotent. Generated when omitted."""
+    task_id: str | None = None
+    """The task this rollout runs."""
+    input: JsonValue = None
+    """The agent's input (normally the task's input)."""
+    mode: RolloutMode = RolloutMode.TRAIN
+    """``train`` or ``val``."""
+    group_id: str | None = None
+    """Rollouts of the same task in the same step share a group id; GRPO normalizes within it."""
+    resources_version: int | None = None
+    """Resources version the rollout must run with; ``None`` means the latest at dequeue time."""
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    """How many attempts infrastructure failures may use before the rollout fails."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock limit of each attempt, enforced by the store; ``None`` means no limit."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form data kept with the rollout."""
+
+    @classmethod
+    def from_task(cls, task: Task, **kwargs: Any) -> RolloutSpec:
+        """A spec running ``task``; keyword arguments set the other fields."""
+        return cls(task_id=task.task_id, input=task.input, **kwargs)
+
+
+class Rollout(BaseModel):
+    """One run of the agent on a task, possibly over several attempts."""
+
+    model_config = _FROZEN
+
+    rollout_id: str
+    """Unique id."""
+    task_id: str | None = None
+    """The task this rollout runs."""
+    input: JsonValue = None
+    """The agent's input."""
+    mode: RolloutMode = RolloutMode.TRAIN
+    """``train`` or ``val``."""
+    group_id: str | None = None
+    """Group for advantage normalization (same task, same step)."""
+    resources_version: int | None = None
+    """Resources version pinned at enqueue, or the version the current attempt was given."""
+    status: RolloutStatus = RolloutStatus.QUEUED
+    """Current status."""
+    attempt_count: int = 0
+    """Attempts started so far."""
+    max_attempts: int = 3
+    """Attempts allowed for infrastructure failures."""
+    timeout_s: float | None = None
+    """Per-attempt wall-clock limit in seconds."""
+    final_reward: float | None = None
+    """The episode's final reward, when one was reported."""
+    error: ErrorInfo | None = None
+    """Why the rollout failed (final status ``failed``/``cancelled``), else ``None``."""
+    current_attempt_id: str | None = None
+    """The latest attempt, if any was started."""
+    created_at: float = 0.0
+    """Enqueue time (Unix seconds)."""
+    started_at: float | None = None
+    """Start of the first attempt."""
+    ended_at: float | None = None
+    """When the rollout reached a final status."""
+    updated_at: float = 0.0
+    """Last change."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form data given at enqueue."""
+
+    def matches_spec(self, spec: RolloutSpec) -> bool:
+        """True when ``spec`` describes this rollout (used for idempotent enqueue)."""
+        return (
+            self.task_id == spec.task_id
+            and self.input == spec.input
+            and self.mode == spec.mode
+            and self.group_id == spec.group_id
+            and self.max_attempts == spec.max_attempts
+            and self.timeout_s == spec.timeout_s
+        )
+
+
+class Attempt(BaseModel):
+    """One try at a rollout by one worker, under a lease."""
+
+    model_config = _FROZEN
+
+    attempt_id: str
+    """Unique id."""
+    rollout_id: str
+    """The rollout this attempt belongs to."""
+    index: int
+    """1 for the first attempt, 2 for the first retry, ..."""
+    worker_id: str
+    """Who holds the lease."""
+    status: AttemptStatus = AttemptStatus.RUNNING
+    """Current status."""
+    lease_expires_at: float | None = None
+    """The lease ends here unless renewed by a heartbeat; then the attempt is ``lost``."""
+    deadline_at: float | None = None
+    """Started + the rollout's ``timeout_s``; past it the attempt is ``timed_out``."""
+    started_at: float = 0.0
+    """Claim time."""
+    heartbeat_at: float | None = None
+    """Last heartbeat."""
+    ended_at: float | None = None
+    """When the attempt reached a final status."""
+    error: ErrorInfo | None = None
+    """Why it ended badly, else ``None``."""
+
+
+class Claim(BaseModel):
+    """A rollout a worker dequeued, with the attempt it now holds."""
+
+    model_config = _FROZEN
+
+    rollout: Rollout
+    """The rollout, status ``running``."""
+    attempt: Attempt
+    """The new attempt, status ``running``, with its lease."""
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a query; pass ``next_cursor`` back to get the next."""
+
+    model_config = _FROZEN
+
+    items: list[T]
+    """The results."""
+    next_cursor: str | None = None
+    """Opaque cursor of the next page; ``None`` on the last page."""
+
+
+# --------------------------------------------------------------------------------------------
+# Resources
+# --------------------------------------------------------------------------------------------
+
+
+class LLMEndpoint(BaseModel):
+    """How an agent reaches the policy: an OpenAI-compatible endpoint and sampling settings."""
+
+    model_config = _FROZEN
+
+    base_url: str
+    """OpenAI-compatible base URL ending in ``/v1``. For a running rollout it is already scoped
+    to the rollout and attempt (``{gateway}/rollouts/{rid}/attempts/{aid}/v1``)."""
+    model: str
+    """Model name to send in requests."""
+    api_key: str | None = None
+    """Key to send, if the endpoint needs one."""
+    sampling: dict[str, JsonValue] = Field(default_factory=dict)
+    """Sampling parameters the gateway forces (temperature, top_p, max_tokens, ...)."""
+
+
+class Resources(BaseModel):
+    """A versioned snapshot an algorithm publishes and rollouts run with."""
+
+    model_config = _FROZEN
+
+    version: int | None = None
+    """Assigned by the store: 1, 2, 3, ... Rollouts pin the version they ran with."""
+    llm: LLMEndpoint | None = None
+    """The policy endpoint."""
+    prompts: dict[str, str] = Field(default_factory=dict)
+    """Named prompt templates."""
+    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    """Anything else the agent needs."""
+    created_at: float | None = None
+    """Set by the store when added."""
+
+
+# --------------------------------------------------------------------------------------------
+# Spans
+# --------------------------------------------------------------------------------------------
+
+
+class SpanKind(enum.StrEnum):
+    """OpenTelemetry span kind."""
+
+    INTERNAL = "INTERNAL"
+    SERVER = "SERVER"
+    CLIENT = "CLIENT"
+    PRODUCER = "PRODUCER"
+    CONSUMER = "CONSUMER"
+
+
+class StatusCode(enum.StrEnum):
+    """OpenTelemetry status code."""
+
+    UNSET = "UNSET"
+    OK = "OK"
+    ERROR = "ERROR"
+
+
+class SpanStatus(BaseModel):
+    """Outcome of the operation a span describes."""
+
+    model_config = _FROZEN
+
+    code: StatusCode = StatusCode.UNSET
+    """``UNSET``, ``OK`` or ``ERROR``."""
+    message: str = ""
+    """Description, for errors."""
+
+
+class SpanEvent(BaseModel):
+    """A timestamped event inside a span (e.g. an exception)."""
+
+    model_config = _FROZEN
+
+    name: str
+    """Event name, e.g. ``exception``."""
+    time_ns: int
+    """Unix nanoseconds."""
+    attributes: Attributes = Field(default_factory=dict)
+    """Event attributes."""
+
+
+class SpanLink(BaseModel):
+    """A link from a span to another span, possibly in another trace."""
+
+    model_config = _FROZEN
+
+    trace_id: str
+    """Linked trace id, 32 lowercase hex characters."""
+    span_id: str
+    """Linked span id, 16 lowercase hex characters."""
+    attributes: Attributes = Field(default_factory=dict)
+    """Link attributes."""
+
+
+def _check_hex(value: str, length: int, what: str) -> str:
+    if len(value) != length or not all(c in "0123456789abcdef" for c in value):
+        raise ValueError(f"{what} must be {length} lowercase hex characters, got {value!r}")
+    return value
+
+
+class Span(BaseModel):
+    """An OpenTelemetry-compatible span, attributed to a rollout and attempt.
+
+    ``seq`` is assigned by the store on insert: it increases with every span stored for the
+    rollout, so ordering never depends on the clocks of different machines.
+    """
+
+    model_config = _FROZEN
+
+    rollout_id: str | None = None
+    """Rollout the span belongs to; required by the store."""
+    attempt_id: str | None = None
+    """Attempt the span belongs to."""
+    seq: int | None = None
+    """Store-assigned, monotonic per rollout. ``None`` until stored."""
+    trace_id: str
+    """32 lowercase hex characters."""
+    span_id: str
+    """16 lowercase hex characters; unique within the rollout (writes are idempotent on it)."""
+    parent_span_id: str | None = None
+    """Parent span id, or ``None`` for a root span."""
+    name: str
+    """Span name."""
+    kind: SpanKind = SpanKind.INTERNAL
+    """OpenTelemetry span kind."""
+    start_time_ns: int
+    """Unix nanoseconds."""
+    end_time_ns: int | None = None
+    """Unix nanoseconds; ``None`` for a span that did not end."""
+    status: SpanStatus = Field(default_factory=SpanStatus)
+    """Outcome."""
+    attributes: Attributes = Field(default_factory=dict)
+    """Attributes, following :mod:`agentbolt.semconv`."""
+    events: list[SpanEvent] = Field(default_factory=list)
+    """Events in the span."""
+    links: list[SpanLink] = Field(default_factory=list)
+    """Links to other spans."""
+    resource: Attributes = Field(default_factory=dict)
+    """Resource attributes of the process that produced the span."""
+    scope: str | None = None
+    """Instrumentation scope (tracer) name."""
+    schema_version: str = semconv.SCHEMA_VERSION
+    """Version of :mod:`agentbolt.semconv` the span follows."""
+
+    @field_validator("trace_id")
+    @classmethod
+    def _validate_trace_id(cls, v: str) -> str:
+        return _check_hex(v, 32, "trace_id")
+
+    @field_validator("span_id")
+    @classmethod
+    def _validate_span_id(cls, v: str) -> str:
+        return _check_hex(v, 16, "span_id")
+
+    @field_validator("parent_span_id")
+    @classmethod
+    def _validate_parent(cls, v: str | None) -> str | None:
+        return None if v is None else _check_hex(v, 16, "parent_span_id")
+
+    # -- constructors ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+        trace_id: str | None = None,
+        parent_span_id: str | None = None,
+        start_time_ns: int | None = None,
+        end_time_ns: int | None = None,
+        status: SpanStatus | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        events: Sequence[SpanEvent] = (),
+    ) -> Span:
+        """A new span with random ids; times default to now (a zero-length span)."""
+        now = time.time_ns()
+        start = now if start_time_ns is None else start_time_ns
+        return cls(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            trace_id=trace_id or os.urandom(16).hex(),
+            span_id=os.urandom(8).hex(),
+            parent_span_id=parent_span_id,
+            name=name,
+            kind=kind,
+            start_time_ns=start,
+            end_time_ns=start if end_time_ns is None else end_time_ns,
+            status=status or SpanStatus(),
+            attributes=dict(attributes or {}),
+            events=list(events),
+        )
+
+    @classmethod
+    def from_otel(
+        cls,
+        span: Any,
+        *,
+        rollout_id: str | None = None,
+        attempt_id: str | None = None,
+    ) -> Span:
+        """Convert an OpenTelemetry SDK ``ReadableSpan``.
+
+        The rollout and attempt ids default to the span's ``agentbolt.rollout_id`` /
+        ``agentbolt.attempt_id`` attributes, then to its resource attributes.
+        """
+        try:
+            ctx = span.get_span_context()
+            attributes = _plain_attributes(span.attributes)
+            resource = _plain_attributes(span.resource.attributes if span.resource else None)
+            rid = rollout_id or attributes.get(semconv.ROLLOUT_ID) or resource.get(semconv.ROLLOUT_ID)
+            aid = attempt_id or attributes.get(semconv.ATTEMPT_ID) or resource.get(semconv.ATTEMPT_ID)
+            scope = getattr(span, "instrumentation_scope", None)
+            return cls(
+                rollout_id=None if rid is None else str(rid),
+                attempt_id=None if aid is None else str(aid),
+                trace_id=format(ctx.trace_id, "032x"),
+                span_id=format(ctx.span_id, "016x"),
+                parent_span_id=format(span.parent.span_id, "016x") if span.parent else None,
+                name=span.name,
+                kind=SpanKind(span.kind.name),
+                start_time_ns=span.start_time or 0,
+                end_time_ns=span.end_time,
+                status=SpanStatus(
+                    code=StatusCode(span.status.status_code.name),
+                    message=span.status.description or "",
+                ),
+                attributes=attributes,
+                events=[
+                    SpanEvent(name=e.name, time_ns=e.timestamp, attributes=_plain_attributes(e.attributes))
+                    for e in span.events
+                ],
+                links=[
+                    SpanLink(
+                        trace_id=format(link.context.trace_id, "032x"),
+                        span_id=format(link.context.span_id, "016x"),
+                        attributes=_plain_attributes(link.attributes),
+                    )
+                    for link in span.links
+                ],
+                resource=resource,
+                scope=scope.name if scope is not None else None,
+            )
+        except ValidationError as exc:
+            raise SchemaError(f"OpenTelemetry span {getattr(span, 'name', '?')!r} is invalid: {exc}") from exc
+
+    # -- conveniences ---------------------------------------------------------------------
+
+    @property
+    def duration_s(self) -> float | None:
+        """End minus start in seconds, or ``None`` for an open span."""
+        return None if self.end_time_ns is None else (self.end_time_ns - self.start_time_ns) / 1e9
+
+    def to_otlp_json(self) -> dict[str, Any]:
+        """This span in the OTLP/JSON encoding (one element of ``scopeSpans[].spans``)."""
+        out: dict[str, Any] = {
+            "traceId": self.trace_id,
+            "spanId": self.span_id,
+            "name": self.name,
+            "kind": _OTLP_KIND[self.kind],
+            "startTimeUnixNano": str(self.start_time_ns),
+            "attributes": _otlp_attributes(self.attributes),
+            "status": {"code": _OTLP_STATUS[self.status.code], "message": self.status.message},
+        }
+        if self.parent_span_id:
+            out["parentSpanId"] = self.parent_span_id
+        if self.end_time_ns is not None:
+            out["endTimeUnixNano"] = str(self.end_time_ns)
+        if self.events:
+            out["events"] = [
+                {
+                    "name": e.name,
+                    "timeUnixNano": str(e.time_ns),
+                    "attributes": _otlp_attributes(e.attributes),
+                }
+                for e in self.events
+            ]
+        if self.links:
+            out["links"] = [
+                {"traceId": x.trace_id, "spanId": x.span_id, "attributes": _otlp_attributes(x.attributes)}
+                for x in self.links
+            ]
+        return out
+
+
+def span_body_json(span: Span) -> str:
+    """The span as compact JSON without ``seq``, ``rollout_id`` and ``attempt_id`` (stores keep
+    those in columns). Built by hand and encoded with orjson: four times faster than pydantic's
+    serializer, and span ingest is the store's hottest path. ``Span.model_validate_json``
+    reads it back."""
+    body: dict[str, Any] = {
+        "trace_id": span.trace_id,
+        "span_id": span.span_id,
+        "parent_span_id": span.parent_span_id,
+        "name": span.name,
+        "kind": span.kind,
+        "start_time_ns": span.start_time_ns,
+        "end_time_ns": span.end_time_ns,
+        "status": {"code": span.status.code, "message": span.status.message},
+        "attributes": span.attributes,
+        "schema_version": span.schema_version,
+    }
+    if span.events:
+        body["events"] = [{"name": e.name, "time_ns": e.time_ns, "attributes": e.attributes} for e in span.events]
+    if span.links:
+        body["links"] = [{"trace_id": x.trace_id, "span_id": x.span_id, "attributes": x.attributes} for x in span.links]
+    if span.resource:
+        body["resource"] = span.resource
+    if span.scope is not None:
+        body["scope"] = span.scope
+    return orjson.dumps(body).decode()
+
+
+# --- OTLP/JSON encoding ------------------------------------------------------------------------
+
+_OTLP_KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_OTLP_KIND_BACK = {v: k for k, v in _OTLP_KIND.items()} | {0: SpanKind.INTERNAL}
+_OTLP_KIND_NAMES = {f"SPAN_KIND_{k.value}": k for k in SpanKind} | {"SPAN_KIND_UNSPECIFIED": SpanKind.INTERNAL}
+_OTLP_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
+_OTLP_STATUS_BACK = {v: k for k, v in _OTLP_STATUS.items()}
+_OTLP_STATUS_NAMES = {f"STATUS_CODE_{k.value}": k for k in StatusCode}
+
+
+def _plain_attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
+    """OTel attributes (tuples, bounded dicts) as plain dicts of primitives and lists."""
+    if not attrs:
+        return {}
+    return {k: list(v) if isinstance(v, tuple | list) else v for k, v in attrs.items()}
+
+
+def _otlp_any(value: AttributeValue) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    return {"arrayValue": {"values": [_otlp_any(v) for v in value]}}
+
+
+def _otlp_attributes(attrs: Mapping[str, AttributeValue]) -> list[dict[str, Any]]:
+    return [{"key": k, "value": _otlp_any(v)} for k, v in attrs.items()]
+
+
+def _from_otlp_any(value: Mapping[str, Any]) -> Any:
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [_from_otlp_any(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:  # not an OTel attribute type we store natively: keep it as JSON
+        kv = {x["key"]: _from_otlp_any(x.get("value", {})) for x in value["kvlistValue"].get("values", [])}
+        return json.dumps(kv, sort_keys=True)
+    if "bytesValue" in value:
+        return str(value["bytesValue"])
+    if not value:
+        return ""
+    raise SchemaError(f"unsupported OTLP attribute value {value!r}")
+
+
+def _from_otlp_attributes(attrs: Iterable[Mapping[str, Any]] | None) -> dict[str, AttributeValue]:
+    return {a["key"]: _from_otlp_any(a.get("value", {})) for a in attrs or ()}
+
+
+def _otlp_id(value: Any, length: int) -> str:
+    """OTLP/JSON ids are hex; some exporters send base64 (protobuf's default JSON mapping)."""
+    s = str(value or "")
+    if len(s) == length:
+        return s.lower()
+    import base64
+    import binascii
+
+    try:
+        raw = base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SchemaError(f"invalid OTLP id {s!r}: expected {length} hex characters") from exc
+    return raw.hex()
+
+
+def _otlp_enum(value: Any, by_int: Mapping[int, Any], by_name: Mapping[str, Any], what: str) -> Any:
+    if isinstance(value, str) and value in by_name:
+        return by_name[value]
+    try:
+        return by_int[int(value)]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SchemaError(f"invalid OTLP {what}: {value!r}") from exc
+
+
+def spans_to_otlp_json(spans: Iterable[Span]) -> dict[str, Any]:
+    """Encode spans as an OTLP/JSON ``ExportTraceServiceRequest``.
+
+    Spans are grouped into ``resourceSpans`` by (resource, rollout, attempt); the rollout and
+    attempt ids travel as the resource attributes ``agentbolt.rollout_id`` / ``attempt_id``.
+    """
+    groups: dict[str, tuple[dict[str, AttributeValue], dict[str | None, list[Span]]]] = {}
+    for span in spans:
+        resource = dict(span.resource)
+        if span.rollout_id is not None:
+            resource[semconv.ROLLOUT_ID] = span.rollout_id
+        if span.attempt_id is not None:
+            resource[semconv.ATTEMPT_ID] = span.attempt_id
+        key = json.dumps(resource, sort_keys=True)
+        scopes = groups.setdefault(key, (resource, {}))[1]
+        scopes.setdefault(span.scope, []).append(span)
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _otlp_attributes(resource)},
+                "scopeSpans": [
+                    {"scope": {"name": scope or ""}, "spans": [s.to_otlp_json() for s in members]}
+                    for scope, members in scopes.items()
+                ],
+            }
+            for resource, scopes in groups.values()
+        ]
+    }
+
+
+def spans_from_otlp_json(
+    payload: Mapping[str, Any],
+    *,
+    rollout_id: str | None = None,
+    attempt_id: str | None = None,
+) -> list[Span]:
+    """Decode an OTLP/JSON ``ExportTraceServiceRequest`` into spans.
+
+    Rollout and attempt ids come from the arguments, else from each span's attributes, else
+    from its resource attributes. Raises :class:`SchemaError` on malformed input.
+    """
+    if not isinstance(payload, Mapping):
+        raise SchemaError("OTLP payload must be a JSON object with 'resourceSpans'")
+    out: list[Span] = []
+    try:
+        for rs in payload.get("resourceSpans") or ():
+            resource = _from_otlp_attributes((rs.get("resource") or {}).get("attributes"))
+            for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ():
+                scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name") or None
+                for sp in ss.get("spans") or ():
+                    attributes = _from_otlp_attributes(sp.get("attributes"))
+                    rid = rollout_id or attributes.get(semconv.ROLLOUT_ID) or resource.get(semconv.ROLLOUT_ID)
+                    aid = attempt_id or attributes.get(semconv.ATTEMPT_ID) or resource.get(semconv.ATTEMPT_ID)
+                    status = sp.get("status") or {}
+                    parent = sp.get("parentSpanId") or None
+                    end = sp.get("endTimeUnixNano")
+                    out.append(
+                        Span(
+                            rollout_id=None if rid is None else str(rid),
+                            attempt_id=None if aid is None else str(aid),
+                            trace_id=_otlp_id(sp.get("traceId"), 32),
+                            span_id=_otlp_id(sp.get("spanId"), 16),
+                            parent_span_id=_otlp_id(parent, 16) if parent else None,
+                            name=sp["name"],
+                            kind=_otlp_enum(sp.get("kind", 1), _OTLP_KIND_BACK, _OTLP_KIND_NAMES, "span kind"),
+                            start_time_ns=int(sp.get("startTimeUnixNano") or 0),
+                            end_time_ns=int(end) if end is not None else None,
+                            status=SpanStatus(
+                                code=_otlp_enum(
+                                    status.get("code", 0), _OTLP_STATUS_BACK, _OTLP_STATUS_NAMES, "status code"
+                                ),
+                                message=status.get("message") or "",
+                            ),
+                            attributes=attributes,
+                            events=[
+                                SpanEvent(
+                                    name=e["name"],
+                                    time_ns=int(e.get("timeUnixNano") or 0),
+                                    attributes=_from_otlp_attributes(e.get("attributes")),
+                                )
+                                for e in sp.get("events") or ()
+                            ],
+                            links=[
+                                SpanLink(
+                                    trace_id=_otlp_id(x.get("traceId"), 32),
+                                    span_id=_otlp_id(x.get("spanId"), 16),
+                                    attributes=_from_otlp_attributes(x.get("attributes")),
+                                )
+                                for x in sp.get("links") or ()
+                            ],
+                            resource=resource,
+                            scope=scope,
+                        )
+                    )
+    except SchemaError:
+        raise
+    except (ValidationError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SchemaError(f"malformed OTLP/JSON trace payload: {exc}") from exc
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Transitions (LightningRL's output)
+# --------------------------------------------------------------------------------------------
+
+
+class Transition(BaseModel):
+    """One LLM call as a reinforcement-learning step: the state (prompt tokens), the action
+    (response tokens) with its logprobs, and the credit it was assigned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rollout_id: str
+    """Rollout the call belongs to."""
+    attempt_id: str | None = None
+    """Attempt the call belongs to (the rollout's final attempt)."""
+    group_id: str | None = None
+    """Advantage group (rollouts of the same task in the same step)."""
+    task_id: str | None = None
+    """Task of the rollout."""
+    index: int
+    """Order of the call within the rollout (0-based, in store ``seq`` order)."""
+    agent_name: str | None = None
+    """Agent that made the call (from the nearest enclosing agent span or the call itself)."""
+    prompt_ids: list[int]
+    """Prompt token ids exactly as the policy saw them."""
+    response_ids: list[int]
+    """Generated token ids."""
+    response_logprobs: list[float] | None = None
+    """Logprob of each response token under the sampling policy."""
+    response_mask: list[int] | None = None
+    """1 for tokens the policy generated, 0 for tokens it did not (merged trajectories);
+    ``None`` means all ones."""
+    reward: float | None = None
+    """Credit assigned to this call."""
+    advantage: float | None = None
+    """Advantage computed across the group."""
+    policy_version: int | None = None
+    """Resources version that sampled the response."""
+    span_id: str | None = None
+    """The LLM-call span this transition came from."""
+    token_source: TokenSource = TokenSource.EXACT
+    """How the token ids were obtained."""
+    finish_reason: str | None = None
+    """Why generation stopped (``stop``, ``length``, ``tool_calls``)."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form data (merged span ids, truncation notes, ...)."""
