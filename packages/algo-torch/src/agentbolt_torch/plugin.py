@@ -1,0 +1,1 @@
+"""Plugin entry module: registers agentbolt-torch's algorithm (cheap to import)."""

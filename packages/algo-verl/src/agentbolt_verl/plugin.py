@@ -1,0 +1,1 @@
+"""Plugin entry module: registers agentbolt-verl's algorithm (cheap to import)."""
