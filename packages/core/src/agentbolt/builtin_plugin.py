@@ -22,8 +22,23 @@ def _sql(url: str, **options: Any) -> Any:
     return SqlStore(url, **options)
 
 
+def _http(url: str, **options: Any) -> Any:
+    from .store.http import HttpStore
+
+    return HttpStore(url, **options)
+
+
 @hookimpl
 def agentbolt_register_stores(register: Register) -> None:
     register("memory", _memory)
     register("sqlite", _sql)
     register("postgresql", _sql)
+    register("http", _http)
+    register("https", _http)
+
+
+@hookimpl
+def agentbolt_register_credit(register: Register) -> None:
+    from .lightningrl.registry import register_builtins
+
+    register_builtins(register)

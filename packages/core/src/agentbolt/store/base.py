@@ -44,11 +44,13 @@ class Store(Protocol):
         limit: int = 1,
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
+        wait_s: float = 0.0,
     ) -> list[t.Claim]:
         """Claim up to ``limit`` queued rollouts (oldest first) under a lease of ``lease_s``.
 
-        Each claim starts a new attempt. Two workers never receive the same rollout. Returns
-        an empty list when nothing is queued.
+        Each claim starts a new attempt. Two workers never receive the same rollout. When
+        nothing is queued, waits up to ``wait_s`` seconds for work (woken by enqueues and
+        requeues, not by polling in a loop), then returns an empty list.
         """
         ...
 

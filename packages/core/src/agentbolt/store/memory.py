@@ -9,7 +9,8 @@ import asyncio
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
@@ -18,6 +19,8 @@ from .base import Notifier, check_span_batch, normalize_statuses
 from .sweeper import Sweeper
 
 __all__ = ["MemoryStore"]
+
+R = TypeVar("R")
 
 
 class MemoryStore:
@@ -126,7 +129,9 @@ class MemoryStore:
                 self._spans[rid] = {}
                 self._span_seq[rid] = 0
                 self._apply(rollout, None)
-            return result
+        if planned:
+            self._notifier.notify()
+        return result
 
     async def dequeue(
         self,
@@ -135,11 +140,20 @@ class MemoryStore:
         limit: int = 1,
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
+        wait_s: float = 0.0,
     ) -> list[t.Claim]:
         if limit < 1:
             raise UserError(f"limit must be at least 1, got {limit}")
         if lease_s <= 0:
             raise UserError(f"lease_s must be positive, got {lease_s}")
+
+        async def attempt() -> tuple[bool, list[t.Claim]]:
+            claims = self._claim(worker_id, limit, lease_s, mode)
+            return bool(claims), claims
+
+        return await self._wait_until(attempt, wait_s)
+
+    def _claim(self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None) -> list[t.Claim]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -285,17 +299,25 @@ class MemoryStore:
             return counts
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+        async def check() -> tuple[bool, list[t.Rollout]]:
+            states = await self.get_rollouts(rollout_ids)
+            return all(r.status.is_final for r in states), states
+
+        return await self._wait_until(check, timeout)
+
+    async def _wait_until(self, check: Callable[[], Awaitable[tuple[bool, R]]], timeout: float | None) -> R:
+        """Re-run ``check`` on every change until it reports done or ``timeout`` passes."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            fut = self._notifier.future()
-            rollouts = await self.get_rollouts(rollout_ids)
+            fut = self._notifier.future()  # registered before checking: no change is missed
+            done, value = await check()
             remaining = None if deadline is None else deadline - loop.time()
-            if all(r.status.is_final for r in rollouts) or (remaining is not None and remaining <= 0):
+            if done or (remaining is not None and remaining <= 0):
                 self._notifier.discard(fut)
-                return rollouts
-            # The sweeper notifies on expiry; the periodic wake-up only bounds clock drift.
-            await self._notifier.wait(fut, 5.0 if remaining is None else min(remaining, 5.0))
+                return value
+            # Changes notify; the periodic wake-up only bounds a sweep that is due but not run.
+            await self._notifier.wait(fut, 1.0 if remaining is None else min(remaining, 1.0))
 
     async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
         if rollout_ids is None and older_than_s is None:

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -487,8 +487,9 @@ class SqlStore:
         raise AssertionError("unreachable")
 
     def _notify_final(self, conn: Connection) -> None:
-        """Wake other processes' waiters (PostgreSQL NOTIFY, sent at commit). This process's
-        waiters are woken by the caller once the transaction returns."""
+        """Wake other processes' waiters (PostgreSQL NOTIFY, sent at commit) after rollouts were
+        queued or changed status. This process's waiters are woken by the caller once the
+        transaction returns."""
         if self._q.pg:
             _cursor(conn).execute("SELECT pg_notify(%s, '')", (self._channel,))
 
@@ -590,9 +591,12 @@ class SqlStore:
                 out.append(planned[rid])
             if planned:
                 cur.executemany(self._q(_INSERT_ROLLOUT), [_rollout_insert(r) for r in planned.values()])
+                self._notify_final(conn)  # wakes workers waiting in dequeue(wait_s=...)
             return out
 
-        return await self._run(tx)
+        out = await self._run(tx)
+        self._notifier.notify()
+        return out
 
     async def dequeue(
         self,
@@ -601,6 +605,7 @@ class SqlStore:
         limit: int = 1,
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
+        wait_s: float = 0.0,
     ) -> list[t.Claim]:
         if limit < 1:
             raise UserError(f"limit must be at least 1, got {limit}")
@@ -633,7 +638,11 @@ class SqlStore:
             cur.executemany(self._q(_UPDATE_ROLLOUT), [_rollout_state(c.rollout) for c in claims])
             return claims
 
-        return await self._run(tx)
+        async def attempt() -> tuple[bool, list[t.Claim]]:
+            claims = await self._run(tx)
+            return bool(claims), claims
+
+        return await self._wait_until(attempt, wait_s)
 
     async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
         if lease_s <= 0:
@@ -785,17 +794,25 @@ class SqlStore:
         return await self._run(tx, write=False)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+        async def check() -> tuple[bool, list[t.Rollout]]:
+            states = await self.get_rollouts(rollout_ids)
+            return all(r.status.is_final for r in states), states
+
+        return await self._wait_until(check, timeout)
+
+    async def _wait_until(self, check: Callable[[], Awaitable[tuple[bool, R]]], timeout: float | None) -> R:
+        """Re-run ``check`` on every change until it reports done or ``timeout`` passes."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         if self.dialect == "postgresql":
             self._ensure_listener()
         while True:
-            fut = self._notifier.future()
-            rollouts_now = await self.get_rollouts(rollout_ids)
+            fut = self._notifier.future()  # registered before checking: no change is missed
+            done, value = await check()
             remaining = None if deadline is None else deadline - loop.time()
-            if all(r.status.is_final for r in rollouts_now) or (remaining is not None and remaining <= 0):
+            if done or (remaining is not None and remaining <= 0):
                 self._notifier.discard(fut)
-                return rollouts_now
+                return value
             await self._wait_for_change(fut, remaining)
 
     async def _wait_for_change(self, fut: asyncio.Future[None], remaining: float | None) -> None:

@@ -168,6 +168,29 @@ class StoreConformance:
         claimed = [c.rollout.rollout_id for claims in results for c in claims]
         assert len(claimed) == 60 and len(set(claimed)) == 60
 
+    async def test_dequeue_waits_for_work(self, store: Store) -> None:
+        assert await store.dequeue("w", wait_s=0.2) == []
+
+        async def enqueue_later() -> None:
+            await asyncio.sleep(0.2)
+            await store.enqueue(specs(1))
+
+        task = asyncio.create_task(enqueue_later())
+        # Woken by the enqueue: the bound only keeps a broken wake-up from hanging the test.
+        claims = await asyncio.wait_for(store.dequeue("w", wait_s=60), timeout=10)
+        await task
+        assert [c.rollout.rollout_id for c in claims] == ["r0"]
+
+    async def test_requeue_wakes_a_waiting_worker(self, store: Store) -> None:
+        await store.enqueue([t.RolloutSpec(rollout_id="r", max_attempts=2)])
+        (claim,) = await store.dequeue("w1")
+        waiter = asyncio.create_task(store.dequeue("w2", wait_s=60))
+        await asyncio.sleep(0.1)
+        error = t.ErrorInfo(kind=t.ErrorKind.INFRASTRUCTURE, type="x", message="gateway down")
+        await store.finish_attempt(claim.attempt.attempt_id, t.AttemptStatus.FAILED, error=error)
+        (again,) = await asyncio.wait_for(waiter, timeout=10)
+        assert again.rollout.rollout_id == "r" and again.attempt.index == 2
+
     # -- heartbeats, leases, timeouts -----------------------------------------------------------
 
     async def test_heartbeat_extends_the_lease(self, store: Store) -> None:

@@ -1,0 +1,1 @@
+"""LightningRL: spans -> transitions -> credit -> advantages (being written)."""
