@@ -80,10 +80,14 @@ def plugins(
         table.add_column(column)
     for i in infos:
         registered = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(i.registered.items()))
-        status = "ok" if i.ok else f"[red]failed: {i.error.detail if i.error else ''}[/red]"
+        status = "ok" if i.ok else "[red]failed (see below)[/red]"
         table.add_row(i.name, i.distribution or "-", i.version or "-", registered or "-", status)
-    Console().print(table)
-    if any(not i.ok for i in infos):
+    console = Console()
+    console.print(table)
+    failed = [i.error for i in infos if i.error is not None]
+    for error in failed:  # in full, below the table, so nothing is cut by the terminal width
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+    if failed:
         raise typer.Exit(code=1)
 
 

@@ -190,7 +190,7 @@ class Plugins:
         raw = self._environ.get(ENV_VAR)
         if raw is None:
             return None
-        return {_norm(x) for x in raw.split(",") if x.strip()}
+        return {_norm(x.strip()) for x in raw.split(",") if x.strip()}
 
     def _load_from_entry_points(self) -> None:
         allowed = self._allowed()

@@ -117,7 +117,7 @@ _ATTRIBUTE_SCHEMA = {
 Attributes = Annotated[dict[str, Any], AfterValidator(_check_attributes), WithJsonSchema(_ATTRIBUTE_SCHEMA)]
 """A mapping of attribute names to :data:`AttributeValue` values."""
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 def new_id(prefix: str = "") -> str:
@@ -504,7 +504,7 @@ class Span(BaseModel):
     name: str
     """Span name."""
     kind: SpanKind = SpanKind.INTERNAL
-    """OpenTelemetry span kind."""
+    """OpenTelemetry span kind: the role of the operation (client call, server handler, ...)."""
     start_time_ns: int
     """Unix nanoseconds."""
     end_time_ns: int | None = None
@@ -887,7 +887,7 @@ class Transition(BaseModel):
     """One LLM call as a reinforcement-learning step: the state (prompt tokens), the action
     (response tokens) with its logprobs, and the credit it was assigned."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _FROZEN
 
     rollout_id: str
     """Rollout the call belongs to."""

@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -396,6 +397,7 @@ class SqlStore:
         self._q = _Sql(self.dialect, schema)
         self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) pairs seen valid
         self._local = threading.local()
+        self._inline_conns: list[Connection] = []  # one per calling thread, closed by close()
         self._data_version: int | None = None
         try:
             self._create_schema()
@@ -408,7 +410,21 @@ class SqlStore:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _create_schema(self) -> None:
-        with self._engine.begin() as conn:
+        # Several processes may open a new SQLite file at once: take the write lock up front
+        # (BEGIN IMMEDIATE waits on busy_timeout) and retry the journal-mode switch, for which
+        # SQLite does not call the busy handler.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self._create_schema_once()
+                return
+            except sa.exc.OperationalError as exc:
+                if "locked" not in str(exc.orig) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _create_schema_once(self) -> None:
+        with self._engine.connect() as conn, conn.execution_options(agentbolt_write=True).begin():
             if self._schema and self.dialect == "postgresql":
                 conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
             if self.dialect == "postgresql":  # serialize concurrent first-time set-ups
@@ -450,18 +466,27 @@ class SqlStore:
         if conn is None:
             conn = self._local.inline = self._engine.connect()
             conn.connection.driver_connection.execute("PRAGMA busy_timeout = 0")  # type: ignore[union-attr]
+            self._inline_conns.append(conn)
         try:
             with conn.execution_options(agentbolt_write=write).begin():
                 return True, fn(conn)
-        except sa.exc.OperationalError as exc:
-            if getattr(exc.orig, "sqlite_errorcode", None) in (5, 6) or "locked" in str(exc.orig):
-                return False, None  # SQLITE_BUSY / SQLITE_LOCKED: hand over to the waiting thread
-            raise StoreUnavailableError(f"store {self.url}: {exc.orig}") from exc
+        except (sa.exc.OperationalError, sqlite3.OperationalError) as exc:
+            orig = getattr(exc, "orig", exc)
+            if getattr(orig, "sqlite_errorcode", None) in (5, 6) or "locked" in str(orig):
+                # SQLITE_BUSY / SQLITE_LOCKED: hand over to the thread that waits. A failed BEGIN
+                # can leave the connection's transaction state half-made: start afresh next time.
+                conn.close()
+                self._local.inline = None
+                return False, None
+            raise StoreUnavailableError(f"store {self.url}: {orig}") from exc
 
     def _shutdown_threads(self) -> None:
         if self._writer is not None:
             self._writer.stop()
         self._executor.shutdown(wait=True)
+        for conn in self._inline_conns:
+            conn.close()
+        self._inline_conns.clear()
 
     def _transaction(self, fn: Callable[[Connection], R], write: bool) -> R:
         """Run ``fn`` in its own transaction on a pooled connection (PostgreSQL, SQLite reads)."""
@@ -1158,8 +1183,8 @@ class _GroupCommitWriter:
 
 
 def _as_store_error(exc: BaseException) -> BaseException:
-    if isinstance(exc, sa.exc.OperationalError):
-        return StoreUnavailableError(f"SQLite write failed: {exc.orig}")
+    if isinstance(exc, sa.exc.OperationalError | sqlite3.OperationalError):
+        return StoreUnavailableError(f"SQLite write failed: {getattr(exc, 'orig', exc)}")
     return exc
 
 
