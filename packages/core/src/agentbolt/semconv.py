@@ -42,8 +42,10 @@ GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 # Values of gen_ai.operation.name
 OP_CHAT: Final = "chat"
 OP_TEXT_COMPLETION: Final = "text_completion"
+OP_GENERATE_CONTENT: Final = "generate_content"
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_INVOKE_AGENT: Final = "invoke_agent"
+OP_CREATE_AGENT: Final = "create_agent"
 
 # Standard OpenTelemetry exception attributes (on exception events and spans).
 EXCEPTION_TYPE: Final = "exception.type"
@@ -66,7 +68,8 @@ RESPONSE_TOKEN_IDS: Final = "agentbolt.llm.response_token_ids"
 RESPONSE_LOGPROBS: Final = "agentbolt.llm.response_logprobs"
 """Logprob of each generated token under the sampling policy (list of float)."""
 TOKEN_SOURCE: Final = "agentbolt.llm.token_source"
-"""How token ids were obtained: ``exact`` (from the backend), ``retokenized`` or ``missing``."""
+"""How token ids were obtained: ``exact`` (from the backend), ``retokenized`` or ``missing``.
+Only the gateway writes it: LightningRL recognises gateway spans by it, so adapters must not."""
 POLICY_VERSION: Final = "agentbolt.llm.policy_version"
 """Resources version (policy weights) that served the call."""
 LLM_LATENCY_S: Final = "agentbolt.llm.latency_s"

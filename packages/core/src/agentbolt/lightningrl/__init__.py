@@ -1,1 +1,151 @@
-"""LightningRL: spans -> transitions -> credit -> advantages (being written)."""
+"""LightningRL: spans → transitions → credit → advantages.
+
+The learning side of agentbolt, pure Python (no torch, no numpy):
+
+- :mod:`.episode` — extraction of a rollout's LLM calls and rewards from its spans;
+- :mod:`.credit`, :mod:`.air` — credit assigners (``final``, ``discounted``, ``intermediate``, ``air``);
+- :mod:`.advantage` — advantage estimators (``grpo``, ``rloo``, ``reinforce_pp``), rollout or transition level;
+- :mod:`.aggregation` — loss aggregation weights (per-rollout mean, token mean, sequence mean);
+- :mod:`.merge` — trajectory merging into masked sequences;
+- :mod:`.pipeline` — :class:`LightningRL`, all of the above in one call, with a report.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .advantage import GRPO, RLOO, AdvantageEstimator, AdvantageResult, ReinforcePlusPlus
+    from .aggregation import (
+        LOSS_AGGREGATIONS,
+        loss_weights,
+        per_rollout_mean,
+        seq_mean,
+        token_count,
+        token_mean,
+        token_weights,
+    )
+    from .air import AIRCredit, AIRRule, AIRSignal, ExceptionRule, FinishReasonRule, FormatRule, ToolCallRule
+    from .credit import Credit, CreditAssigner, DiscountedCredit, FinalCredit, IntermediateCredit, discounted_returns
+    from .episode import (
+        AgentMatch,
+        Episode,
+        ExclusionReason,
+        LLMCall,
+        RewardRecord,
+        agent_selector,
+        extract_episode,
+    )
+    from .merge import MergeResult, merge_transitions
+    from .pipeline import LightningRL, LightningRLBatch
+    from .registry import get_advantage_estimator, get_credit_assigner, register_builtins
+    from .report import AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+
+_EXPORTS: dict[str, str] = {
+    "GRPO": "advantage",
+    "LOSS_AGGREGATIONS": "aggregation",
+    "RLOO": "advantage",
+    "AIRCredit": "air",
+    "AIRRule": "air",
+    "AIRSignal": "air",
+    "AdvantageEstimator": "advantage",
+    "AdvantageResult": "advantage",
+    "AgentMatch": "episode",
+    "AgentStats": "report",
+    "BatchReport": "report",
+    "CallExclusion": "report",
+    "Credit": "credit",
+    "CreditAssigner": "credit",
+    "DiscountedCredit": "credit",
+    "EmptyBatchError": "report",
+    "Episode": "episode",
+    "ExceptionRule": "air",
+    "ExclusionReason": "episode",
+    "FinalCredit": "credit",
+    "FinishReasonRule": "air",
+    "FormatRule": "air",
+    "IntermediateCredit": "credit",
+    "LLMCall": "episode",
+    "LightningRL": "pipeline",
+    "LightningRLBatch": "pipeline",
+    "MergeResult": "merge",
+    "ReinforcePlusPlus": "advantage",
+    "RewardRecord": "episode",
+    "RolloutReport": "report",
+    "ToolCallRule": "air",
+    "agent_selector": "episode",
+    "discounted_returns": "credit",
+    "extract_episode": "episode",
+    "get_advantage_estimator": "registry",
+    "get_credit_assigner": "registry",
+    "loss_weights": "aggregation",
+    "merge_transitions": "merge",
+    "per_rollout_mean": "aggregation",
+    "register_builtins": "registry",
+    "seq_mean": "aggregation",
+    "token_count": "aggregation",
+    "token_mean": "aggregation",
+    "token_weights": "aggregation",
+}
+"""Public name -> submodule; imported on first access (PEP 562) so plugin loading stays cheap."""
+
+__all__ = [
+    "GRPO",
+    "LOSS_AGGREGATIONS",
+    "RLOO",
+    "AIRCredit",
+    "AIRRule",
+    "AIRSignal",
+    "AdvantageEstimator",
+    "AdvantageResult",
+    "AgentMatch",
+    "AgentStats",
+    "BatchReport",
+    "CallExclusion",
+    "Credit",
+    "CreditAssigner",
+    "DiscountedCredit",
+    "EmptyBatchError",
+    "Episode",
+    "ExceptionRule",
+    "ExclusionReason",
+    "FinalCredit",
+    "FinishReasonRule",
+    "FormatRule",
+    "IntermediateCredit",
+    "LLMCall",
+    "LightningRL",
+    "LightningRLBatch",
+    "MergeResult",
+    "ReinforcePlusPlus",
+    "RewardRecord",
+    "RolloutReport",
+    "ToolCallRule",
+    "agent_selector",
+    "discounted_returns",
+    "extract_episode",
+    "get_advantage_estimator",
+    "get_credit_assigner",
+    "loss_weights",
+    "merge_transitions",
+    "per_rollout_mean",
+    "register_builtins",
+    "seq_mean",
+    "token_count",
+    "token_mean",
+    "token_weights",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,330 @@
+"""LightningRL end to end: rollouts + spans → transitions with rewards and advantages + a report.
+
+::
+
+    lrl = LightningRL(credit="final", advantage="grpo", agent_match=r"^(write|rewrite)_query$")
+    batch = await lrl.from_store(store, rollout_ids)        # or lrl.process(rollouts, spans)
+    logger.log(batch.report.metrics())
+    weights = per_rollout_mean(batch.transitions)
+
+Steps per rollout: :func:`~agentbolt.lightningrl.episode.extract_episode` (calls, exclusions,
+reward attachment) → credit assignment over every call of the episode → a transition per
+trainable call. Then, across the batch: advantages (grouped by ``group_id``), optional
+trajectory merging, and an explicit :class:`EmptyBatchError` when nothing is left.
+
+Missing episode return (no final reward span, no ``Rollout.final_reward``, no trailing reward
+to promote): ``missing_reward="drop"`` (default) leaves the rollout's calls out with reason
+``missing_reward``; ``"fill"`` uses ``fill_value`` as the return. Both are counted in
+``report.final_reward_sources`` (``missing`` / ``filled``); a missing reward is never a silent 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import UserError
+from ..types import Rollout, Span, Transition
+from .advantage import AdvantageEstimator
+from .aggregation import token_count
+from .credit import CreditAssigner
+from .episode import AgentMatch, Episode, ExclusionReason, agent_selector, extract_episode
+from .merge import merge_transitions
+from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+
+if TYPE_CHECKING:
+    from ..plugins import Plugins
+    from ..store import Store
+
+__all__ = ["LightningRL", "LightningRLBatch"]
+
+_EXAMPLES_PER_REASON = 3
+
+
+@dataclass(frozen=True)
+class LightningRLBatch:
+    """The output of :meth:`LightningRL.process`."""
+
+    transitions: list[Transition]
+    """Transitions with ``reward`` and ``advantage`` set, by rollout then call index."""
+    report: BatchReport
+    """What was trained, what was left out and why."""
+    episodes: list[Episode] = field(default_factory=list, repr=False)
+    """The extracted episodes (for debugging and custom analyses)."""
+
+
+class LightningRL:
+    """Spans → transitions → credit → advantages, configured once and applied per batch.
+
+    Args:
+        credit: credit assigner name (``final``, ``discounted``, ``intermediate``, ``air`` or a
+            plugin's) or an instance.
+        advantage: advantage estimator name (``grpo``, ``rloo``, ``reinforce_pp`` or a plugin's)
+            or an instance.
+        agent_match: which agents are trained (regex, names, predicate; ``None`` for all).
+        merge: merge consecutive calls whose prompts extend each other (masked sequences).
+        allow_retokenized: train on calls whose ids were retokenized.
+        max_prompt_length, max_response_length, max_length: leave longer calls out (``max_length``
+            also bounds merged sequences).
+        missing_reward: ``"drop"`` or ``"fill"`` for rollouts without an episode return.
+        fill_value: the return used by ``missing_reward="fill"`` (required then).
+        promote_trailing_reward: without a final reward, use the last untargeted reward after the
+            last call as the return.
+        allow_empty: return an empty batch instead of raising :class:`EmptyBatchError`.
+        credit_options, advantage_options: keyword options for a credit / estimator given by name
+            (e.g. ``{"gamma": 0.9}``, ``{"level": "transition"}``).
+        plugins: plugin manager to resolve names (default: :func:`agentbolt.plugins.default_plugins`).
+    """
+
+    def __init__(
+        self,
+        credit: str | CreditAssigner = "final",
+        advantage: str | AdvantageEstimator = "grpo",
+        *,
+        agent_match: AgentMatch = None,
+        merge: bool = False,
+        allow_retokenized: bool = False,
+        max_prompt_length: int | None = None,
+        max_response_length: int | None = None,
+        max_length: int | None = None,
+        missing_reward: Literal["drop", "fill"] = "drop",
+        fill_value: float | None = None,
+        promote_trailing_reward: bool = True,
+        allow_empty: bool = False,
+        credit_options: Mapping[str, Any] | None = None,
+        advantage_options: Mapping[str, Any] | None = None,
+        plugins: Plugins | None = None,
+    ) -> None:
+        from .registry import get_advantage_estimator, get_credit_assigner
+
+        if missing_reward not in ("drop", "fill"):
+            raise UserError(f"missing_reward must be 'drop' or 'fill', got {missing_reward!r}")
+        if missing_reward == "fill" and fill_value is None:
+            raise UserError("missing_reward='fill' needs an explicit fill_value (missing rewards are never silently 0)")
+        for name, value in (
+            ("max_prompt_length", max_prompt_length),
+            ("max_response_length", max_response_length),
+            ("max_length", max_length),
+        ):
+            if value is not None and value <= 0:
+                raise UserError(f"{name} must be positive, got {value!r}")
+        agent_selector(agent_match)  # validate early
+        if isinstance(credit, str):
+            self.credit: CreditAssigner = get_credit_assigner(credit, plugins=plugins, **(credit_options or {}))
+        elif credit_options:
+            raise UserError("credit_options apply to a credit assigner given by name, not to an instance")
+        else:
+            self.credit = credit
+        if isinstance(advantage, str):
+            self.advantage: AdvantageEstimator = get_advantage_estimator(
+                advantage, plugins=plugins, **(advantage_options or {})
+            )
+        elif advantage_options:
+            raise UserError("advantage_options apply to an estimator given by name, not to an instance")
+        else:
+            self.advantage = advantage
+        self.agent_match = agent_match
+        self.merge = merge
+        self.allow_retokenized = allow_retokenized
+        self.max_prompt_length = max_prompt_length
+        self.max_response_length = max_response_length
+        self.max_length = max_length
+        self.missing_reward = missing_reward
+        self.fill_value = None if fill_value is None else float(fill_value)
+        self.promote_trailing_reward = promote_trailing_reward
+        self.allow_empty = allow_empty
+
+    def __repr__(self) -> str:
+        return (
+            f"LightningRL(credit={self.credit!r}, advantage={self.advantage!r}, agent_match={self.agent_match!r}, "
+            f"merge={self.merge!r})"
+        )
+
+    # -- per rollout -------------------------------------------------------------------------------
+
+    def extract(self, rollout: Rollout, spans: Sequence[Span]) -> Episode:
+        """The episode of one rollout, with this configuration's selection and limits."""
+        return extract_episode(
+            rollout,
+            spans,
+            agent_match=self.agent_match,
+            allow_retokenized=self.allow_retokenized,
+            max_prompt_length=self.max_prompt_length,
+            max_response_length=self.max_response_length,
+            max_length=self.max_length,
+            promote_trailing_reward=self.promote_trailing_reward,
+        )
+
+    def assign(self, episode: Episode) -> tuple[Episode, list[Transition], Mapping[str, int]]:
+        """Credit for one episode: (episode after the missing-reward policy, its transitions with
+        ``reward`` set, credit notes)."""
+        credit = self.credit.assign(episode)
+        if credit is None:
+            if self.missing_reward == "fill":
+                assert self.fill_value is not None
+                episode = episode.with_final_reward(self.fill_value)
+                credit = self.credit.assign(episode)
+                if credit is None:
+                    raise UserError(f"credit assigner {self.credit!r} assigned nothing even with the return filled")
+            else:
+                return episode.with_exclusion(ExclusionReason.MISSING_REWARD, "no episode return"), [], {}
+        if len(credit.rewards) != len(episode.calls):
+            raise UserError(
+                f"credit assigner {self.credit!r} returned {len(credit.rewards)} rewards for "
+                f"{len(episode.calls)} calls of rollout {episode.rollout_id!r}"
+            )
+        rollout = episode.rollout
+        transitions = []
+        for call in episode.trainable_calls:
+            assert call.prompt_ids is not None and call.response_ids is not None
+            metadata: dict[str, Any] = {}
+            if call.response_id is not None:
+                metadata["response_id"] = call.response_id
+            if credit.components:
+                metadata["credit"] = dict(credit.components[call.index])
+            transitions.append(
+                Transition(
+                    rollout_id=rollout.rollout_id,
+                    attempt_id=episode.attempt_id,
+                    group_id=rollout.group_id,
+                    task_id=rollout.task_id,
+                    index=call.index,
+                    agent_name=call.agent_name,
+                    prompt_ids=call.prompt_ids,
+                    response_ids=call.response_ids,
+                    response_logprobs=call.response_logprobs,
+                    reward=credit.rewards[call.index],
+                    policy_version=call.policy_version,
+                    span_id=call.span_id,
+                    token_source=call.token_source,
+                    finish_reason=call.finish_reason,
+                    metadata=metadata,
+                )
+            )
+        return episode, transitions, credit.notes
+
+    # -- per batch ---------------------------------------------------------------------------------
+
+    def process(
+        self, rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]] | Sequence[Span]
+    ) -> LightningRLBatch:
+        """Transitions with rewards and advantages, and the report, for a batch of rollouts.
+
+        Args:
+            rollouts: the rollouts (normally finished).
+            spans: their spans, by rollout id (as ``store.query_spans`` returns them) or as one
+                sequence (grouped by ``Span.rollout_id``).
+
+        Raises:
+            EmptyBatchError: no transition is left (unless ``allow_empty``); the message and
+                ``.report`` give the reasons and counts.
+        """
+        by_rollout = _group_spans(spans)
+        report = BatchReport(missing_reward_policy=self.missing_reward)
+        excluded: Counter[str] = Counter()
+        sources: Counter[str] = Counter()
+        rewards: Counter[str] = Counter()
+        extraction: Counter[str] = Counter()
+        credit_notes: Counter[str] = Counter()
+        per_agent: dict[str, AgentStats] = {}
+        examples: dict[str, int] = {}
+        episodes: list[Episode] = []
+        transitions: list[Transition] = []
+        for rollout in rollouts:
+            episode = self.extract(rollout, by_rollout.get(rollout.rollout_id, ()))
+            episode, produced, notes = self.assign(episode)
+            episodes.append(episode)
+            transitions.extend(produced)
+            credit_notes.update(notes)
+            sources[episode.final_source or "missing"] += 1
+            ep_notes = Counter(episode.notes)
+            if not rollout.status.is_final:
+                ep_notes["rollout_not_finished"] += 1
+            for key, n in ep_notes.items():
+                (rewards if key.startswith("rewards_") else extraction)[key] += n
+            rewards["on_untrained_calls"] += sum(
+                1 for r in episode.rewards if r.call_index is not None and not episode.calls[r.call_index].trainable
+            )
+            ro_excluded: Counter[str] = Counter()
+            for call in episode.calls:
+                stats = per_agent.setdefault(call.agent_name or NO_AGENT, AgentStats())
+                stats.calls += 1
+                if call.trainable:
+                    stats.trained += 1
+                    continue
+                assert call.exclusion is not None
+                reason = call.exclusion.value
+                stats.excluded[reason] = stats.excluded.get(reason, 0) + 1
+                ro_excluded[reason] += 1
+                if examples.get(reason, 0) < _EXAMPLES_PER_REASON:
+                    examples[reason] = examples.get(reason, 0) + 1
+                    report.examples.append(
+                        CallExclusion(
+                            rollout_id=rollout.rollout_id,
+                            index=call.index,
+                            span_id=call.span_id,
+                            agent_name=call.agent_name,
+                            reason=reason,
+                            detail=call.exclusion_detail,
+                        )
+                    )
+            excluded.update(ro_excluded)
+            report.per_rollout.append(
+                RolloutReport(
+                    rollout_id=rollout.rollout_id,
+                    group_id=rollout.group_id,
+                    attempt_id=episode.attempt_id,
+                    status=rollout.status.value,
+                    calls=len(episode.calls),
+                    trained=len(produced),
+                    excluded=dict(ro_excluded),
+                    final_reward=episode.final_reward,
+                    final_source=episode.final_source,
+                    notes={**ep_notes, **notes},
+                )
+            )
+        report.trained_calls = len(transitions)
+
+        result = self.advantage.estimate(transitions)
+        transitions = result.transitions
+        if result.dropped:
+            excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
+        report.advantage = dict(result.stats)
+        if self.merge and transitions:
+            merged = merge_transitions(transitions, max_length=self.max_length)
+            transitions = merged.transitions
+            report.merge = merged.stats
+
+        report.rollouts = len(rollouts)
+        report.rollouts_with_transitions = len({t.rollout_id for t in transitions})
+        report.calls = sum(len(e.calls) for e in episodes)
+        report.transitions = len(transitions)
+        report.tokens = sum(token_count(t) for t in transitions)
+        report.excluded = dict(excluded)
+        report.per_agent = per_agent
+        report.final_reward_sources = dict(sources)
+        report.rewards = {k: v for k, v in rewards.items() if v}
+        report.extraction = dict(extraction)
+        report.credit = dict(credit_notes)
+        if not transitions and not self.allow_empty:
+            raise EmptyBatchError(report)
+        return LightningRLBatch(transitions=transitions, report=report, episodes=episodes)
+
+    async def from_store(self, store: Store, rollout_ids: Sequence[str]) -> LightningRLBatch:
+        """:meth:`process` on rollouts read from ``store`` (final attempts' spans, one batch query)."""
+        rollouts = await store.get_rollouts(rollout_ids)
+        spans = await store.query_spans([r.rollout_id for r in rollouts], latest_attempt_only=True)
+        return self.process(rollouts, spans)
+
+
+def _group_spans(spans: Mapping[str, Sequence[Span]] | Sequence[Span]) -> Mapping[str, Sequence[Span]]:
+    if isinstance(spans, Mapping):
+        return spans
+    out: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.rollout_id is None:
+            raise UserError(f"span {s.span_id} ({s.name}) has no rollout_id; pass spans by rollout id instead")
+        out.setdefault(s.rollout_id, []).append(s)
+    return out
