@@ -6,6 +6,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+
 from agentbolt.store import Store, open_store
 from agentbolt.testing.store_conformance import StoreConformance
 

@@ -1,0 +1,402 @@
+"""The algorithm plugin interface, and the built-in :class:`Evaluate` algorithm.
+
+An algorithm drives training: it publishes resources (the policy endpoint and sampling
+parameters), enqueues rollouts, waits for them, turns their spans into transitions and updates
+the policy. It never imports the agent: runners run the agent, the gateway records the calls.
+
+    class MyAlgorithm(Algorithm):
+        name = "mine"
+
+        async def run(self, ctx, train, val):
+            await ctx.publish(Resources(llm=LLMEndpoint(base_url=ctx.gateway_url, model="policy")))
+            for step, batch in enumerate(batches(train, 8, epochs=3)):
+                rollouts = await ctx.run_rollouts(batch, group_size=4, tag=f"step{step}")
+                spans = await ctx.spans(rollouts)
+                ...
+
+Register it with the ``agentbolt_register_algorithms`` hook to use it by name.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from . import semconv
+from . import types as t
+from .errors import UserError
+from .store.base import Store
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmContext",
+    "Evaluate",
+    "EvaluateResult",
+    "GatewayControl",
+    "ProgressReporter",
+    "as_tasks",
+    "batches",
+]
+
+log = logging.getLogger(__name__)
+
+
+def as_tasks(dataset: Sequence[Any] | None) -> list[t.Task]:
+    """Dataset items as tasks: ``Task`` objects stay; any other item becomes the input of a task
+    whose id is the item's ``task_id`` (for dicts that have one) or its position."""
+    if dataset is None:
+        return []
+    tasks: list[t.Task] = []
+    for i, item in enumerate(dataset):
+        if isinstance(item, t.Task):
+            tasks.append(item)
+        elif isinstance(item, Mapping) and "task_id" in item:
+            tasks.append(t.Task(task_id=str(item["task_id"]), input=dict(item)))
+        else:
+            tasks.append(t.Task(task_id=str(i), input=item))
+    ids = [task.task_id for task in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(k for k, v in Counter(ids).items() if v > 1)
+        raise UserError(f"task_id {dup!r} appears more than once in the dataset; task ids must be unique")
+    return tasks
+
+
+def batches(
+    tasks: Sequence[t.Task], batch_size: int, *, epochs: int = 1, shuffle: bool = True, seed: int = 0
+) -> Iterator[list[t.Task]]:
+    """Successive batches over ``epochs`` passes (shuffled per epoch); the last batch of an
+    epoch may be smaller. Deterministic for a given seed."""
+    if batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}")
+    rng = random.Random(seed)
+    for _ in range(epochs):
+        order = list(tasks)
+        if shuffle:
+            rng.shuffle(order)
+        for i in range(0, len(order), batch_size):
+            yield order[i : i + batch_size]
+
+
+class GatewayControl(Protocol):
+    """What an algorithm may do with the gateway (all thread-safe)."""
+
+    url: str
+
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def drain(self, timeout: float | None = None) -> bool: ...
+    def flush(self, timeout: float | None = 60.0) -> None: ...
+    def set_policy(
+        self, *, version: int | None = None, sampling: Mapping[str, Any] | None = None, model: str | None = None
+    ) -> None: ...
+    def set_upstreams(self, upstreams: Sequence[Any]) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+class ProgressReporter(Protocol):
+    """Where an algorithm reports progress (the trainer draws a rich progress bar)."""
+
+    def phase(self, description: str, total: int | None) -> Any:
+        """Start a phase; returns a handle with ``advance(n)`` and ``done()``."""
+        ...
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Show the latest metrics."""
+        ...
+
+
+class _NullPhase:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
+class NullProgress:
+    """A reporter that only logs."""
+
+    def phase(self, description: str, total: int | None) -> _NullPhase:
+        log.info("%s (%s)", description, total if total is not None else "?")
+        return _NullPhase()
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+
+
+@dataclass
+class AlgorithmContext:
+    """What the trainer gives an algorithm."""
+
+    store: Store
+    """The store (use from the algorithm's event loop)."""
+    gateway: GatewayControl
+    """The gateway agents' calls go through."""
+    progress: ProgressReporter = field(default_factory=NullProgress)
+    """Progress reporting."""
+    max_attempts: int = 3
+    """Attempts per rollout for infrastructure failures."""
+    timeout_s: float | None = None
+    """Per-attempt time limit of rollouts."""
+    metrics_path: Path | None = None
+    """JSONL file that :meth:`log_metrics` appends to, if set."""
+    run_id: str = field(default_factory=lambda: t.new_id("run-"))
+    """Prefix of this run's rollout ids."""
+    resources_version: int | None = None
+    """The latest version :meth:`publish` stored."""
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's OpenAI base URL (``.../v1``) to publish as ``resources.llm.base_url``."""
+        return f"{self.gateway.url}/v1"
+
+    async def publish(self, resources: t.Resources) -> t.Resources:
+        """Store a new resources version; the gateway records it on spans and forces its
+        sampling parameters (and model name, when given) from now on."""
+        stored = await self.store.add_resources(resources)
+        self.resources_version = stored.version
+        llm = stored.llm
+        await asyncio.to_thread(
+            self.gateway.set_policy,
+            version=stored.version,
+            sampling=dict(llm.sampling) if llm is not None else None,
+        )
+        return stored
+
+    async def run_rollouts(
+        self,
+        tasks: Sequence[t.Task],
+        *,
+        group_size: int = 1,
+        mode: t.RolloutMode = t.RolloutMode.TRAIN,
+        tag: str = "",
+        timeout: float | None = None,
+        description: str | None = None,
+    ) -> list[t.Rollout]:
+        """Run every task ``group_size`` times and wait for all to be final.
+
+        Rollouts of the same task share a ``group_id`` (``{run}:{tag}:{task_id}``). Their spans are
+        in the store when this returns (the gateway is flushed). Returns the final rollouts in
+        task order; ``timeout`` leaves unfinished ones as they are (check their status).
+        """
+        if group_size < 1:
+            raise UserError(f"group_size must be at least 1, got {group_size}")
+        specs = []
+        prefix = f"{self.run_id}:{tag}" if tag else self.run_id
+        for task in tasks:
+            group = f"{prefix}:{task.task_id}"
+            for k in range(group_size):
+                specs.append(
+                    t.RolloutSpec(
+                        rollout_id=f"{group}:{k}",
+                        task_id=task.task_id,
+                        input=task.input,
+                        mode=mode,
+                        group_id=group,
+                        resources_version=self.resources_version,
+                        max_attempts=self.max_attempts,
+                        timeout_s=self.timeout_s,
+                        metadata=dict(task.metadata),
+                    )
+                )
+        rollouts = await self.store.enqueue(specs)
+        ids = [r.rollout_id for r in rollouts]
+        phase = self.progress.phase(description or f"{mode.value} rollouts{f' ({tag})' if tag else ''}", len(ids))
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        done = 0
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            states = await self.store.wait_for_rollouts(ids, timeout=1.0 if remaining is None else min(remaining, 1.0))
+            finished = sum(r.status.is_final for r in states)
+            if finished > done:
+                phase.advance(finished - done)
+                done = finished
+            if finished == len(ids) or (remaining is not None and remaining <= 0):
+                break
+        phase.done()
+        await asyncio.to_thread(self.gateway.flush)
+        return states
+
+    async def spans(self, rollouts: Sequence[t.Rollout]) -> dict[str, list[t.Span]]:
+        """The spans of each rollout's final attempt, in ``seq`` order."""
+        out: dict[str, list[t.Span]] = {}
+        ids = [r.rollout_id for r in rollouts]
+        for i in range(0, len(ids), 200):
+            out.update(await self.store.query_spans(ids[i : i + 200], latest_attempt_only=True))
+        return out
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Show metrics and append them to ``metrics_path`` (JSONL) when set."""
+        self.progress.metrics(step, metrics)
+        if self.metrics_path is not None:
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+
+
+class Algorithm(abc.ABC):
+    """A training or evaluation procedure. Subclass, implement :meth:`run`, and register it with
+    ``agentbolt_register_algorithms`` (or pass an instance to :class:`~agentbolt.trainer.Trainer`)."""
+
+    name: ClassVar[str] = "algorithm"
+
+    @abc.abstractmethod
+    async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> Any:
+        """Do the work; what it returns is what ``Trainer.fit`` returns."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the algorithm started (servers, models); called once at the end."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluate
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvaluateResult:
+    """What :class:`Evaluate` measured."""
+
+    rollouts: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    reward_mean: float | None
+    reward_std: float | None
+    rewards_missing: int
+    """Succeeded rollouts that reported no reward."""
+    llm_calls: int
+    calls_with_exact_ids: int
+    calls_retokenized: int
+    calls_missing_ids: int
+    prompt_tokens: int
+    response_tokens: int
+    failures: dict[str, int] = field(default_factory=dict)
+    """Failed rollouts by ``kind: type`` (e.g. ``agent: ValueError``, ``timeout: timeout``)."""
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def capture_ok(self) -> bool:
+        """True when every LLM call was recorded with exact token ids."""
+        return self.llm_calls > 0 and self.calls_with_exact_ids == self.llm_calls
+
+
+def summarize(
+    rollouts: Sequence[t.Rollout], spans: Mapping[str, Sequence[t.Span]], seconds: float = 0.0
+) -> EvaluateResult:
+    """Counts, rewards and token usage of finished rollouts and their spans."""
+    rewards = [r.final_reward for r in rollouts if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None]
+    failures: Counter[str] = Counter()
+    for r in rollouts:
+        if r.status in (t.RolloutStatus.FAILED, t.RolloutStatus.CANCELLED) and r.error is not None:
+            failures[f"{r.error.kind.value}: {r.error.type}"] += 1
+        elif r.status is not t.RolloutStatus.SUCCEEDED:
+            failures[f"unfinished: {r.status.value}"] += 1
+    sources: Counter[str] = Counter()
+    prompt_tokens = response_tokens = 0
+    for span_list in spans.values():
+        for s in span_list:
+            if s.attributes.get(semconv.SPAN_KIND_ATTR) != semconv.KIND_LLM:
+                continue
+            sources[str(s.attributes.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING))] += 1
+            prompt_tokens += len(s.attributes.get(semconv.PROMPT_TOKEN_IDS, ())) or int(
+                s.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS, 0)
+            )
+            response_tokens += len(s.attributes.get(semconv.RESPONSE_TOKEN_IDS, ())) or int(
+                s.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 0)
+            )
+    succeeded = sum(r.status is t.RolloutStatus.SUCCEEDED for r in rollouts)
+    return EvaluateResult(
+        rollouts=len(rollouts),
+        succeeded=succeeded,
+        failed=sum(r.status is t.RolloutStatus.FAILED for r in rollouts),
+        cancelled=sum(r.status is t.RolloutStatus.CANCELLED for r in rollouts),
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+        reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
+        rewards_missing=succeeded - len(rewards),
+        llm_calls=sum(sources.values()),
+        calls_with_exact_ids=sources[semconv.TOKEN_SOURCE_EXACT],
+        calls_retokenized=sources[semconv.TOKEN_SOURCE_RETOKENIZED],
+        calls_missing_ids=sources[semconv.TOKEN_SOURCE_MISSING],
+        prompt_tokens=prompt_tokens,
+        response_tokens=response_tokens,
+        failures=dict(failures),
+        seconds=seconds,
+    )
+
+
+class Evaluate(Algorithm):
+    """Run a dataset through the agent and report rewards, token counts and failures.
+
+    Uses whatever inference endpoint the gateway forwards to (``Trainer.dev`` points it at any
+    OpenAI-compatible server, to check capture before a GPU run). No learning happens.
+
+    Args:
+        n_samples: rollouts per task.
+        model: model name to publish in the resources (agents read ``resources.llm.model``).
+        sampling: sampling parameters the gateway forces.
+    """
+
+    name = "evaluate"
+
+    def __init__(
+        self,
+        n_samples: int = 1,
+        *,
+        model: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        if n_samples < 1:
+            raise UserError(f"n_samples must be at least 1, got {n_samples}")
+        self.n_samples = n_samples
+        self.model = model
+        self.sampling = dict(sampling or {})
+        self.api_key = api_key
+
+    async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> EvaluateResult:
+        tasks = list(val) or list(train)
+        if not tasks:
+            raise UserError("Evaluate needs a dataset: pass it as val (or train)")
+        await ctx.publish(
+            t.Resources(
+                llm=t.LLMEndpoint(
+                    base_url=ctx.gateway_url,
+                    model=self.model or "agentbolt",
+                    api_key=self.api_key,
+                    sampling=self.sampling,
+                )
+            )
+        )
+        started = time.monotonic()
+        rollouts = await ctx.run_rollouts(
+            tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate"
+        )
+        result = summarize(rollouts, await ctx.spans(rollouts), time.monotonic() - started)
+        if result.reward_mean is not None:
+            ctx.log_metrics(0, {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0})
+        if result.llm_calls and result.calls_with_exact_ids < result.llm_calls:
+            log.warning(
+                "%d of %d LLM calls have no exact token ids (%d retokenized, %d missing): they cannot be trained on",
+                result.llm_calls - result.calls_with_exact_ids,
+                result.llm_calls,
+                result.calls_retokenized,
+                result.calls_missing_ids,
+            )
+        if math.isnan(result.reward_mean or 0.0):
+            raise AssertionError("reward mean is NaN")
+        return result

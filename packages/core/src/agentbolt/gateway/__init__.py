@@ -1,0 +1,18 @@
+"""The OpenAI-compatible gateway that records exact token ids for every LLM call.
+
+from agentbolt.gateway import Gateway, GatewayThread
+
+gateway = Gateway(store, ["http://127.0.0.1:8000/v1"])
+await gateway.start()                       # on the current event loop
+base_url = gateway.base_url_for(rollout_id, attempt_id)
+
+with GatewayThread("sqlite:///runs.db", ["http://127.0.0.1:8000/v1"]) as gw:   # own thread
+    ...
+"""
+
+from __future__ import annotations
+
+from .gateway import UPSTREAM_ERROR, Gateway, Upstream
+from .thread import GatewayThread
+
+__all__ = ["UPSTREAM_ERROR", "Gateway", "GatewayThread", "Upstream"]

@@ -1,0 +1,651 @@
+"""The gateway: an OpenAI-compatible proxy that records every LLM call of every rollout.
+
+Agents get a base URL scoped to their rollout and attempt::
+
+    {gateway}/rollouts/{rollout_id}/attempts/{attempt_id}/v1
+
+(or send ``X-Agentbolt-Rollout-Id`` / ``X-Agentbolt-Attempt-Id`` headers to ``{gateway}/v1``;
+``X-Agentbolt-Agent-Name`` names the calling agent when no framework adapter does).
+For each call the gateway
+
+1. checks the attempt is known and still running (cached, so steady-state calls never wait on
+   the store),
+2. waits while paused (weight updates), bounded, then answers 503 with ``Retry-After``,
+3. forces the served model name and the current sampling parameters when configured, and asks
+   the upstream for exact token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``),
+4. forwards to an upstream chosen by rollout (sticky), streaming chunks through as they arrive,
+5. writes one LLM-call span (batched, in the background; :meth:`Gateway.flush` waits for it),
+   whose ``gen_ai.response.id`` is the id the client received and whose span id is returned in
+   the ``X-Agentbolt-Span-Id`` response header.
+
+Upstream failures become OpenAI-style errors with ``type = "agentbolt_upstream_error"`` (502,
+or 504 on timeout) plus an error span; runners treat such failures as infrastructure errors,
+which the store retries while attempts remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import os
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+import orjson
+
+from .. import semconv
+from .. import types as t
+from ..errors import NotFoundError, UserError
+from ..store.base import Store
+from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool, UpstreamTimeout
+from .recorder import CallRecord, Retokenizer, StreamAssembler, build_span
+
+__all__ = ["Gateway", "Upstream"]
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_HEADER = "x-agentbolt-rollout-id"
+ATTEMPT_HEADER = "x-agentbolt-attempt-id"
+SPAN_HEADER = "x-agentbolt-span-id"
+AGENT_HEADER = "x-agentbolt-agent-name"
+"""Optional request header naming the agent that makes the call (recorded as gen_ai.agent.name)."""
+POLICY_HEADER = "x-agentbolt-policy-version"
+UPSTREAM_ERROR = "agentbolt_upstream_error"
+"""``error.type`` of gateway answers caused by the upstream (an infrastructure failure)."""
+
+_OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
+_JSON = [("content-type", "application/json")]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """An OpenAI-compatible inference endpoint the gateway forwards to."""
+
+    base_url: str
+    """Base URL including ``/v1``, e.g. ``http://127.0.0.1:8000/v1``."""
+    api_key: str | None = None
+    """Sent as ``Authorization: Bearer`` to the upstream (the client's key is never forwarded)."""
+    model: str | None = None
+    """Model name the upstream serves; forced into every request when set."""
+
+    @classmethod
+    def of(cls, value: Upstream | str) -> Upstream:
+        return value if isinstance(value, Upstream) else cls(base_url=value)
+
+
+def _error(message: str, type_: str, code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Gateway:
+    """The OpenAI-compatible gateway. Runs on the event loop it is started from.
+
+    Args:
+        store: where spans go and attempts are checked.
+        upstreams: OpenAI-compatible endpoints (URLs or :class:`Upstream`); may start empty and be
+            set later with :meth:`set_upstreams` (calls meanwhile get 503).
+        token: if set, clients must send ``Authorization: Bearer <token>`` (their OpenAI
+            ``api_key``); required when binding beyond loopback.
+        served_model: model name forced into requests (overrides ``Upstream.model``).
+        sampling: sampling parameters forced into requests (e.g. ``{"temperature": 1.0}``).
+        policy_version: recorded on spans unless the upstream reports ``X-Agentbolt-Policy-Version``.
+        request_timeout_s: longest wait for an upstream answer (and between streamed chunks).
+        pause_timeout_s: how long a call waits while the gateway is paused before a 503.
+        attempt_ttl_s: how long a "running" answer about an attempt is trusted.
+        flush_interval_s: span batching delay.
+        retokenize: ``(request, response) -> (prompt_ids, response_ids)`` for upstreams that
+            return no ids; spans then say ``token_source = "retokenized"``.
+        request_token_ids: ask upstreams for ``return_token_ids`` and logprobs (vLLM style).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        upstreams: Sequence[Upstream | str],
+        *,
+        token: str | None = None,
+        served_model: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        policy_version: int | None = None,
+        request_timeout_s: float = 600.0,
+        pause_timeout_s: float = 60.0,
+        attempt_ttl_s: float = 2.0,
+        flush_interval_s: float = 0.05,
+        span_batch: int = 500,
+        max_buffered_spans: int = 200_000,
+        retokenize: Retokenizer | None = None,
+        request_token_ids: bool = True,
+    ) -> None:
+        self.store = store
+        self.token = token
+        self.served_model = served_model
+        self.sampling: dict[str, Any] = dict(sampling or {})
+        self.policy_version = policy_version
+        self.request_timeout_s = request_timeout_s
+        self.pause_timeout_s = pause_timeout_s
+        self.attempt_ttl_s = attempt_ttl_s
+        self.flush_interval_s = flush_interval_s
+        self.span_batch = span_batch
+        self.max_buffered_spans = max_buffered_spans
+        self.retokenize = retokenize
+        self.request_token_ids = request_token_ids
+        self._upstreams: list[Upstream] = []
+        self._pools: dict[str, UpstreamPool] = {}
+        self.set_upstreams(upstreams)
+        self._server = HttpServer(self._handle)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._running = asyncio.Event()
+        self._running.set()
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._attempts: dict[str, tuple[str, float]] = {}  # attempt id -> (rollout id, trusted until; -1 = ended)
+        self._lookups: dict[str, asyncio.Future[None]] = {}
+        self._spans: list[t.Span] = []
+        self._spans_added = 0
+        self._spans_written = 0
+        self._spans_dropped = 0
+        self._span_wakeup = asyncio.Event()
+        self._written = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+        self.counters = {"requests": 0, "errors": 0, "upstream_errors": 0, "rejected": 0, "streams": 0}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on ``host:port`` (port 0 picks a free one); returns the base URL."""
+        if not _is_loopback(host) and not self.token:
+            raise UserError(
+                f"refusing to bind the gateway to {host} without a token: anyone who can reach it could "
+                "spend your inference backend. Pass token=... (agents then use it as their api_key)."
+            )
+        self.host = host
+        self.port = await self._server.start(host, port)
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="agentbolt-gateway-spans")
+        log.info("gateway listening on %s (upstreams: %s)", self.url, ", ".join(u.base_url for u in self._upstreams))
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving (in-flight calls get a few seconds), write pending spans, close pools."""
+        self._closing = True
+        self._running.set()
+        await self._server.stop()
+        await self.flush()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        for pool in self._pools.values():
+            pool.close()
+
+    @property
+    def url(self) -> str:
+        """Base URL of the gateway, e.g. ``http://127.0.0.1:4801``."""
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    def base_url_for(self, rollout_id: str, attempt_id: str) -> str:
+        """The OpenAI base URL an agent uses for one attempt."""
+        return f"{self.url}/rollouts/{quote(rollout_id, safe='')}/attempts/{quote(attempt_id, safe='')}/v1"
+
+    # -- control --------------------------------------------------------------------------------
+
+    def set_upstreams(self, upstreams: Sequence[Upstream | str]) -> None:
+        """Replace the upstreams (e.g. new inference replicas); in-flight calls finish where they are."""
+        new = [Upstream.of(u) for u in upstreams]
+        for u in new:
+            if u.base_url not in self._pools:
+                self._pools[u.base_url] = UpstreamPool(u.base_url)
+        for url in [url for url in self._pools if url not in {u.base_url for u in new}]:
+            self._pools.pop(url).close()
+        self._upstreams = new
+
+    def set_policy(
+        self, *, version: int | None = None, sampling: Mapping[str, Any] | None = None, model: str | None = None
+    ) -> None:
+        """Record a new policy version and, optionally, new forced sampling parameters / model."""
+        if version is not None:
+            self.policy_version = version
+        if sampling is not None:
+            self.sampling = dict(sampling)
+        if model is not None:
+            self.served_model = model
+
+    def pause(self) -> None:
+        """New calls wait (up to ``pause_timeout_s``); calls already upstream continue."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        """Release waiting calls."""
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no call is in flight; returns False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def flush(self, timeout: float | None = 60.0) -> None:
+        """Wait until every span recorded so far is in the store."""
+        target = self._spans_added
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._spans_written + self._spans_dropped < target:
+            self._span_wakeup.set()
+            self._written.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"{target - self._spans_written} gateway spans not yet written to the store")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._written.wait(), None if remaining is None else min(remaining, 1.0))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring."""
+        return {
+            **self.counters,
+            "inflight": self._inflight,
+            "paused": self.paused,
+            "spans_buffered": len(self._spans),
+            "spans_written": self._spans_written,
+            "spans_dropped": self._spans_dropped,
+            "policy_version": self.policy_version,
+            "upstreams": [u.base_url for u in self._upstreams],
+        }
+
+    # -- request handling -----------------------------------------------------------------------
+
+    async def _handle(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path.startswith("/rollouts/"):
+            parts = path.split("/", 5)
+            if len(parts) < 6 or parts[3] != "attempts" or not parts[2] or not parts[4]:
+                return self._reply(
+                    responder, 404, "use /rollouts/{rollout_id}/attempts/{attempt_id}/v1/...", "invalid_request_error"
+                )
+            rollout_id, attempt_id, sub = unquote(parts[2]), unquote(parts[4]), "/" + parts[5]
+        else:
+            rollout_id = request.headers.get(ROLLOUT_HEADER, "")
+            attempt_id = request.headers.get(ATTEMPT_HEADER, "")
+            sub = path
+        if sub.startswith("/gateway/"):
+            return await self._control(request, responder, sub)
+        if self.token is not None and not self._authorized(request):
+            return self._reply(
+                responder, 401, "missing or wrong bearer token for the agentbolt gateway", "authentication_error"
+            )
+        if sub == "/v1/models" and request.method == "GET":
+            return self._models(responder)
+        operation = _OPERATIONS.get(sub)
+        if operation is None:
+            return self._reply(responder, 404, f"no route for {request.method} {path}", "invalid_request_error")
+        if request.method != "POST":
+            return self._reply(responder, 405, f"{sub} takes POST", "invalid_request_error")
+        if not rollout_id or not attempt_id:
+            return self._reply(
+                responder,
+                400,
+                "which rollout is this call for? Use base_url={gateway}/rollouts/{rollout_id}/attempts/{attempt_id}/v1 "
+                f"(resources.llm.base_url already is) or send {ROLLOUT_HEADER} and {ATTEMPT_HEADER} headers",
+                "invalid_request_error",
+            )
+        self.counters["requests"] += 1
+        problem = await self._check_attempt(rollout_id, attempt_id)
+        if problem is not None:
+            self.counters["rejected"] += 1
+            return self._reply(responder, problem[0], problem[1], problem[2])
+        if not self._running.is_set():
+            try:
+                await asyncio.wait_for(self._running.wait(), self.pause_timeout_s)
+            except TimeoutError:
+                self.counters["rejected"] += 1
+                retry = str(max(1, int(self.pause_timeout_s)))
+                return self._reply(
+                    responder,
+                    503,
+                    "the policy is being updated; retry shortly",
+                    "agentbolt_paused",
+                    [("retry-after", retry)],
+                )
+        try:
+            body = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            return self._reply(responder, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(body, dict):
+            return self._reply(responder, 400, "request body must be a JSON object", "invalid_request_error")
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self._forward(request, responder, rollout_id, attempt_id, operation, body)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    def _authorized(self, request: Request) -> bool:
+        got = request.headers.get("authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+
+    def _reply(
+        self,
+        responder: Responder,
+        status: int,
+        message: str,
+        type_: str,
+        headers: list[tuple[str, str]] | None = None,
+        code: str | None = None,
+    ) -> None:
+        if status >= 500:
+            self.counters["errors"] += 1
+        responder.send(status, _error(message, type_, code), headers)
+
+    def _models(self, responder: Responder) -> None:
+        names = [self.served_model] if self.served_model else [u.model for u in self._upstreams if u.model]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "agentbolt"} for n in dict.fromkeys(names)]
+        responder.send(200, orjson.dumps({"object": "list", "data": data}))
+
+    async def _check_attempt(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
+        now = time.monotonic()
+        known = self._attempts.get(attempt_id)
+        if known is None or (known[1] >= 0 and known[1] < now):
+            pending = self._lookups.get(attempt_id)
+            if pending is None:
+                pending = self._lookups[attempt_id] = asyncio.get_running_loop().create_future()
+                try:
+                    await self._lookup(rollout_id, attempt_id)
+                finally:
+                    self._lookups.pop(attempt_id, None)
+                    pending.set_result(None)
+            else:
+                await pending
+            known = self._attempts.get(attempt_id)
+        if known is None:
+            return 404, f"unknown rollout {rollout_id} or attempt {attempt_id}", "agentbolt_unknown_attempt"
+        if known[0] != rollout_id:
+            return 404, f"attempt {attempt_id} does not belong to rollout {rollout_id}", "agentbolt_unknown_attempt"
+        if known[1] < 0:
+            return (
+                409,
+                f"attempt {attempt_id} of rollout {rollout_id} has ended (timed out, lost, cancelled or finished); "
+                "its calls are no longer accepted",
+                "agentbolt_attempt_ended",
+            )
+        return None
+
+    async def _lookup(self, rollout_id: str, attempt_id: str) -> None:
+        try:
+            attempts = await self.store.get_attempts(rollout_id)
+        except NotFoundError:
+            return
+        for attempt in attempts:
+            if attempt.attempt_id == attempt_id:
+                until = time.monotonic() + self.attempt_ttl_s if attempt.status is t.AttemptStatus.RUNNING else -1.0
+                self._attempts[attempt_id] = (rollout_id, until)
+                if len(self._attempts) > 100_000:  # bound the cache; ended attempts are re-checked
+                    self._attempts = {k: v for k, v in self._attempts.items() if v[1] >= time.monotonic()}
+                return
+
+    def _prepare(self, body: dict[str, Any], operation: str, upstream: Upstream) -> None:
+        model = self.served_model or upstream.model
+        if model:
+            body["model"] = model
+        body.update(self.sampling)
+        if self.request_token_ids:
+            body["return_token_ids"] = True
+            if operation == semconv.OP_CHAT:
+                body["logprobs"] = True
+            elif not body.get("logprobs"):
+                body["logprobs"] = 1
+
+    async def _forward(
+        self,
+        request: Request,
+        responder: Responder,
+        rollout_id: str,
+        attempt_id: str,
+        operation: str,
+        body: dict[str, Any],
+    ) -> None:
+        if not self._upstreams:
+            self.counters["upstream_errors"] += 1
+            return self._reply(
+                responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
+            )
+        upstream = self._upstreams[zlib.crc32(rollout_id.encode()) % len(self._upstreams)]
+        pool = self._pools[upstream.base_url]
+        self._prepare(body, operation, upstream)
+        span_id = os.urandom(8).hex()
+        trace_id, parent = _traceparent(request.headers.get("traceparent"))
+        record = CallRecord(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            operation=operation,
+            request=body,
+            upstream=upstream.base_url,
+            start_ns=time.time_ns(),
+            stream=bool(body.get("stream")),
+            policy_version=self.policy_version,
+            trace_id=trace_id,
+            parent_span_id=parent,
+        )
+        agent_name = request.headers.get(AGENT_HEADER)
+        if agent_name:
+            record.extra[semconv.GEN_AI_AGENT_NAME] = agent_name
+        headers = [("content-type", "application/json"), ("accept", request.headers.get("accept", "application/json"))]
+        if upstream.api_key:
+            headers.append(("authorization", f"Bearer {upstream.api_key}"))
+        sub = "/chat/completions" if operation == semconv.OP_CHAT else "/completions"
+        started = time.perf_counter()
+        try:
+            answer = await pool.request("POST", sub, orjson.dumps(body), headers, timeout_s=self.request_timeout_s)
+        except UpstreamError as exc:
+            self._upstream_failed(responder, record, span_id, exc)
+            return
+        record.upstream_latency_s = time.perf_counter() - started
+        if answer.headers.get(POLICY_HEADER, "").isdigit():
+            record.policy_version = int(answer.headers[POLICY_HEADER])
+        out_headers = [(SPAN_HEADER, span_id)]
+        if record.policy_version is not None:
+            out_headers.append((POLICY_HEADER, str(record.policy_version)))
+        if answer.status == 200 and answer.is_stream:
+            await self._relay_stream(answer, responder, record, span_id, out_headers)
+            return
+        try:
+            data = await answer.read()
+        except UpstreamError as exc:
+            self._upstream_failed(responder, record, span_id, exc)
+            return
+        record.end_ns = time.time_ns()
+        if answer.status >= 500:
+            self._upstream_failed(responder, record, span_id, None, status=answer.status, body=data)
+            return
+        record.status = answer.status
+        if answer.status != 200:  # a client error: pass it through unchanged
+            record.error_type = f"http_{answer.status}"
+            record.error_message = data[:2000].decode("utf-8", "replace")
+            responder.send(answer.status, data, out_headers)
+            self._record(record, span_id)
+            return
+        responder.send(200, data, out_headers)
+        try:
+            record.response = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            record.error_type = "invalid_upstream_json"
+            record.error_message = "the upstream answered 200 with a body that is not JSON"
+        self._record(record, span_id)
+
+    async def _relay_stream(
+        self,
+        answer: Any,
+        responder: Responder,
+        record: CallRecord,
+        span_id: str,
+        out_headers: list[tuple[str, str]],
+    ) -> None:
+        self.counters["streams"] += 1
+        responder.start_stream(200, out_headers)
+        assembler = StreamAssembler(record.operation)
+        try:
+            async for chunk in answer.iter_chunks():
+                if responder.disconnected:
+                    answer.close()
+                    record.error_type = "client_disconnected"
+                    record.error_message = "the client closed the connection mid-stream"
+                    break
+                responder.write(chunk)
+                assembler.feed(chunk)
+                await responder.drain()
+        except UpstreamError as exc:
+            self.counters["upstream_errors"] += 1
+            record.error_type = UPSTREAM_ERROR
+            record.error_message = f"the upstream stream broke: {exc}"
+            responder.write(
+                b"data: " + _error(record.error_message, UPSTREAM_ERROR, "upstream_stream_broken") + b"\n\n"
+            )
+        record.end_ns = time.time_ns()
+        record.status = 200
+        if assembler.error is not None and record.error_type is None:
+            record.error_type = str(assembler.error.get("type") or "stream_error")
+            record.error_message = str(assembler.error.get("message") or assembler.error)
+        record.response = assembler.response()
+        if not responder.disconnected:
+            responder.end_stream()
+        self._record(record, span_id)
+
+    def _upstream_failed(
+        self,
+        responder: Responder,
+        record: CallRecord,
+        span_id: str,
+        exc: Exception | None,
+        *,
+        status: int | None = None,
+        body: bytes = b"",
+    ) -> None:
+        self.counters["upstream_errors"] += 1
+        record.end_ns = record.end_ns or time.time_ns()
+        if isinstance(exc, UpstreamTimeout):
+            code, http_status, message = "upstream_timeout", 504, str(exc)
+        elif exc is not None:
+            code, http_status, message = "upstream_unreachable", 502, str(exc)
+        else:
+            detail = body[:500].decode("utf-8", "replace")
+            code, http_status, message = f"upstream_status_{status}", 502, f"the upstream answered {status}: {detail}"
+        record.status = http_status
+        record.error_type = UPSTREAM_ERROR
+        record.error_message = message
+        record.extra["agentbolt.llm.upstream_error"] = code
+        self._reply(responder, http_status, message, UPSTREAM_ERROR, [(SPAN_HEADER, span_id)], code)
+        self._record(record, span_id)
+
+    # -- spans ----------------------------------------------------------------------------------
+
+    def _record(self, record: CallRecord, span_id: str) -> None:
+        try:
+            span = build_span(record, span_id=span_id, retokenize=self.retokenize)
+        except Exception:  # never let span building break the proxy
+            log.exception("could not build the span of a call in rollout %s", record.rollout_id)
+            return
+        if len(self._spans) >= self.max_buffered_spans:
+            self._spans.pop(0)
+            self._spans_dropped += 1
+            log.error(
+                "gateway span buffer full (%d): dropping the oldest span; is the store reachable?",
+                self.max_buffered_spans,
+            )
+        self._spans.append(span)
+        self._spans_added += 1
+        self._span_wakeup.set()
+
+    async def _flush_loop(self) -> None:
+        backoff = 0.5
+        while True:
+            await self._span_wakeup.wait()
+            self._span_wakeup.clear()
+            if self.flush_interval_s > 0 and not self._closing:
+                await asyncio.sleep(self.flush_interval_s)
+            while self._spans:
+                batch = self._spans[: self.span_batch]
+                try:
+                    await self.store.add_spans(batch)
+                except NotFoundError as exc:  # rollouts purged meanwhile: those spans have no home
+                    log.warning("dropping %d gateway spans: %s", len(batch), exc)
+                    self._spans_dropped += len(batch)
+                except Exception as exc:
+                    log.warning("writing %d gateway spans failed (%s); retrying in %.1f s", len(batch), exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                else:
+                    self._spans_written += len(batch)
+                    backoff = 0.5
+                del self._spans[: len(batch)]
+                self._written.set()
+
+    # -- control endpoints (for a gateway in another process) ------------------------------------
+
+    async def _control(self, request: Request, responder: Responder, sub: str) -> None:
+        if sub == "/gateway/health":
+            return responder.send(200, orjson.dumps({"status": "ok", "paused": self.paused}))
+        if self.token is not None and not self._authorized(request):
+            return self._reply(responder, 401, "missing or wrong bearer token", "authentication_error")
+        if sub == "/gateway/stats" and request.method == "GET":
+            return responder.send(200, orjson.dumps(self.stats()))
+        if request.method != "POST":
+            return self._reply(responder, 405, f"{sub} takes POST", "invalid_request_error")
+        try:
+            args = orjson.loads(request.body) if request.body else {}
+        except orjson.JSONDecodeError:
+            return self._reply(responder, 400, "body must be JSON", "invalid_request_error")
+        if sub == "/gateway/pause":
+            self.pause()
+        elif sub == "/gateway/resume":
+            self.resume()
+        elif sub == "/gateway/drain":
+            ok = await self.drain(args.get("timeout"))
+            return responder.send(200, orjson.dumps({"drained": ok}))
+        elif sub == "/gateway/flush":
+            await self.flush()
+        elif sub == "/gateway/policy":
+            self.set_policy(version=args.get("version"), sampling=args.get("sampling"), model=args.get("model"))
+        elif sub == "/gateway/upstreams":
+            self.set_upstreams([Upstream(**u) if isinstance(u, dict) else u for u in args.get("upstreams", [])])
+        else:
+            return self._reply(responder, 404, f"no control route {sub}", "invalid_request_error")
+        responder.send(200, orjson.dumps(self.stats()))
+
+
+def _traceparent(value: str | None) -> tuple[str | None, str | None]:
+    """(trace id, parent span id) from a W3C ``traceparent`` header, if well formed."""
+    if not value:
+        return None, None
+    parts = value.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+        try:
+            int(parts[1], 16), int(parts[2], 16)
+        except ValueError:
+            return None, None
+        return parts[1].lower(), parts[2].lower()
+    return None, None

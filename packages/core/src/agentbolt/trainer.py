@@ -1,0 +1,307 @@
+"""The trainer: wires a store, the gateway, runners and an algorithm together.
+
+    trainer = Trainer(agent=my_agent, algorithm="torch-grpo", store="sqlite:///runs.db", n_runners=2)
+    trainer.fit(train_items, val_items)
+
+    # Before a GPU run: check what gets captured against any OpenAI-compatible endpoint.
+    report = Trainer(agent=my_agent).dev(dataset, llm="http://127.0.0.1:8000/v1", model="qwen")
+
+``n_runners`` processes each run ``concurrency`` rollouts at once; ``n_runners=0`` runs one
+runner inside this process (handy with ``memory://`` or a debugger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import types as t
+from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
+from .errors import UserError
+from .gateway import GatewayThread, Upstream
+from .runner import Runner, RunnerConfig, RunnerPool
+from .store import DEFAULT_STORE_URL, Store, open_store
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger(__name__)
+
+
+class _RichProgress:
+    """Progress bars for algorithm phases and a line of the latest metrics."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[metrics]}"),
+            console=console,
+            transient=False,
+        )
+        self.last_metrics = ""
+
+    def phase(self, description: str, total: int | None) -> _Phase:
+        task_id = self.progress.add_task(description, total=total, metrics=self.last_metrics)
+        return _Phase(self.progress, task_id)
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        shown = list(values.items())[:4]
+        self.last_metrics = f"step {step}: " + "  ".join(f"{k.split('/')[-1]}={v:.3g}" for k, v in shown)
+        self.progress.console.log(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+
+
+class _Phase:
+    def __init__(self, progress: Progress, task_id: Any) -> None:
+        self.progress = progress
+        self.task_id = task_id
+
+    def advance(self, n: int = 1) -> None:
+        self.progress.advance(self.task_id, n)
+
+    def done(self) -> None:
+        self.progress.update(self.task_id, visible=True)
+        self.progress.stop_task(self.task_id)
+
+
+class Trainer:
+    """Runs an algorithm over an agent. See the module docstring.
+
+    Args:
+        agent: the agent: a function ``(task, resources) -> float | None`` (sync or async), an
+            object with such a ``rollout`` method, or ``"module:attr"``.
+        algorithm: an :class:`~agentbolt.algorithm.Algorithm`, or the name of a registered one.
+        algorithm_config: keyword arguments for a named algorithm.
+        store: a store URL (default ``sqlite:///agentbolt.db``) or an open store.
+        n_runners: runner processes (0: one runner inside this process).
+        concurrency: rollouts per runner at once.
+        upstream: OpenAI-compatible endpoint(s) the gateway starts with (algorithms that serve
+            their own policy set it themselves).
+        gateway_host, gateway_port, gateway_token: where the gateway listens and its bearer
+            token (agents use it as their API key).
+        max_attempts, timeout_s, lease_s: rollout retries, per-attempt limit, runner lease.
+        metrics_path: JSONL file for per-step metrics.
+        progress: draw progress bars and a summary (``False`` logs only).
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        algorithm: Algorithm | str | None = None,
+        *,
+        algorithm_config: Mapping[str, Any] | None = None,
+        store: str | Store = DEFAULT_STORE_URL,
+        n_runners: int = 1,
+        concurrency: int = 8,
+        upstream: str | Upstream | Sequence[str | Upstream] | None = None,
+        gateway_host: str = "127.0.0.1",
+        gateway_port: int = 0,
+        gateway_token: str | None = None,
+        max_attempts: int = 3,
+        timeout_s: float | None = None,
+        lease_s: float = 30.0,
+        metrics_path: str | Path | None = None,
+        progress: bool = True,
+    ) -> None:
+        if n_runners < 0:
+            raise UserError(f"n_runners must be 0 or more, got {n_runners}")
+        self.agent = agent
+        self.algorithm = algorithm
+        self.algorithm_config = dict(algorithm_config or {})
+        self.store_spec = store
+        self.n_runners = n_runners
+        self.runner_config = RunnerConfig(concurrency=concurrency, lease_s=lease_s)
+        if upstream is None:
+            self.upstreams: list[str | Upstream] = []
+        elif isinstance(upstream, str | Upstream):
+            self.upstreams = [upstream]
+        else:
+            self.upstreams = list(upstream)
+        self.gateway_host = gateway_host
+        self.gateway_port = gateway_port
+        self.gateway_token = gateway_token
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.metrics_path = Path(metrics_path) if metrics_path else None
+        self.show_progress = progress
+        self.console = Console(stderr=True)
+        if n_runners > 0 and not isinstance(store, str):
+            raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
+        if n_runners > 0 and isinstance(store, str) and store.startswith("memory:"):
+            raise UserError("a memory:// store lives in one process: use sqlite:///path.db, or n_runners=0")
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def fit(self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None) -> Any:
+        """Run the algorithm on ``train`` (and ``val``); returns what the algorithm returns."""
+        return _run(self.afit(train, val))
+
+    def dev(
+        self,
+        dataset: Sequence[Any],
+        *,
+        llm: str | Upstream | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        n_samples: int = 1,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> EvaluateResult:
+        """Evaluate the agent on ``dataset`` through the gateway, learning nothing, and report
+        rewards and what was captured (LLM calls with exact token ids, retokenized, missing).
+
+        ``llm`` is any OpenAI-compatible endpoint (defaults to the trainer's ``upstream``).
+        """
+        upstreams = list(self.upstreams)
+        if llm is not None:
+            upstreams = [Upstream(base_url=llm, api_key=api_key, model=model) if isinstance(llm, str) else llm]
+        if not upstreams:
+            raise UserError("dev() needs an endpoint: pass llm='http://host:port/v1' (any OpenAI-compatible server)")
+        saved, self.upstreams = self.upstreams, upstreams
+        try:
+            result = _run(
+                self._run_algorithm(Evaluate(n_samples, model=model, sampling=sampling), [], as_tasks(dataset))
+            )
+        finally:
+            self.upstreams = saved
+        if self.show_progress:
+            self._print_evaluate(result)
+        return result
+
+    async def afit(self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None) -> Any:
+        """:meth:`fit` for callers already on an event loop."""
+        algorithm = self._make_algorithm()
+        return await self._run_algorithm(algorithm, as_tasks(train), as_tasks(val))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _make_algorithm(self) -> Algorithm:
+        if self.algorithm is None:
+            return Evaluate(**self.algorithm_config)
+        if isinstance(self.algorithm, Algorithm):
+            return self.algorithm
+        from .plugins import default_plugins
+
+        factory = default_plugins().algorithms.get(self.algorithm)
+        algorithm = factory(**self.algorithm_config)
+        if not isinstance(algorithm, Algorithm):
+            raise UserError(
+                f"algorithm {self.algorithm!r} built a {type(algorithm).__name__}, not an agentbolt Algorithm"
+            )
+        return algorithm
+
+    async def _run_algorithm(self, algorithm: Algorithm, train: list[t.Task], val: list[t.Task]) -> Any:
+        started = time.monotonic()
+        async with AsyncExitStack() as stack:
+            store = open_store(self.store_spec) if isinstance(self.store_spec, str) else self.store_spec
+            if isinstance(self.store_spec, str):
+                stack.push_async_callback(store.close)
+            gateway = GatewayThread(
+                self.store_spec
+                if isinstance(self.store_spec, str) and not self.store_spec.startswith("memory:")
+                else store,
+                self.upstreams,
+                host=self.gateway_host,
+                port=self.gateway_port,
+                token=self.gateway_token,
+            )
+            await asyncio.to_thread(gateway.start)
+            stack.callback(gateway.stop)
+            progress: Any = NullProgress()
+            if self.show_progress:
+                rich_progress = _RichProgress(self.console)
+                stack.enter_context(rich_progress.progress)
+                progress = rich_progress
+            runner_tasks = await self._start_runners(stack, store)
+            ctx = AlgorithmContext(
+                store=store,
+                gateway=gateway,
+                progress=progress,
+                max_attempts=self.max_attempts,
+                timeout_s=self.timeout_s,
+                metrics_path=self.metrics_path,
+            )
+            stack.push_async_callback(algorithm.close)
+            algo_task = asyncio.ensure_future(algorithm.run(ctx, train, val))
+            try:
+                if runner_tasks:  # an in-process runner dying is fatal to the run
+                    await asyncio.wait([algo_task, *runner_tasks], return_when=asyncio.FIRST_COMPLETED)
+                    for task in runner_tasks:
+                        if task.done() and task.exception() is not None:
+                            algo_task.cancel()
+                            raise task.exception()  # type: ignore[misc]
+                result = await algo_task
+            finally:
+                if not algo_task.done():
+                    algo_task.cancel()
+            counts = await store.count_rollouts()
+        if self.show_progress:
+            self._print_summary(algorithm, result, counts, time.monotonic() - started)
+        return result
+
+    async def _start_runners(self, stack: AsyncExitStack, store: Store) -> list[asyncio.Task[Any]]:
+        if self.n_runners == 0:
+            runner = Runner(self.agent, store, worker_id="in-process", config=self.runner_config)
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(runner.run(stop))
+
+            async def stop_runner() -> None:
+                stop.set()
+                await task
+
+            stack.push_async_callback(stop_runner)
+            return [task]
+        assert isinstance(self.store_spec, str)
+        pool = RunnerPool(self.agent, self.store_spec, processes=self.n_runners, config=self.runner_config)
+        await asyncio.to_thread(pool.start)
+        stack.callback(pool.stop)
+        return []
+
+    def _print_summary(
+        self, algorithm: Algorithm, result: Any, counts: Mapping[t.RolloutStatus, int], seconds: float
+    ) -> None:
+        table = Table(title=f"agentbolt: {algorithm.name} finished in {seconds:.1f} s", show_header=False)
+        table.add_column("what")
+        table.add_column("value", justify="right")
+        for status, n in counts.items():
+            if n:
+                table.add_row(f"rollouts {status.value}", str(n))
+        summary = getattr(result, "to_dict", None)
+        if callable(summary):
+            for key, value in summary().items():
+                if isinstance(value, int | float | str) and value is not None:
+                    table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        self.console.print(table)
+
+    def _print_evaluate(self, result: EvaluateResult) -> None:
+        if result.failures:
+            for kind, n in sorted(result.failures.items()):
+                self.console.print(f"  failed: {kind} x{n}")
+        status = "[green]ok[/green]" if result.capture_ok() else "[red]incomplete[/red]"
+        self.console.print(
+            f"capture {status}: {result.calls_with_exact_ids}/{result.llm_calls} LLM calls with exact token ids "
+            f"({result.calls_retokenized} retokenized, {result.calls_missing_ids} missing)"
+        )
+
+
+def _run(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        try:
+            import uvloop
+
+            return uvloop.run(coro)
+        except ImportError:  # pragma: no cover
+            return asyncio.run(coro)
+    raise UserError("fit()/dev() were called from a running event loop; await trainer.afit(...) instead")

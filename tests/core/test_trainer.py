@@ -1,0 +1,187 @@
+"""The trainer end to end: dev(), fit() with a custom algorithm, failure handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import e2e_agents
+import pytest
+
+from agentbolt import hookimpl
+from agentbolt import types as t
+from agentbolt.algorithm import Algorithm, AlgorithmContext, EvaluateResult, batches
+from agentbolt.errors import UserError
+from agentbolt.plugins import default_plugins
+from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer
+from agentbolt.trainer import Trainer
+
+
+def test_dev_reports_capture(tmp_path: Path) -> None:
+    with FakeLLMServer(FakeLLM()) as server:
+        trainer = Trainer(e2e_agents.plain_agent, store=f"sqlite:///{tmp_path}/dev.db", n_runners=1, progress=False)
+        result = trainer.dev([{"i": i} for i in range(10)], llm=server.base_url, model="fake-model", n_samples=2)
+    assert isinstance(result, EvaluateResult)
+    assert (result.rollouts, result.succeeded, result.failed) == (20, 20, 0)
+    assert result.reward_mean == pytest.approx(sum(i / 100 for i in range(10)) / 10)
+    assert result.llm_calls == 40 and result.capture_ok()
+    assert result.prompt_tokens > 0 and result.response_tokens > 0
+
+
+class IgnoreTokenIdRequests:
+    """ASGI middleware: the upstream ignores return_token_ids, as hosted APIs do."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str) -> Any:  # the server manages the wrapped app (close, ...)
+        return getattr(self.app, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "app":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.app, name, value)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = self.app
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        data = json.loads(body)
+        data.pop("return_token_ids", None)
+        stripped = json.dumps(data).encode()
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": stripped, "more_body": False}
+
+        await app(scope, replay, send)
+
+
+def test_dev_flags_missing_token_ids() -> None:
+    server = FakeLLMServer(FakeLLM())
+    server.app = IgnoreTokenIdRequests(server.app)
+    with server:
+        result = Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0, progress=False).dev(
+            [{"i": 1}], llm=server.base_url
+        )
+    assert result.llm_calls == 2 and result.calls_missing_ids == 2 and not result.capture_ok()
+
+
+def test_failures_get_their_documented_status_and_the_run_continues(tmp_path: Path) -> None:
+    backend = FakeLLM(failures=[Failure(kind="status", status=500, match="please fail")])
+    items = [
+        {"kind": "ok", "i": 0},
+        {"kind": "raise", "i": 1},
+        {"kind": "hang", "i": 2},
+        {"kind": "upstream500", "i": 3},
+        {"kind": "ok", "i": 4},
+    ]
+    with FakeLLMServer(backend) as server:
+        trainer = Trainer(
+            e2e_agents.mixed_agent,
+            store=f"sqlite:///{tmp_path}/mixed.db",
+            n_runners=1,
+            timeout_s=1.5,
+            max_attempts=2,
+            progress=True,
+        )
+        result = trainer.dev(items, llm=server.base_url)
+    assert result.succeeded == 2 and result.failed == 3
+    assert result.failures == {
+        "agent: ValueError": 1,  # an exception in the agent: failed, not retried
+        "timeout: timeout": 1,  # past timeout_s: timed out, not retried
+        "infrastructure: InternalServerError": 1,  # upstream 500 -> gateway 502: retried, then failed
+    }
+    upstream_calls = [r for r in backend.requests if "please fail" in str(r.body)]
+    assert len(upstream_calls) == 2  # one per attempt
+
+
+class CountingAlgorithm(Algorithm):
+    """A tiny custom algorithm: two steps of rollouts, recording what it saw."""
+
+    name = "counting"
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.seen: list[Any] = []
+
+    async def run(self, ctx: AlgorithmContext, train: list[t.Task], val: list[t.Task]) -> dict[str, Any]:
+        await asyncio.to_thread(ctx.gateway.set_upstreams, [self.upstream])
+        for step, batch in enumerate(batches(train, 3, epochs=1, seed=1)):
+            res = await ctx.publish(t.Resources(llm=t.LLMEndpoint(base_url=ctx.gateway_url, model="fake-model")))
+            rollouts = await ctx.run_rollouts(batch, group_size=2, tag=f"step{step}")
+            spans = await ctx.spans(rollouts)
+            groups = {r.group_id for r in rollouts}
+            assert len(groups) == len(batch) and all(r.resources_version == res.version for r in rollouts)
+            ctx.log_metrics(step, {"reward": sum(r.final_reward or 0 for r in rollouts) / len(rollouts)})
+            self.seen.append((step, len(rollouts), sum(len(v) for v in spans.values())))
+        return {"steps": len(self.seen)}
+
+
+def test_fit_with_a_custom_algorithm(tmp_path: Path) -> None:
+    with FakeLLMServer(FakeLLM()) as server:
+        algo = CountingAlgorithm(server.base_url)
+        trainer = Trainer(
+            e2e_agents.plain_agent,
+            algo,
+            store="memory://",
+            n_runners=0,
+            metrics_path=tmp_path / "metrics.jsonl",
+            progress=False,
+        )
+        out = trainer.fit([{"task_id": f"t{i}", "i": i} for i in range(6)])
+    assert out == {"steps": 2}
+    assert [s[:2] for s in algo.seen] == [(0, 6), (1, 6)]
+    assert all(n_spans >= 6 * 4 for _, _, n_spans in algo.seen)  # 2 LLM calls + message + reward per rollout
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and '"reward"' in lines[0]
+
+
+class _AlgoPlugin:
+    @hookimpl
+    def agentbolt_register_algorithms(self, register: Any) -> None:
+        register("counting-test", CountingAlgorithm)
+
+
+def test_algorithm_by_name_through_the_plugin_registry() -> None:
+    plugins = default_plugins()
+    name = plugins.register(_AlgoPlugin(), name="test-algos")
+    try:
+        with FakeLLMServer(FakeLLM()) as server:
+            out = Trainer(
+                e2e_agents.plain_agent,
+                "counting-test",
+                algorithm_config={"upstream": server.base_url},
+                store="memory://",
+                n_runners=0,
+                progress=False,
+            ).fit([{"i": i} for i in range(3)])
+        assert out == {"steps": 1}
+        with pytest.raises(UserError, match="valid names"):
+            Trainer(e2e_agents.plain_agent, "no-such-algo", store="memory://", n_runners=0).fit([{"i": 1}])
+    finally:
+        plugins.unregister(name)
+
+
+def test_trainer_rejects_unusable_settings() -> None:
+    with pytest.raises(UserError, match="memory://"):
+        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=2)
+    with pytest.raises(UserError, match="needs an endpoint"):
+        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0).dev([{"i": 1}])
+    with pytest.raises(UserError, match="appears more than once"):
+        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0).dev(
+            [{"task_id": "a"}, {"task_id": "a"}], llm="http://127.0.0.1:9/v1"
+        )
