@@ -225,8 +225,13 @@ class Runner:
         if self._stop is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
 
-    async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
-        """Claim and run rollouts until stopped (``stop`` set, :meth:`request_stop`, limits)."""
+    async def run(
+        self, stop: asyncio.Event | None = None, *, on_ready: Callable[[], None] | None = None
+    ) -> RunnerStats:
+        """Claim and run rollouts until stopped (``stop`` set, :meth:`request_stop`, limits).
+
+        ``on_ready`` is called once the runner is about to claim its first rollouts.
+        """
         self._loop = asyncio.get_running_loop()
         self._stop = stop or asyncio.Event()
         install_otel()
@@ -237,6 +242,8 @@ class Runner:
                 self.config.concurrency * 2, thread_name_prefix=f"agentbolt-agent-{self.worker_id}"
             )
         heartbeats = self._loop.create_task(self._heartbeat_loop(), name="agentbolt-heartbeats")
+        if on_ready is not None:
+            on_ready()
         try:
             await self._claim_loop()
             await self._drain()
@@ -433,7 +440,7 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _process_main(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, log_level: int) -> None:
+def _process_main(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, log_level: int, ready: Any) -> None:
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{worker_id}] %(name)s: %(message)s")
     try:
         import uvloop
@@ -441,10 +448,10 @@ def _process_main(agent: Any, store_url: str, worker_id: str, config: RunnerConf
         runner_loop: Callable[[Awaitable[Any]], Any] = uvloop.run
     except ImportError:  # pragma: no cover
         runner_loop = asyncio.run
-    runner_loop(_process_async(agent, store_url, worker_id, config))
+    runner_loop(_process_async(agent, store_url, worker_id, config, ready))
 
 
-async def _process_async(agent: Any, store_url: str, worker_id: str, config: RunnerConfig) -> None:
+async def _process_async(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, ready: Any) -> None:
     from .store import open_store
 
     store = open_store(store_url)
@@ -465,7 +472,7 @@ async def _process_async(agent: Any, store_url: str, worker_id: str, config: Run
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
-        stats = await runner.run(stop)
+        stats = await runner.run(stop, on_ready=ready.set)
         log.info("runner %s done: %s", worker_id, stats)
     finally:
         await store.close()
@@ -504,6 +511,7 @@ class RunnerPool:
         self.store_url = store_url
         self.config = config or RunnerConfig()
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        self._ready: list[Any] = []
         self._n = processes
         self._name = name
 
@@ -513,14 +521,30 @@ class RunnerPool:
         level = logging.getLogger("agentbolt").getEffectiveLevel()
         for i in range(self._n):
             worker_id = f"{self._name}-{socket.gethostname()}-{os.getpid()}-{i}"
+            ready = ctx.Event()
             proc = ctx.Process(
                 target=_process_main,
-                args=(self.agent, self.store_url, worker_id, self.config, level),
+                args=(self.agent, self.store_url, worker_id, self.config, level, ready),
                 name=worker_id,
                 daemon=True,
             )
             proc.start()
             self.processes.append(proc)
+            self._ready.append(ready)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until every process is claiming work (imports done, store open).
+
+        Raises:
+            RuntimeError: a process died or was not ready in time.
+        """
+        deadline = time.monotonic() + timeout
+        for proc, ready in zip(self.processes, self._ready, strict=True):
+            while not ready.wait(0.1):
+                if not proc.is_alive():
+                    raise RuntimeError(f"runner process {proc.name} exited with code {proc.exitcode} before it started")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"runner process {proc.name} was not ready after {timeout:.0f} s")
 
     def alive(self) -> list[bool]:
         return [p.is_alive() for p in self.processes]
@@ -539,6 +563,7 @@ class RunnerPool:
                 p.kill()
                 p.join(5)
         self.processes.clear()
+        self._ready.clear()
 
     def __enter__(self) -> RunnerPool:
         self.start()

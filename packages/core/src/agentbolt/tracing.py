@@ -112,6 +112,7 @@ class SpanSink:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        self._urgent: asyncio.Event | None = None
         self._written_event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._added = 0
@@ -123,6 +124,7 @@ class SpanSink:
         """Start the background writer on the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
+        self._urgent = asyncio.Event()
         self._written_event = asyncio.Event()
         self._task = self._loop.create_task(self._run(), name="agentbolt-span-sink")
 
@@ -154,8 +156,9 @@ class SpanSink:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while self._done < target:
-            if self._wakeup is None or self._written_event is None:
+            if self._wakeup is None or self._written_event is None or self._urgent is None:
                 raise RuntimeError("SpanSink.start() was not called")
+            self._urgent.set()  # skip the batching delay: someone is waiting
             self._wakeup.set()
             self._written_event.clear()
             remaining = None if deadline is None else deadline - loop.time()
@@ -187,13 +190,17 @@ class SpanSink:
             return [self._queue.popleft() for _ in range(n)]
 
     async def _run(self) -> None:
-        assert self._wakeup is not None and self._written_event is not None
+        assert self._wakeup is not None and self._written_event is not None and self._urgent is not None
         while True:
             if not self._queue:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                if self.interval_s > 0:
-                    await asyncio.sleep(self.interval_s)
+            if self.interval_s > 0 and not self._urgent.is_set():  # let a batch build up
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), self.interval_s)
+                except TimeoutError:
+                    pass
+            self._urgent.clear()
             raw = self._take()
             if not raw:
                 continue

@@ -265,6 +265,7 @@ class Trainer:
         pool = RunnerPool(self.agent, self.store_spec, processes=self.n_runners, config=self.runner_config)
         await asyncio.to_thread(pool.start)
         stack.callback(pool.stop)
+        await asyncio.to_thread(pool.wait_ready)
         return []
 
     def _print_summary(

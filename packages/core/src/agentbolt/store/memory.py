@@ -299,11 +299,19 @@ class MemoryStore:
             return counts
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
-        async def check() -> tuple[bool, list[t.Rollout]]:
-            states = await self.get_rollouts(rollout_ids)
-            return all(r.status.is_final for r in states), states
+        pending = list(dict.fromkeys(rollout_ids))
 
-        return await self._wait_until(check, timeout)
+        async def check() -> tuple[bool, None]:
+            nonlocal pending
+            with self._lock:
+                missing = [r for r in pending if r not in self._rollouts]
+                if missing:
+                    raise NotFoundError("rollout", missing)
+                pending = [r for r in pending if not self._rollouts[r].status.is_final]
+            return not pending, None
+
+        await self._wait_until(check, timeout)
+        return await self.get_rollouts(rollout_ids)
 
     async def _wait_until(self, check: Callable[[], Awaitable[tuple[bool, R]]], timeout: float | None) -> R:
         """Re-run ``check`` on every change until it reports done or ``timeout`` passes."""

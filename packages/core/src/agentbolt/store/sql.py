@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -58,7 +60,10 @@ SCHEMA_VERSION = 1
 """Version of the table layout below; stored in ``store_meta``."""
 
 _IN_CHUNK = 500  # ids per IN (...) list
-_GROUP_COMMIT_MAX = 64  # SQLite write operations committed together at most
+_GROUP_COMMIT_MAX = 64
+_MIN_CHECK_INTERVAL_S = (
+    0.02  # waiters re-check at most this often  # SQLite write operations committed together at most
+)
 
 metadata = sa.MetaData()
 
@@ -377,7 +382,8 @@ class SqlStore:
             )
             _setup_sqlite(self._engine, sync, timeout_ms)
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentbolt-sqlite-read")
-            self._writer: _GroupCommitWriter | None = _GroupCommitWriter(self._engine)
+            self._lock_path = f"{sa.engine.make_url(sa_url).database}-agentbolt-lock"
+            self._writer: _GroupCommitWriter | None = _GroupCommitWriter(self._engine, self._lock_path)
             self._channel = ""
         else:
             try:
@@ -397,7 +403,8 @@ class SqlStore:
         self._q = _Sql(self.dialect, schema)
         self._known_attempts: set[tuple[str, str]] = set()  # (rollout, attempt) pairs seen valid
         self._local = threading.local()
-        self._inline_conns: list[Connection] = []  # one per calling thread, closed by close()
+        self._inline_conns: list[Connection] = []  # per calling thread, closed by close()
+        self._inline_locks: list[_WriteLock] = []
         self._data_version: int | None = None
         try:
             self._create_schema()
@@ -462,11 +469,17 @@ class SqlStore:
         writer thread, another process) holds the lock, this returns ``(False, None)`` at once
         and the caller queues the operation on the writer/reader thread, which waits.
         """
+        lock: _WriteLock | None = getattr(self._local, "lock", None)
+        if lock is None:
+            lock = self._local.lock = _WriteLock(self._lock_path)
+            self._inline_locks.append(lock)
         conn = getattr(self._local, "inline", None)
         if conn is None:
             conn = self._local.inline = self._engine.connect()
             conn.connection.driver_connection.execute("PRAGMA busy_timeout = 0")  # type: ignore[union-attr]
             self._inline_conns.append(conn)
+        if write and not lock.acquire(blocking=False):
+            return False, None  # another writer is busy: queue behind it on the writer thread
         try:
             with conn.execution_options(agentbolt_write=write).begin():
                 return True, fn(conn)
@@ -479,6 +492,9 @@ class SqlStore:
                 self._local.inline = None
                 return False, None
             raise StoreUnavailableError(f"store {self.url}: {orig}") from exc
+        finally:
+            if write:
+                lock.release()
 
     def _shutdown_threads(self) -> None:
         if self._writer is not None:
@@ -486,7 +502,10 @@ class SqlStore:
         self._executor.shutdown(wait=True)
         for conn in self._inline_conns:
             conn.close()
+        for lock in self._inline_locks:
+            lock.close()
         self._inline_conns.clear()
+        self._inline_locks.clear()
 
     def _transaction(self, fn: Callable[[Connection], R], write: bool) -> R:
         """Run ``fn`` in its own transaction on a pooled connection (PostgreSQL, SQLite reads)."""
@@ -819,20 +838,45 @@ class SqlStore:
         return await self._run(tx, write=False)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
-        async def check() -> tuple[bool, list[t.Rollout]]:
-            states = await self.get_rollouts(rollout_ids)
-            return all(r.status.is_final for r in states), states
+        pending = list(dict.fromkeys(rollout_ids))
 
-        return await self._wait_until(check, timeout)
+        def statuses(conn: Connection) -> dict[str, str]:
+            cur = _cursor(conn)
+            found: dict[str, str] = {}
+            for chunk in _chunks(pending):
+                cur.execute(
+                    self._q(f"SELECT rollout_id, status FROM {{rollouts}} WHERE rollout_id IN ({_marks(len(chunk))})"),
+                    tuple(chunk),
+                )
+                found.update(cur.fetchall())
+            return found
+
+        async def check() -> tuple[bool, None]:
+            # Only the unfinished ones, status only: waiting on a large batch stays cheap.
+            nonlocal pending
+            found = await self._run(statuses, write=False)
+            missing = [r for r in pending if r not in found]
+            if missing:
+                raise NotFoundError("rollout", missing)
+            pending = [r for r in pending if not t.RolloutStatus(found[r]).is_final]
+            return not pending, None
+
+        await self._wait_until(check, timeout)
+        return await self.get_rollouts(rollout_ids)
 
     async def _wait_until(self, check: Callable[[], Awaitable[tuple[bool, R]]], timeout: float | None) -> R:
-        """Re-run ``check`` on every change until it reports done or ``timeout`` passes."""
+        """Re-run ``check`` on every change (at most every 20 ms) until done or ``timeout`` passes."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         if self.dialect == "postgresql":
             self._ensure_listener()
+        last = -1.0
         while True:
             fut = self._notifier.future()  # registered before checking: no change is missed
+            gap = last + _MIN_CHECK_INTERVAL_S - loop.time()
+            if gap > 0:  # a burst of changes: coalesce them into one check
+                await asyncio.sleep(gap)
+            last = loop.time()
             done, value = await check()
             remaining = None if deadline is None else deadline - loop.time()
             if done or (remaining is not None and remaining <= 0):
@@ -1096,6 +1140,33 @@ class SqlStore:
         self._engine.dispose()
 
 
+class _WriteLock:
+    """An exclusive ``flock`` on ``<database>-agentbolt-lock`` taken around every write.
+
+    SQLite's busy handler polls with growing sleeps (1, 2, 5 ... 100 ms), so writers of several
+    processes contending for the file lock wait far longer than the lock is held. ``flock``
+    waiters are woken by the kernel the moment it is released. Each thread opens its own
+    descriptor: ``flock`` then also excludes threads of the same process. Processes that do not
+    use agentbolt are still coordinated by SQLite's own lock and ``busy_timeout``.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def acquire(self, *, blocking: bool) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
 class _GroupCommitWriter:
     """SQLite's single writer: runs queued write operations on one thread, committing the
     operations that queued up meanwhile in one transaction (group commit).
@@ -1105,8 +1176,9 @@ class _GroupCommitWriter:
     so every acknowledged write survives a crash of the process.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, lock_path: str) -> None:
         self._engine = engine
+        self._lock = _WriteLock(lock_path)
         self._conn: Connection | None = None  # owned by the writer thread
         self._queue: queue.SimpleQueue[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]] | None]
         self._queue = queue.SimpleQueue()
@@ -1143,9 +1215,11 @@ class _GroupCommitWriter:
                 break
         if self._conn is not None:
             self._conn.close()
+        self._lock.close()
 
     def _run_batch(self, batch: list[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]]]) -> None:
         results: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+        self._lock.acquire(blocking=True)
         try:
             if self._conn is None:
                 self._conn = self._engine.connect().execution_options(agentbolt_write=True)
@@ -1175,6 +1249,8 @@ class _GroupCommitWriter:
                 self._conn = None
             error = _as_store_error(exc)
             results = [(fut, None, error) for _, fut in batch]
+        finally:
+            self._lock.release()
         for fut, value, error in results:
             if error is not None:
                 fut.set_exception(error)
