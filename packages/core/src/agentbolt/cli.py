@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 store_app = typer.Typer(help="Run or inspect a store.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
+gateway_app = typer.Typer(help="Run the OpenAI-compatible gateway.", no_args_is_help=True)
+app.add_typer(gateway_app, name="gateway")
 
 
 def _version(value: bool) -> None:
@@ -89,6 +91,152 @@ def plugins(
         console.print(f"[red]error:[/red] {error}", soft_wrap=True)
     if failed:
         raise typer.Exit(code=1)
+
+
+@store_app.command("serve")
+def store_serve(
+    store: Annotated[
+        str, typer.Option("--store", "-s", help="Store to serve, e.g. sqlite:///runs.db or postgresql://host/db.")
+    ] = "sqlite:///agentbolt.db",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; anything but loopback requires --token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 4747,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENTBOLT_STORE_TOKEN",
+            help="Bearer token every request must carry (prefer the environment variable to keep it out of ps).",
+            show_envvar=True,
+        ),
+    ] = None,
+    max_wait: Annotated[
+        float, typer.Option("--max-wait", help="Longest one request waits in dequeue / wait (clients loop).")
+    ] = 30.0,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
+) -> None:
+    """Serve a store over HTTP (OpenAPI at /openapi.json) with OTLP trace ingest at /v1/traces."""
+    from .errors import UserError
+    from .server import serve
+
+    try:
+        serve(store, host=host, port=port, token=token, max_wait_s=max_wait, access_log=access_log)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+@gateway_app.command("serve")
+def gateway_serve(
+    upstream: Annotated[
+        list[str],
+        typer.Option(
+            "--upstream", "-u", help="OpenAI-compatible base URL (with /v1) to forward to; repeat for several."
+        ),
+    ],
+    store: Annotated[
+        str, typer.Option("--store", "-s", help="Store for spans and attempt checks.")
+    ] = "sqlite:///agentbolt.db",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; anything but loopback requires --token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 4800,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AGENTBOLT_GATEWAY_TOKEN", show_envvar=True, help="Bearer token agents send as their api_key."
+        ),
+    ] = None,
+    upstream_key: Annotated[
+        str | None,
+        typer.Option(envvar="AGENTBOLT_UPSTREAM_API_KEY", show_envvar=True, help="API key sent to the upstreams."),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model name forced into every request.")] = None,
+    request_timeout: Annotated[float, typer.Option(help="Seconds to wait for an upstream answer.")] = 600.0,
+) -> None:
+    """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1."""
+    import asyncio
+    import signal
+
+    from .errors import UserError
+    from .gateway import Gateway, Upstream
+    from .store import open_store
+
+    async def run() -> None:
+        opened = open_store(store)
+        gateway = Gateway(
+            opened,
+            [Upstream(base_url=u, api_key=upstream_key) for u in upstream],
+            token=token,
+            served_model=model,
+            request_timeout_s=request_timeout,
+        )
+        await gateway.start(host, port)
+        typer.echo(f"gateway listening on {gateway.url} (forwarding to {', '.join(upstream)})", err=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await gateway.stop()
+        await opened.close()
+
+    try:
+        import uvloop
+
+        uvloop.run(run())
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command()
+def runner(
+    agent: Annotated[
+        str, typer.Argument(help="The agent as 'package.module:function' (or :Class with a rollout method).")
+    ],
+    store: Annotated[str, typer.Option("--store", "-s", help="Store URL: http://HOST:PORT for a store server.")],
+    processes: Annotated[int, typer.Option("--processes", "-n", help="Runner processes.")] = 1,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Rollouts each process runs at once.")] = 8,
+    lease: Annotated[float, typer.Option(help="Lease seconds (renewed every third of it).")] = 30.0,
+    mode: Annotated[str | None, typer.Option(help="Only claim 'train' or 'val' rollouts.")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="AGENTBOLT_STORE_TOKEN", show_envvar=True, help="Bearer token of the store server."),
+    ] = None,
+) -> None:
+    """Attach runner processes to a store (e.g. a store server on another machine) and run the
+    agent on the rollouts it hands out, until Ctrl-C / SIGTERM."""
+    import os
+    import signal
+    import time
+
+    from . import types as t
+    from .errors import UserError
+    from .runner import RunnerConfig, RunnerPool
+
+    if token:
+        os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it
+    try:
+        config = RunnerConfig(concurrency=concurrency, lease_s=lease, mode=t.RolloutMode(mode) if mode else None)
+        pool = RunnerPool(agent, store, processes=processes, config=config)
+        pool.start()
+        pool.wait_ready()
+    except (UserError, ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"{processes} runner process(es) x {concurrency} working on {store}; Ctrl-C to stop", err=True)
+    stop = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop and any(pool.alive()):
+        time.sleep(0.5)
+    pool.stop()
 
 
 def main() -> None:

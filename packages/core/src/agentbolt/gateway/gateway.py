@@ -107,7 +107,8 @@ class Gateway:
         policy_version: recorded on spans unless the upstream reports ``X-Agentbolt-Policy-Version``.
         request_timeout_s: longest wait for an upstream answer (and between streamed chunks).
         pause_timeout_s: how long a call waits while the gateway is paused before a 503.
-        attempt_ttl_s: how long a "running" answer about an attempt is trusted.
+        attempt_ttl_s: how often an attempt known to be running is re-checked, in the background
+            while its calls keep flowing (0: every call waits for a fresh check).
         flush_interval_s: span batching delay.
         retokenize: ``(request, response) -> (prompt_ids, response_ids)`` for upstreams that
             return no ids; spans then say ``token_source = "retokenized"``.
@@ -127,7 +128,7 @@ class Gateway:
         pause_timeout_s: float = 60.0,
         attempt_ttl_s: float = 2.0,
         flush_interval_s: float = 0.05,
-        span_batch: int = 500,
+        span_batch: int = 64,
         max_buffered_spans: int = 200_000,
         retokenize: Retokenizer | None = None,
         request_token_ids: bool = True,
@@ -369,18 +370,16 @@ class Gateway:
     async def _check_attempt(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
         now = time.monotonic()
         known = self._attempts.get(attempt_id)
-        if known is None or (known[1] >= 0 and known[1] < now):
-            pending = self._lookups.get(attempt_id)
-            if pending is None:
-                pending = self._lookups[attempt_id] = asyncio.get_running_loop().create_future()
-                try:
-                    await self._lookup(rollout_id, attempt_id)
-                finally:
-                    self._lookups.pop(attempt_id, None)
-                    pending.set_result(None)
-            else:
-                await pending
+        if known is None:  # first call of this attempt: it must be checked before anything goes upstream
+            await self._refresh(rollout_id, attempt_id)
             known = self._attempts.get(attempt_id)
+        elif self.attempt_ttl_s <= 0 and known[1] >= 0:  # strict: every call checks the store
+            await self._refresh(rollout_id, attempt_id)
+            known = self._attempts.get(attempt_id)
+        elif 0 <= known[1] < now and attempt_id not in self._lookups:
+            # Known to be running a moment ago: serve this call, re-check in the background
+            # (a call can still pass within one check interval after the attempt ended).
+            asyncio.get_running_loop().create_task(self._refresh(rollout_id, attempt_id))
         if known is None:
             return 404, f"unknown rollout {rollout_id} or attempt {attempt_id}", "agentbolt_unknown_attempt"
         if known[0] != rollout_id:
@@ -393,6 +392,21 @@ class Gateway:
                 "agentbolt_attempt_ended",
             )
         return None
+
+    async def _refresh(self, rollout_id: str, attempt_id: str) -> None:
+        """Look the attempt up (one lookup at a time per attempt)."""
+        pending = self._lookups.get(attempt_id)
+        if pending is not None:
+            await pending
+            return
+        pending = self._lookups[attempt_id] = asyncio.get_running_loop().create_future()
+        try:
+            await self._lookup(rollout_id, attempt_id)
+        except Exception as exc:  # store hiccup: keep what we knew, retry on a later call
+            log.warning("checking attempt %s failed: %s", attempt_id, exc)
+        finally:
+            self._lookups.pop(attempt_id, None)
+            pending.set_result(None)
 
     async def _lookup(self, rollout_id: str, attempt_id: str) -> None:
         try:
@@ -603,6 +617,7 @@ class Gateway:
                     backoff = 0.5
                 del self._spans[: len(batch)]
                 self._written.set()
+                await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write
 
     # -- control endpoints (for a gateway in another process) ------------------------------------
 

@@ -16,6 +16,7 @@ training on them silently.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -177,18 +178,27 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
         attrs[semconv.TOKEN_SOURCE] = semconv.TOKEN_SOURCE_MISSING
         attrs["http.response.status_code"] = record.status
     attrs.update(record.extra)
-    return t.Span.create(
-        semconv.SPAN_LLM_CALL,
+    # Every attribute above is a str, bool, int, float or a list of one of them (JSON numbers
+    # decode as int/float; logprobs are cast to float), so the span is built without
+    # re-validating thousands of token ids on the gateway's hot path.
+    return t.Span.model_construct(
         rollout_id=record.rollout_id,
         attempt_id=record.attempt_id,
-        trace_id=record.trace_id,
-        span_id=span_id,
+        trace_id=record.trace_id or os.urandom(16).hex(),
+        span_id=span_id or os.urandom(8).hex(),
         parent_span_id=record.parent_span_id,
+        name=semconv.SPAN_LLM_CALL,
+        kind=t.SpanKind.CLIENT,
         start_time_ns=record.start_ns,
         end_time_ns=record.end_ns or time.time_ns(),
         status=status,
-        kind=t.SpanKind.CLIENT,
         attributes=attrs,
+        events=[],
+        links=[],
+        resource={},
+        scope="agentbolt.gateway",
+        schema_version=semconv.SCHEMA_VERSION,
+        seq=None,
     )
 
 

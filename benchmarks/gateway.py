@@ -1,0 +1,181 @@
+"""Gateway overhead: added latency (p50/p99) at concurrency 1 and 64, and requests/s.
+
+Run:  uv run python benchmarks/gateway.py [--requests 3000] [--latency-ms 0 20 100]
+
+Three processes on this machine: the fake OpenAI backend (``FakeLLMProcess``), the gateway
+(``agentbolt gateway serve``, SQLite store, spans written) and this load generator (a
+closed loop of C concurrent clients on a keep-alive pool). Each request is a non-streaming chat
+completion; through the gateway, the backend is asked for token ids and logprobs and one span
+per call goes to the store.
+
+Added latency = percentile through the gateway − the same percentile calling the backend
+directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
+64 concurrent clients saturate the 2 shared cores, so the 0 ms rows mostly measure queueing
+for CPU; the rows with a realistic backend latency show what an agent sees. Requests/s is the
+throughput through one gateway process at concurrency 64 with a 0 ms backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from agentbolt import types as t
+from agentbolt.gateway.http import UpstreamPool
+from agentbolt.store import open_store
+from agentbolt.testing.fake_llm import FakeLLM, FakeLLMProcess
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def load(base_urls: list[str], n: int, concurrency: int) -> tuple[list[float], float]:
+    """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len]. Returns latencies, req/s."""
+    pools = {url: UpstreamPool(url, max_idle=512) for url in set(base_urls)}
+    body = orjson.dumps(
+        {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 16}
+    )
+    headers = [("content-type", "application/json")]
+    latencies: list[float] = []
+    remaining = n
+
+    async def worker(k: int) -> None:
+        nonlocal remaining
+        url = base_urls[k % len(base_urls)]
+        pool = pools[url]
+        while remaining > 0:
+            remaining -= 1
+            start = time.perf_counter()
+            resp = await pool.request("POST", "/chat/completions", body, headers, timeout_s=60)
+            data = await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"{url}: HTTP {resp.status}: {data[:300]!r}")
+            latencies.append(time.perf_counter() - start)
+
+    # warm up connections
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    latencies.clear()
+    remaining = n
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    for pool in pools.values():
+        pool.close()
+    return latencies, n / elapsed
+
+
+def start_gateway(store_url: str, upstream: str, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentbolt.cli",
+            "gateway",
+            "serve",
+            "--store",
+            store_url,
+            "--upstream",
+            upstream,
+            "--port",
+            str(port),
+        ],
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline().decode()
+    if "listening" not in line:
+        raise RuntimeError(f"gateway did not start: {line}{proc.stderr.read().decode()}")
+    return proc
+
+
+async def prepare_attempts(store_url: str, n: int) -> list[tuple[str, str]]:
+    store = open_store(store_url)
+    tag = secrets.token_hex(3)
+    await store.enqueue([t.RolloutSpec(rollout_id=f"bench-{tag}-{i}") for i in range(n)])
+    claims = await store.dequeue("bench", limit=n, lease_s=3600)
+    await store.close()
+    return [(c.rollout.rollout_id, c.attempt.attempt_id) for c in claims]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 50.0, 100.0])
+    ap.add_argument("--repeat", type=int, default=3, help="direct/gateway pairs per row; medians are printed")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:  # pragma: no cover
+        run = asyncio.run
+    print(
+        f"gateway benchmark: {args.requests} chat completions per row; backend, gateway and load generator on {os.cpu_count()} cores"
+    )
+    print(
+        f"{'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
+    )
+    with tempfile.TemporaryDirectory(prefix="agentbolt-gw-") as tmp:
+        store_url = f"sqlite:///{Path(tmp) / 'gateway.db'}"
+        for latency_ms in args.latency_ms:
+            backend = FakeLLM(default_reply="The answer is 42.", latency_s=latency_ms / 1000, record=False)
+            with FakeLLMProcess(backend) as server:
+                port = free_port()
+                gateway = start_gateway(store_url, server.base_url, port)
+                try:
+                    attempts = run(prepare_attempts(store_url, 64))
+                    routes = [f"http://127.0.0.1:{port}/rollouts/{r}/attempts/{a}/v1" for r, a in attempts]
+                    for conc in args.concurrency:
+                        n = (
+                            args.requests
+                            if latency_ms == 0
+                            else min(args.requests, int(conc * 1000 / max(latency_ms, 1) * 6) + conc)
+                        )
+                        rows = []
+                        for _ in range(args.repeat):  # alternate, so both see the same machine conditions
+                            direct, _ = run(load([server.base_url], n, conc))
+                            through, rate = run(load(routes, n, conc))
+                            rows.append(
+                                (
+                                    percentile(direct, 0.5),
+                                    percentile(direct, 0.99),
+                                    percentile(through, 0.5),
+                                    percentile(through, 0.99),
+                                    rate,
+                                )
+                            )
+                        d50, d99, g50, g99, rate = (statistics.median(col) for col in zip(*rows, strict=True))
+                        d50, d99, g50, g99 = d50 * 1e3, d99 * 1e3, g50 * 1e3, g99 * 1e3
+                        print(
+                            f"{latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
+                            f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f}"
+                        )
+                finally:
+                    gateway.send_signal(signal.SIGTERM)
+                    gateway.wait(30)
+
+
+if __name__ == "__main__":
+    main()
