@@ -370,10 +370,7 @@ class Gateway:
     async def _check_attempt(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
         now = time.monotonic()
         known = self._attempts.get(attempt_id)
-        if known is None:  # first call of this attempt: it must be checked before anything goes upstream
-            await self._refresh(rollout_id, attempt_id)
-            known = self._attempts.get(attempt_id)
-        elif self.attempt_ttl_s <= 0 and known[1] >= 0:  # strict: every call checks the store
+        if known is None or (self.attempt_ttl_s <= 0 and known[1] >= 0):  # first call of this attempt: it must be checked before anything goes upstream
             await self._refresh(rollout_id, attempt_id)
             known = self._attempts.get(attempt_id)
         elif 0 <= known[1] < now and attempt_id not in self._lookups:
