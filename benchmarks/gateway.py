@@ -8,7 +8,7 @@ closed loop of C concurrent clients on a keep-alive pool). Each request is a non
 completion; through the gateway, the backend is asked for token ids and logprobs and one span
 per call goes to the store.
 
-Added latency = percentile through the gateway − the same percentile calling the backend
+Added latency = percentile through the gateway - the same percentile calling the backend
 directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
 64 concurrent clients saturate the 2 shared cores, so the 0 ms rows mostly measure queueing
 for CPU; the rows with a realistic backend latency show what an agent sees. Requests/s is the

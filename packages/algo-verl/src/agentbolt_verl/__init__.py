@@ -1,1 +1,28 @@
-"""agentbolt-verl."""
+"""agentbolt-verl: train agentbolt agents with verl 0.9.1 (vLLM rollout, FSDP update).
+
+Importing this package is cheap and works without verl: verl is imported only by the modules
+that need it (:mod:`.to_verl`, :mod:`.advantage`, :mod:`.losses`, :mod:`.registry` and the
+binding's :mod:`.binding.agent_loop` / :mod:`.binding.trainer`), each behind the exact-version
+check of :func:`check_verl_version`.
+
+Layers:
+
+1. :mod:`.batch`: transitions → padded tensors with verl's batch keys (numpy/torch only).
+2. :mod:`.to_verl`, :mod:`.advantage`, :mod:`.losses`: ``DataProto`` conversion, rollout-level
+   advantages and the per-rollout loss, registered in verl's own registries.
+3. :mod:`.binding`: verl's V1 trainer with an agent loop that runs each session as an
+   agentbolt rollout. :mod:`.config` composes verl's Hydra config with ours.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from ._verl import REQUIRED_VERL_VERSION, VerlVersionError, check_verl_version
+
+try:
+    __version__ = importlib.metadata.version("agentbolt-verl")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["REQUIRED_VERL_VERSION", "VerlVersionError", "__version__", "check_verl_version"]

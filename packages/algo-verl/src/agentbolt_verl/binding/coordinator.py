@@ -1,0 +1,295 @@
+"""The trainer side of the binding (verl-free): weight sync ↔ gateway, advantages, metrics.
+
+verl's synchronous V1 trainer (``PPOTrainerSync``) wakes and sleeps the vLLM replicas around
+each training step. The gateway must follow, or agents' calls would reach sleeping replicas:
+
+====================  =========================================  ===============================
+verl hook             verl does                                  then / before, we do
+====================  =========================================  ===============================
+``on_init_end``       ``update_weights`` (replicas awake)         set upstreams, publish
+                                                                  resources, resume the gateway
+``on_sample_end``     ``sleep_replicas``                          *before*: pause the gateway,
+                                                                  drain in-flight calls (abort
+                                                                  the replicas' requests if the
+                                                                  drain times out)
+``on_step_end``       ``update_weights`` (new weights, awake)     publish resources, resume
+====================  =========================================  ===============================
+
+:class:`AgentboltTrainerMixin` implements those hooks over any object with verl's trainer
+attributes, so tests drive it with fakes; :mod:`.trainer` mixes it into ``PPOTrainerSync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from agentbolt.store import Store
+from agentbolt.types import LLMEndpoint, Resources
+
+from ..config import AgentboltSettings, settings_from_verl_config
+from .gateway import GatewayControl, make_gateway_control, upstream_urls
+from .rollouts import MetricsSink
+
+__all__ = ["AgentboltTrainerMixin", "AsyncBridge", "WeightSyncCoordinator", "sampling_from_verl_config"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+WEIGHTS_VERSION_KEY = "verl_weights_version"
+"""``Resources.extra`` key holding verl's weight version (``global_steps`` at the update)."""
+
+
+class AsyncBridge:
+    """Runs coroutines on one background event loop, for synchronous callers (verl's hooks).
+
+    One loop for the trainer's lifetime, so clients bound to a loop (the gateway's, the
+    store's) keep working across calls.
+    """
+
+    def __init__(self, name: str = "agentbolt-verl-bridge") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the bridge's loop and return its result (re-raising its exception)."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop (idempotent)."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+
+
+def sampling_from_verl_config(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Training and validation sampling parameters of verl's rollout config.
+
+    verl's actor divides logits by ``rollout.temperature`` when it recomputes log-probs, so the
+    gateway must force these on every call (DESIGN §5).
+    """
+    r = cfg.actor_rollout_ref.rollout
+    train = {
+        "temperature": float(r.temperature),
+        "top_p": float(r.top_p),
+        "top_k": int(r.top_k),
+        "max_tokens": int(r.response_length),
+    }
+    v = r.val_kwargs
+    val = {"temperature": float(v.temperature), "top_p": float(v.top_p), "top_k": int(v.top_k)}
+    val["max_tokens"] = train["max_tokens"]
+    return train, val
+
+
+class WeightSyncCoordinator:
+    """Keeps the gateway and the published resources in step with verl's replicas.
+
+    Args:
+        gateway: the gateway's control surface.
+        store: where resources are published (``None``: publish nothing).
+        base_url: gateway URL agents use (``Resources.llm.base_url``).
+        model_name: model name agents send.
+        sampling: sampling parameters the gateway forces on training calls.
+        val_sampling: the same for validation rollouts (``Resources.extra["val_sampling"]``).
+        drain_timeout_s: how long in-flight calls may take once the gateway is paused.
+    """
+
+    def __init__(
+        self,
+        gateway: GatewayControl,
+        *,
+        store: Store | None = None,
+        base_url: str | None = None,
+        model_name: str = "policy",
+        sampling: Mapping[str, Any] | None = None,
+        val_sampling: Mapping[str, Any] | None = None,
+        drain_timeout_s: float = 120.0,
+    ) -> None:
+        self.gateway = gateway
+        self.store = store
+        self.base_url = base_url
+        self.model_name = model_name
+        self.sampling = dict(sampling or {})
+        self.val_sampling = dict(val_sampling or {})
+        self.drain_timeout_s = drain_timeout_s
+        self.upstreams: list[str] = []
+        self.state = "init"
+        self.resources: Resources | None = None
+        self.drain_timeouts = 0
+
+    async def replicas_awake(self, addresses: Sequence[str], weights_version: int) -> Resources | None:
+        """The replicas serve ``weights_version``: route to them, publish, resume the gateway."""
+        urls = upstream_urls(addresses)
+        if urls != self.upstreams:
+            await self.gateway.set_upstreams(urls)
+            self.upstreams = urls
+        if self.store is not None:
+            self.resources = await self.store.add_resources(
+                Resources(
+                    llm=LLMEndpoint(base_url=self.base_url, model=self.model_name, sampling=self.sampling)
+                    if self.base_url
+                    else None,
+                    extra={
+                        WEIGHTS_VERSION_KEY: int(weights_version),
+                        "val_sampling": self.val_sampling,
+                        "upstreams": urls,
+                    },
+                )
+            )
+        await self.gateway.resume()
+        self.state = "serving"
+        logger.info("gateway serving weights version %s from %d replica(s)", weights_version, len(urls))
+        return self.resources
+
+    async def replicas_sleeping(self) -> bool:
+        """The replicas are about to sleep: pause the gateway and drain it.
+
+        Returns ``True`` when no call is in flight any more; ``False`` after ``drain_timeout_s``
+        (the caller then aborts the replicas' requests).
+        """
+        await self.gateway.pause()
+        self.state = "paused"
+        drained = bool(await self.gateway.drain(self.drain_timeout_s))
+        if not drained:
+            self.drain_timeouts += 1
+            logger.warning("gateway did not drain within %.0fs; in-flight calls will be aborted", self.drain_timeout_s)
+        return drained
+
+    @classmethod
+    def from_settings(
+        cls, settings: AgentboltSettings, verl_cfg: Any, *, store: Store | None = None
+    ) -> WeightSyncCoordinator:
+        """Build the gateway control named in the settings; sampling from verl's rollout config."""
+        sampling, val_sampling = sampling_from_verl_config(verl_cfg)
+        gw = settings.gateway
+        return cls(
+            make_gateway_control(gw.control, url=gw.url),
+            store=store,
+            base_url=gw.url,
+            model_name=gw.model_name,
+            sampling=sampling,
+            val_sampling=val_sampling,
+            drain_timeout_s=gw.drain_timeout_s,
+        )
+
+
+class AgentboltTrainerMixin:
+    """verl trainer hooks for the binding; mix in before verl's ``PPOTrainerSync``.
+
+    Uses these attributes of verl's ``PPOTrainer``: ``config``, ``llm_server_manager``
+    (``get_addresses()``), ``checkpoint_manager`` (``abort_replicas()``) and ``global_steps``.
+    The coordinator, bridge and metrics sink are built on first use; tests may set
+    ``_agentbolt_coordinator``, ``_agentbolt_bridge`` and ``_agentbolt_sink`` beforehand.
+    """
+
+    _agentbolt_coordinator: WeightSyncCoordinator | None = None
+    _agentbolt_bridge: AsyncBridge | None = None
+    _agentbolt_sink: MetricsSink | None = None
+    _agentbolt_settings: AgentboltSettings | None = None
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def _agentbolt_config(self) -> AgentboltSettings:
+        if self._agentbolt_settings is None:
+            self._agentbolt_settings = settings_from_verl_config(self.config)  # type: ignore[attr-defined]
+        return self._agentbolt_settings
+
+    def _agentbolt_run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._agentbolt_bridge is None:
+            self._agentbolt_bridge = AsyncBridge()
+        return self._agentbolt_bridge.run(coro)
+
+    def _agentbolt_make_sink(self) -> MetricsSink | None:
+        """The sink the agent loops report their counts to (the verl trainer returns Ray's)."""
+        return None
+
+    def _agentbolt_get_coordinator(self) -> WeightSyncCoordinator:
+        if self._agentbolt_coordinator is None:
+            settings = self._agentbolt_config()
+
+            async def build() -> WeightSyncCoordinator:
+                from agentbolt.store import open_store
+
+                return WeightSyncCoordinator.from_settings(
+                    settings,
+                    self.config,  # type: ignore[attr-defined]
+                    store=open_store(settings.store_url),
+                )
+
+            self._agentbolt_coordinator = self._agentbolt_run(build())
+        return self._agentbolt_coordinator
+
+    def _agentbolt_awake(self) -> None:
+        coordinator = self._agentbolt_get_coordinator()
+        addresses = self.llm_server_manager.get_addresses()  # type: ignore[attr-defined]
+        self._agentbolt_run(coordinator.replicas_awake(addresses, int(self.global_steps)))  # type: ignore[attr-defined]
+
+    def _agentbolt_asleep(self) -> None:
+        coordinator = self._agentbolt_get_coordinator()
+        if not self._agentbolt_run(coordinator.replicas_sleeping()):
+            self.checkpoint_manager.abort_replicas()  # type: ignore[attr-defined]
+
+    # -- verl hooks -----------------------------------------------------------------------------
+
+    def on_init_end(self) -> None:
+        super().on_init_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        self._agentbolt_awake()
+
+    def on_sample_end(self) -> None:
+        self._agentbolt_asleep()
+        super().on_sample_end()  # type: ignore[misc]  # verl: sleep_replicas
+
+    def on_step_end(self) -> None:
+        super().on_step_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        self._agentbolt_awake()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()  # type: ignore[misc]
+        coordinator, bridge = self._agentbolt_coordinator, self._agentbolt_bridge
+        if bridge is not None:
+            if coordinator is not None and coordinator.store is not None:
+                bridge.run(coordinator.store.close())
+            bridge.close()
+
+    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        """verl's advantage step, with the batch's row → rollout membership in scope for the
+        rollout-level estimators (verl passes estimators only the group uid)."""
+        from ..advantage import membership_from_verl_keys, rollout_membership
+
+        settings = self._agentbolt_config()
+        rollout_ids, turn_index = membership_from_verl_keys(batch.keys)
+        with rollout_membership(
+            rollout_ids,
+            turn_index,
+            aggregation="rollout" if settings.loss.aggregation == "rollout" else "token",
+            singleton_groups=settings.advantage.singleton_groups,
+        ) as membership:
+            out = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+        metrics.update(membership.stats)
+        return out
+
+    def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        if self._agentbolt_sink is None:
+            self._agentbolt_sink = self._agentbolt_make_sink()
+        if self._agentbolt_sink is not None:
+            metrics.update(self._agentbolt_sink.drain())
+        if self._agentbolt_coordinator is not None:
+            metrics["agentbolt/gateway/drain_timeouts"] = float(self._agentbolt_coordinator.drain_timeouts)
+        return out
