@@ -164,6 +164,8 @@ class RunnerConfig:
     """Stop after this long with nothing queued and nothing running."""
     drain_timeout_s: float = 30.0
     """On stop, how long running rollouts may take to finish before they are handed back."""
+    adapters: list[str] | None = None
+    """Framework adapters to instrument: ``None`` every installed one, ``[]`` none."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -219,6 +221,7 @@ class Runner:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._sink: SpanSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.adapters: list[Any] = []
 
     def request_stop(self) -> None:
         """Stop claiming; running rollouts get ``drain_timeout_s`` to finish. Thread-safe."""
@@ -235,6 +238,10 @@ class Runner:
         self._loop = asyncio.get_running_loop()
         self._stop = stop or asyncio.Event()
         install_otel()
+        if self.config.adapters is None or self.config.adapters:
+            from .adapters import instrument_adapters
+
+            self.adapters = instrument_adapters(self.config.adapters)
         self._sink = SpanSink(self.store)
         self._sink.start()
         if not self.is_async:  # sync agents: one thread per slot, plus spares for abandoned ones

@@ -93,6 +93,7 @@ class Trainer:
         max_attempts, timeout_s, lease_s: rollout retries, per-attempt limit, runner lease.
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
+        adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class Trainer:
         lease_s: float = 30.0,
         metrics_path: str | Path | None = None,
         progress: bool = True,
+        adapters: list[str] | None = None,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -121,7 +123,7 @@ class Trainer:
         self.algorithm_config = dict(algorithm_config or {})
         self.store_spec = store
         self.n_runners = n_runners
-        self.runner_config = RunnerConfig(concurrency=concurrency, lease_s=lease_s)
+        self.runner_config = RunnerConfig(concurrency=concurrency, lease_s=lease_s, adapters=adapters)
         if upstream is None:
             self.upstreams: list[str | Upstream] = []
         elif isinstance(upstream, str | Upstream):

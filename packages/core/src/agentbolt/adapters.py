@@ -1,0 +1,327 @@
+"""Framework adapters: structure (agents, tool calls, LLM calls) as spans of the current rollout.
+
+Adapters translate; core emits. An adapter hooks into a framework through the framework's
+official extension points and, for each unit of work the framework reports (an agent or graph
+node run, an LLM call, a tool call), hands a small record to :class:`SpanRecorder`, which
+builds the span, rebuilds the tree from the framework's own ids, attributes it to the rollout
+that was current when the unit started, and never lets an error reach the framework.
+
+LLM spans from adapters carry ``gen_ai.response.id``, the id of the response the gateway
+recorded with exact token ids; LightningRL joins the two, so transitions get the agent name of
+the enclosing agent span. Adapters never write ``agentbolt.llm.token_source`` (only the gateway
+does).
+
+Runners instrument every installed adapter plugin at start (see
+:func:`instrument_adapters`); the user's code needs no change.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.metadata
+import logging
+import os
+import threading
+import time
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from . import semconv
+from . import types as t
+from .errors import MissingDependencyError, UserError
+from .tracing import RolloutContext, current_rollout
+
+__all__ = [
+    "Adapter",
+    "SpanRecorder",
+    "UnitRecord",
+    "instrument_adapters",
+]
+
+log = logging.getLogger(__name__)
+
+_KINDS = {
+    semconv.KIND_AGENT: semconv.OP_INVOKE_AGENT,
+    semconv.KIND_LLM: semconv.OP_CHAT,
+    semconv.KIND_TOOL: semconv.OP_EXECUTE_TOOL,
+}
+
+
+class Adapter(abc.ABC):
+    """Base class of framework adapters.
+
+    Subclasses set :attr:`name`, :attr:`distribution` (the framework's distribution, whose
+    version is checked) and :attr:`supported` (a PEP 440 specifier), and implement
+    :meth:`_instrument` / :meth:`_uninstrument`. ``instrument()`` and ``uninstrument()`` are
+    idempotent and thread-safe.
+    """
+
+    name: ClassVar[str] = "adapter"
+    distribution: ClassVar[str] = ""
+    supported: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._instrumented = False
+        self.recorder = SpanRecorder(self.name)
+
+    @property
+    def instrumented(self) -> bool:
+        return self._instrumented
+
+    def check_version(self) -> str:
+        """The installed framework version; raises a clear error when missing or unsupported."""
+        try:
+            installed = importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            raise MissingDependencyError(self.distribution, self.distribution, f"the {self.name} adapter") from None
+        if self.supported and Version(installed) not in SpecifierSet(self.supported):
+            raise UserError(
+                f"the {self.name} adapter supports {self.distribution}{self.supported}, but {installed} is installed; "
+                f"install a supported version (pip install '{self.distribution}{self.supported}')"
+            )
+        return installed
+
+    def instrument(self) -> None:
+        """Start recording the framework's runs as spans (no-op if already instrumented)."""
+        with self._lock:
+            if self._instrumented:
+                return
+            self.check_version()
+            self._instrument()
+            self._instrumented = True
+
+    def uninstrument(self) -> None:
+        """Stop recording (no-op if not instrumented)."""
+        with self._lock:
+            if not self._instrumented:
+                return
+            self._uninstrument()
+            self._instrumented = False
+
+    @abc.abstractmethod
+    def _instrument(self) -> None: ...
+
+    @abc.abstractmethod
+    def _uninstrument(self) -> None: ...
+
+
+@dataclass
+class UnitRecord:
+    """A unit of framework work in progress (what an adapter translates a framework event to)."""
+
+    kind: str
+    """``agent``, ``llm``, ``tool``, or another :mod:`agentbolt.semconv` ``KIND_*`` value."""
+    name: str
+    """Span name, e.g. ``invoke_agent writer`` or ``chat gpt-4o``."""
+    attributes: dict[str, Any] = field(default_factory=dict)
+    """GenAI attributes (``gen_ai.agent.name``, ``gen_ai.tool.name``, ``gen_ai.response.id``, ...)."""
+    start_ns: int = 0
+    """Start time; now when 0."""
+
+
+@dataclass
+class _Open:
+    ctx: RolloutContext
+    span_id: str
+    trace_id: str
+    parent_span_id: str | None
+    record: UnitRecord
+
+
+class SpanRecorder:
+    """Builds spans from framework units and routes them to the rollout current at their start.
+
+    Units are keyed by the framework's own ids (``run_id``, span ids); a unit's parent is looked
+    up by the framework's parent id, so the tree is rebuilt exactly, whatever thread or task the
+    framework reports from. Every public method swallows (and logs once per error type) any
+    exception: the host framework never sees one.
+    """
+
+    def __init__(self, adapter: str) -> None:
+        self.adapter = adapter
+        self._open: dict[Hashable, _Open] = {}
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self.errors = 0
+
+    def _guard(self, what: str, exc: BaseException) -> None:
+        self.errors += 1
+        kind = f"{what}:{type(exc).__name__}"
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(
+                "%s adapter: %s failed (%r); recording continues, the framework is unaffected", self.adapter, what, exc
+            )
+
+    def start(self, key: Hashable, record: UnitRecord, *, parent_key: Hashable | None = None) -> None:
+        """A unit began. Ignored outside rollouts (unless its parent belongs to one)."""
+        try:
+            with self._lock:
+                parent = self._open.get(parent_key) if parent_key is not None else None
+            ctx = current_rollout()
+            if ctx is None or ctx.sink is None:
+                if parent is None:
+                    return
+                ctx = parent.ctx  # e.g. a callback reported from another thread
+            elif parent is not None and parent.ctx.rollout_id != ctx.rollout_id:
+                parent = None
+            if parent is None:
+                trace_id, parent_span = _otel_parent()
+                trace_id = trace_id or os.urandom(16).hex()
+            else:
+                trace_id, parent_span = parent.trace_id, parent.span_id
+            if not record.start_ns:
+                record.start_ns = time.time_ns()
+            with self._lock:
+                self._open[key] = _Open(ctx, os.urandom(8).hex(), trace_id, parent_span, record)
+        except Exception as exc:
+            self._guard("start", exc)
+
+    def update(self, key: Hashable, attributes: Mapping[str, Any]) -> None:
+        """Add attributes to an open unit (e.g. the response id once the LLM answered)."""
+        try:
+            with self._lock:
+                unit = self._open.get(key)
+            if unit is not None:
+                unit.record.attributes.update({k: v for k, v in attributes.items() if v is not None})
+        except Exception as exc:
+            self._guard("update", exc)
+
+    def end(
+        self,
+        key: Hashable,
+        *,
+        attributes: Mapping[str, Any] | None = None,
+        error: BaseException | str | None = None,
+        end_ns: int | None = None,
+    ) -> t.Span | None:
+        """A unit ended: emit its span (status ERROR with the error when given)."""
+        try:
+            with self._lock:
+                unit = self._open.pop(key, None)
+            if unit is None:
+                return None
+            attrs = dict(unit.record.attributes)
+            attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
+            attrs[semconv.SPAN_KIND_ATTR] = unit.record.kind
+            attrs.setdefault(semconv.GEN_AI_OPERATION_NAME, _KINDS.get(unit.record.kind, unit.record.kind))
+            attrs.pop(semconv.TOKEN_SOURCE, None)  # only the gateway states token provenance
+            attrs["agentbolt.adapter"] = self.adapter
+            status = t.SpanStatus()
+            events: list[t.SpanEvent] = []
+            if error is not None:
+                message = str(error) if not isinstance(error, BaseException) else f"{type(error).__name__}: {error}"
+                status = t.SpanStatus(code=t.StatusCode.ERROR, message=message[:2000])
+                attrs[semconv.ERROR_TYPE] = type(error).__name__ if isinstance(error, BaseException) else "error"
+                if isinstance(error, BaseException):
+                    info = t.ErrorInfo.from_exception(error)
+                    events.append(
+                        t.SpanEvent(
+                            name="exception",
+                            time_ns=time.time_ns(),
+                            attributes={
+                                semconv.EXCEPTION_TYPE: info.type,
+                                semconv.EXCEPTION_MESSAGE: info.message,
+                                semconv.EXCEPTION_STACKTRACE: info.traceback or "",
+                            },
+                        )
+                    )
+            span = t.Span(
+                rollout_id=unit.ctx.rollout_id,
+                attempt_id=unit.ctx.attempt_id,
+                trace_id=unit.trace_id,
+                span_id=unit.span_id,
+                parent_span_id=unit.parent_span_id,
+                name=unit.record.name,
+                kind=t.SpanKind.CLIENT if unit.record.kind == semconv.KIND_LLM else t.SpanKind.INTERNAL,
+                start_time_ns=unit.record.start_ns,
+                end_time_ns=end_ns or time.time_ns(),
+                status=status,
+                attributes=_clean(attrs),
+                events=events,
+                scope=f"agentbolt.adapter.{self.adapter}",
+            )
+            unit.ctx.record(span)
+            return span
+        except Exception as exc:
+            self._guard("end", exc)
+            return None
+
+    def span_id_of(self, key: Hashable) -> str | None:
+        """The span id given to an open unit (to link framework ids to spans)."""
+        with self._lock:
+            unit = self._open.get(key)
+        return None if unit is None else unit.span_id
+
+    def discard_all(self) -> None:
+        """Forget open units (at uninstrument)."""
+        with self._lock:
+            self._open.clear()
+
+
+def _otel_parent() -> tuple[str | None, str | None]:
+    try:
+        from opentelemetry import trace
+    except ImportError:  # pragma: no cover
+        return None, None
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None, None
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+
+
+def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep OpenTelemetry-compatible values; JSON-encode structured ones instead of failing."""
+    import json
+
+    out: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        if isinstance(v, str | bool | int | float):
+            out[k] = v
+        elif (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)) or (isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+            out[k] = list(v)
+        else:
+            out[k] = json.dumps(v, default=str)[:65536]
+    return out
+
+
+def instrument_adapters(names: Iterable[str] | None = None, *, plugins: Any = None) -> list[Adapter]:
+    """Instrument installed adapter plugins; returns the ones now active.
+
+    ``names=None`` instruments every registered adapter whose framework is installed (others
+    are skipped quietly); a list instruments exactly those (an error if one is missing).
+    Failures of individual adapters are logged, never raised, when ``names`` is ``None``.
+    """
+    if plugins is None:
+        from .plugins import default_plugins
+
+        plugins = default_plugins()
+    active: list[Adapter] = []
+    wanted = None if names is None else list(names)
+    for entry in plugins.adapters:
+        if wanted is not None and entry.name not in wanted:
+            continue
+        try:
+            adapter = entry.value()
+            adapter.instrument()
+            active.append(adapter)
+        except MissingDependencyError as exc:
+            if wanted is not None:
+                raise
+            log.debug("adapter %s not used: %s", entry.name, exc)
+        except Exception as exc:
+            if wanted is not None:
+                raise
+            log.warning("adapter %s could not be instrumented: %s", entry.name, exc)
+    if wanted is not None:
+        missing = set(wanted) - {a.name for a in active}
+        if missing:
+            raise UserError(f"adapters not registered: {sorted(missing)}; registered: {plugins.adapters.names()}")
+    return active
