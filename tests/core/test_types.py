@@ -122,6 +122,27 @@ def test_malformed_attributes_are_rejected(attributes: dict[str, object], messag
         t.Span.create("s", attributes=attributes)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), [0.5, float("-inf")]])
+def test_non_finite_numbers_are_rejected(value: object) -> None:
+    # orjson would write them as null, and the stored span could not be read back.
+    with pytest.raises(ValidationError, match="finite"):
+        t.Span.create("s", attributes={"x": value})  # type: ignore[dict-item]
+
+
+def test_otlp_ids_come_in_pairs() -> None:
+    span = t.Span.create("s", rollout_id="r-span", attempt_id=None)
+    payload = t.spans_to_otlp_json([span])
+    payload["resourceSpans"][0]["resource"]["attributes"] = [
+        {"key": semconv.ROLLOUT_ID, "value": {"stringValue": "r-res"}},
+        {"key": semconv.ATTEMPT_ID, "value": {"stringValue": "a-res"}},
+    ]
+    payload["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = [
+        {"key": semconv.ROLLOUT_ID, "value": {"stringValue": "r-span"}}
+    ]
+    (back,) = t.spans_from_otlp_json(payload)
+    assert (back.rollout_id, back.attempt_id) == ("r-span", None)  # never r-span with a-res
+
+
 def test_attribute_normalisation() -> None:
     span = t.Span.create("s", attributes={"lp": [0, -0.5], "tup": (1, 2), "kind": t.TokenSource.EXACT})
     assert span.attributes["lp"] == [0.0, -0.5] and all(isinstance(v, float) for v in span.attributes["lp"])
@@ -146,7 +167,8 @@ def _sdk_spans() -> list[object]:
         parent.set_attribute(semconv.GEN_AI_AGENT_NAME, "writer")
         with tracer.start_as_current_span("chat m", kind=otel_trace.SpanKind.CLIENT) as child:
             child.set_attribute(semconv.PROMPT_TOKEN_IDS, [1, 2, 3])
-            child.set_attribute(semconv.ATTEMPT_ID, "at-9")
+            child.set_attribute(semconv.ROLLOUT_ID, "ro-own")
+            child.set_attribute(semconv.ATTEMPT_ID, "at-own")
             child.add_event("note", {"k": "v"})
             child.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, "boom"))
     provider.shutdown()
@@ -157,8 +179,9 @@ def test_from_real_otel_sdk_spans() -> None:
     child_sdk, parent_sdk = _sdk_spans()
     child = t.Span.from_otel(child_sdk)
     parent = t.Span.from_otel(parent_sdk, rollout_id="override", attempt_id="at-0")
-    assert child.rollout_id == "ro-9"  # from the resource
-    assert child.attempt_id == "at-9"  # from the span's own attributes
+    plain_parent = t.Span.from_otel(parent_sdk)
+    assert (child.rollout_id, child.attempt_id) == ("ro-own", "at-own")  # the span's own attributes
+    assert (plain_parent.rollout_id, plain_parent.attempt_id) == ("ro-9", None)  # the resource, as a pair
     assert (parent.rollout_id, parent.attempt_id) == ("override", "at-0")
     assert child.parent_span_id == parent.span_id and child.trace_id == parent.trace_id
     assert child.kind is t.SpanKind.CLIENT and child.status.code is t.StatusCode.ERROR

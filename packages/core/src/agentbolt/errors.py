@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentboltError",
+    "AuthenticationError",
     "ConflictError",
     "InvalidTransitionError",
     "MissingDependencyError",
@@ -30,6 +31,10 @@ class AgentboltError(Exception):
 
 class UserError(AgentboltError, ValueError):
     """The API was used wrongly: the message says what to change."""
+
+
+class AuthenticationError(UserError):
+    """A server refused the credentials (missing or wrong bearer token)."""
 
 
 class MissingDependencyError(UserError, ImportError):

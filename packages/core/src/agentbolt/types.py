@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import secrets
 import time
@@ -22,9 +23,9 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    StringConstraints,
     ValidationError,
     WithJsonSchema,
-    field_validator,
 )
 
 from . import semconv
@@ -72,6 +73,8 @@ def _check_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
     list/primitive types costs five times more to validate and serialize)."""
     for key, value in attrs.items():
         if type(value) in _PRIMITIVES:
+            if type(value) is float and not math.isfinite(value):
+                raise ValueError(f"attribute {key!r} is {value}: only finite numbers can be stored")
             continue
         if isinstance(value, tuple):
             value = attrs[key] = list(value)
@@ -79,6 +82,10 @@ def _check_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
             if not value:
                 continue
             kinds = {type(v) for v in value}
+            if float in kinds and not all(math.isfinite(v) for v in value):
+                raise ValueError(
+                    f"attribute {key!r} holds non-finite numbers (NaN or infinity): only finite numbers can be stored"
+                )
             if len(kinds) == 1 and kinds <= set(_PRIMITIVES):
                 continue
             if kinds <= {int, float}:  # e.g. logprobs [0, -0.5]: a float list
@@ -466,18 +473,18 @@ class SpanLink(BaseModel):
 
     model_config = _FROZEN
 
-    trace_id: str
+    trace_id: TraceId
     """Linked trace id, 32 lowercase hex characters."""
-    span_id: str
+    span_id: SpanId
     """Linked span id, 16 lowercase hex characters."""
     attributes: Attributes = Field(default_factory=dict)
     """Link attributes."""
 
 
-def _check_hex(value: str, length: int, what: str) -> str:
-    if len(value) != length or not all(c in "0123456789abcdef" for c in value):
-        raise ValueError(f"{what} must be {length} lowercase hex characters, got {value!r}")
-    return value
+TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+"""A trace id: 32 lowercase hex characters (checked by pydantic-core, in Rust)."""
+SpanId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+"""A span id: 16 lowercase hex characters."""
 
 
 class Span(BaseModel):
@@ -495,11 +502,11 @@ class Span(BaseModel):
     """Attempt the span belongs to."""
     seq: int | None = None
     """Store-assigned, monotonic per rollout. ``None`` until stored."""
-    trace_id: str
+    trace_id: TraceId
     """32 lowercase hex characters."""
-    span_id: str
+    span_id: SpanId
     """16 lowercase hex characters; unique within the rollout (writes are idempotent on it)."""
-    parent_span_id: str | None = None
+    parent_span_id: SpanId | None = None
     """Parent span id, or ``None`` for a root span."""
     name: str
     """Span name."""
@@ -523,21 +530,6 @@ class Span(BaseModel):
     """Instrumentation scope (tracer) name."""
     schema_version: str = semconv.SCHEMA_VERSION
     """Version of :mod:`agentbolt.semconv` the span follows."""
-
-    @field_validator("trace_id")
-    @classmethod
-    def _validate_trace_id(cls, v: str) -> str:
-        return _check_hex(v, 32, "trace_id")
-
-    @field_validator("span_id")
-    @classmethod
-    def _validate_span_id(cls, v: str) -> str:
-        return _check_hex(v, 16, "span_id")
-
-    @field_validator("parent_span_id")
-    @classmethod
-    def _validate_parent(cls, v: str | None) -> str | None:
-        return None if v is None else _check_hex(v, 16, "parent_span_id")
 
     # -- constructors ---------------------------------------------------------------------
 
@@ -593,8 +585,7 @@ class Span(BaseModel):
             ctx = span.get_span_context()
             attributes = _plain_attributes(span.attributes)
             resource = _plain_attributes(span.resource.attributes if span.resource else None)
-            rid = rollout_id or attributes.get(semconv.ROLLOUT_ID) or resource.get(semconv.ROLLOUT_ID)
-            aid = attempt_id or attributes.get(semconv.ATTEMPT_ID) or resource.get(semconv.ATTEMPT_ID)
+            rid, aid = _route(rollout_id, attempt_id, attributes, resource)
             scope = getattr(span, "instrumentation_scope", None)
             return cls(
                 rollout_id=None if rid is None else str(rid),
@@ -704,6 +695,19 @@ _OTLP_KIND_NAMES = {f"SPAN_KIND_{k.value}": k for k in SpanKind} | {"SPAN_KIND_U
 _OTLP_STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 _OTLP_STATUS_BACK = {v: k for k, v in _OTLP_STATUS.items()}
 _OTLP_STATUS_NAMES = {f"STATUS_CODE_{k.value}": k for k in StatusCode}
+
+
+def _route(
+    rollout_id: str | None, attempt_id: str | None, attributes: Mapping[str, Any], resource: Mapping[str, Any]
+) -> tuple[Any, Any]:
+    """Rollout and attempt ids, taken together from one source: the arguments, else the span's
+    attributes, else its resource (never a rollout from one place and an attempt from another)."""
+    if rollout_id is not None:
+        return rollout_id, attempt_id
+    for source in (attributes, resource):
+        if source.get(semconv.ROLLOUT_ID) is not None:
+            return source.get(semconv.ROLLOUT_ID), source.get(semconv.ATTEMPT_ID)
+    return None, None
 
 
 def _plain_attributes(attrs: Mapping[str, Any] | None) -> dict[str, AttributeValue]:
@@ -829,8 +833,7 @@ def spans_from_otlp_json(
                 scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name") or None
                 for sp in ss.get("spans") or ():
                     attributes = _from_otlp_attributes(sp.get("attributes"))
-                    rid = rollout_id or attributes.get(semconv.ROLLOUT_ID) or resource.get(semconv.ROLLOUT_ID)
-                    aid = attempt_id or attributes.get(semconv.ATTEMPT_ID) or resource.get(semconv.ATTEMPT_ID)
+                    rid, aid = _route(rollout_id, attempt_id, attributes, resource)
                     status = sp.get("status") or {}
                     parent = sp.get("parentSpanId") or None
                     end = sp.get("endTimeUnixNano")

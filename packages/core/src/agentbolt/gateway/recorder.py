@@ -16,6 +16,7 @@ training on them silently.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -164,6 +165,9 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
             attrs[semconv.PROMPT_TOKEN_IDS] = list(prompt_ids)  # type: ignore[arg-type]
             attrs[semconv.RESPONSE_TOKEN_IDS] = list(response_ids)  # type: ignore[arg-type]
             logprobs = _choice_logprobs(first, record.operation)
+            if logprobs is not None and not all(math.isfinite(x) for x in logprobs):
+                attrs["agentbolt.llm.logprobs_invalid"] = "the upstream returned non-finite logprobs; they are not kept"
+                logprobs = None
             if logprobs is not None and len(logprobs) == len(response_ids):  # type: ignore[arg-type]
                 attrs[semconv.RESPONSE_LOGPROBS] = logprobs
             elif logprobs is not None:

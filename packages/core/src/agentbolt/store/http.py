@@ -48,6 +48,7 @@ from .. import __version__, errors
 from .. import types as t
 from ..errors import (
     AgentboltError,
+    AuthenticationError,
     NotFoundError,
     SchemaError,
     StaleAttemptError,
@@ -262,7 +263,7 @@ class HttpStore:
             return SchemaError(message)
         where = f"the store server at {self.url}"
         if status in (401, 403):
-            return UserError(
+            return AuthenticationError(
                 f"{where} refused the request ({message}). Pass token=... to open_store() or set "
                 f"${w.TOKEN_ENV} to the token the server was started with."
             )

@@ -655,7 +655,7 @@ class SqlStore:
             raise UserError(f"limit must be at least 1, got {limit}")
         if lease_s <= 0:
             raise UserError(f"lease_s must be positive, got {lease_s}")
-        where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{t.RolloutMode(mode).value}'")
+        where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 
         def tx(conn: Connection) -> list[t.Claim]:
@@ -815,7 +815,7 @@ class SqlStore:
             if statuses is not None:
                 stmt = stmt.where(rollouts.c.status.in_([s.value for s in statuses]))
             if mode is not None:
-                stmt = stmt.where(rollouts.c.mode == t.RolloutMode(mode).value)
+                stmt = stmt.where(rollouts.c.mode == _mode(mode).value)
             if group_id is not None:
                 stmt = stmt.where(rollouts.c.group_id == group_id)
             rows = conn.execute(stmt.order_by(rollouts.c.id).limit(limit + 1)).all()
@@ -1262,6 +1262,13 @@ def _as_store_error(exc: BaseException) -> BaseException:
     if isinstance(exc, sa.exc.OperationalError | sqlite3.OperationalError):
         return StoreUnavailableError(f"SQLite write failed: {getattr(exc, 'orig', exc)}")
     return exc
+
+
+def _mode(mode: Any) -> t.RolloutMode:
+    try:
+        return t.RolloutMode(mode)
+    except ValueError:
+        raise UserError(f"invalid mode {mode!r}; valid modes: {', '.join(m.value for m in t.RolloutMode)}") from None
 
 
 def _data_version(conn: Connection) -> int:

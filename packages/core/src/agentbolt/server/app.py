@@ -1,0 +1,724 @@
+"""The store server: the whole :class:`~agentbolt.store.Store` protocol over HTTP (FastAPI).
+
+Build the app with :func:`create_app` and serve it with any ASGI server, or run
+``agentbolt store serve``. Endpoints (JSON bodies; responses name their payload)::
+
+    POST /v1/rollouts                         enqueue many        {"specs": [...]}
+    POST /v1/rollouts/get                     get many            {"rollout_ids": [...]}
+    GET  /v1/rollouts                         query               ?status=&mode=&group_id=&limit=&cursor=
+    GET  /v1/rollouts/counts                  count per status    ?group_id=
+    POST /v1/rollouts/dequeue                 claim under a lease, waiting up to wait_s (capped)
+    POST /v1/rollouts/wait                    wait until final, up to timeout (capped)
+    POST /v1/rollouts/cancel                  cancel many
+    POST /v1/rollouts/purge                   delete finished rollouts
+    GET  /v1/rollouts/{rollout_id}/attempts   attempts of a rollout
+    POST /v1/attempts/heartbeat               renew many leases
+    POST /v1/attempts/finish                  report the end of an attempt
+    POST /v1/spans                            add spans of many rollouts
+    POST /v1/spans/query                      spans of many rollouts
+    POST /v1/resources                        add a resources snapshot
+    GET  /v1/resources                        the latest snapshot, or ?version=
+    POST /v1/sweep                            apply due deadlines and leases now
+    POST /v1/traces                           OTLP/HTTP export (protobuf or JSON, gzip)
+    GET  /v1/health                           liveness (no token needed)
+
+Errors answer ``{"error": {"type": "NotFoundError", "message": "..."}}`` with 404 (not found),
+409 (conflict, stale attempt, invalid transition), 400 (misuse), 422 (malformed request or
+data), 401 (token), 413 (too large), 415 (not JSON), 421 (a tokenless server addressed by a
+non-local host name), 503 (store unavailable) or 500 (unexpected: a generic message; the
+traceback goes to the server log, never into a response).
+
+Blocking calls are bounded on the server: one request waits at most ``max_wait_s`` and the
+client loops until its own timeout. A waiting request whose client disconnects is cancelled,
+so it never claims work nobody will receive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+import orjson
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__, errors, semconv
+from .. import types as t
+from ..errors import (
+    AgentboltError,
+    ConflictError,
+    InvalidTransitionError,
+    NotFoundError,
+    SchemaError,
+    StaleAttemptError,
+    StoreUnavailableError,
+    UserError,
+)
+from ..store.base import Store
+from . import otlp
+from . import wire as w
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+DEFAULT_MAX_WAIT_S = 30.0
+"""Longest a single request waits in ``dequeue`` or ``wait_for_rollouts``."""
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+"""Largest request body accepted (after decompression for OTLP)."""
+
+OPEN_PATHS = frozenset({"/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Paths served without a token (liveness and documentation)."""
+
+_JSON = "application/json"
+
+# Status of each agentbolt error; the first class in the exception's MRO that is listed wins.
+_ERROR_STATUS: dict[type[BaseException], int] = {
+    NotFoundError: 404,
+    StaleAttemptError: 409,
+    InvalidTransitionError: 409,
+    ConflictError: 409,
+    StoreUnavailableError: 503,
+    SchemaError: 422,
+    UserError: 400,
+    AgentboltError: 500,
+}
+
+_ERROR_DOCS: dict[int | str, dict[str, Any]] = {
+    code: {"model": w.ErrorResponse, "description": text}
+    for code, text in {
+        400: "The store refused the call as misuse (`UserError`).",
+        401: "Missing or wrong bearer token.",
+        404: "An id does not exist (`NotFoundError`).",
+        409: "`ConflictError`, `StaleAttemptError` or `InvalidTransitionError`.",
+        413: "The request body is larger than the server accepts.",
+        415: "The request body is not `application/json`.",
+        422: "Malformed request (`ValidationError`) or data (`SchemaError`).",
+        503: "The store is unavailable (`StoreUnavailableError`); safe to retry.",
+    }.items()
+}
+
+
+def error_status(exc: BaseException) -> tuple[int, str]:
+    """HTTP status and wire ``type`` of an exception raised by a store.
+
+    The type is the exception's class when agentbolt defines it, else the nearest agentbolt
+    base class (a plugin's ``RedisDownError(StoreUnavailableError)`` travels as
+    ``StoreUnavailableError``), so clients can always rebuild it.
+    """
+    for cls in type(exc).__mro__:
+        if cls in _ERROR_STATUS:
+            known = next(c for c in type(exc).__mro__ if getattr(errors, c.__name__, None) is c)
+            return _ERROR_STATUS[cls], known.__name__
+    return 500, "InternalServerError"
+
+
+def _error(status: int, type_: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
+    body = {"error": {"type": type_, "message": message, **{k: v for k, v in extra.items() if v is not None}}}
+    return Response(orjson.dumps(body, default=str), status_code=status, media_type=_JSON, headers=headers)
+
+
+def _validation_message(problems: Any) -> str:
+    parts = []
+    for problem in list(problems)[:10]:
+        loc = ".".join(str(x) for x in problem.get("loc", ()) if x != "body") or "body"
+        msg = problem.get("msg", "invalid")
+        ctx = problem.get("ctx") or {}
+        if problem.get("type") == "json_invalid":
+            msg = f"invalid JSON: {ctx.get('error', msg)}"
+        parts.append(f"{loc}: {msg}")
+    more = len(list(problems)) - len(parts)
+    return "invalid request: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def error_response(exc: BaseException, request: Request | None = None) -> Response:
+    """The JSON error response for an exception raised while serving a request."""
+    if isinstance(exc, AgentboltError):
+        status, type_ = error_status(exc)
+        if status == 500:
+            log.error("store error serving %s: %s", _where(request), exc)
+        if isinstance(exc, NotFoundError):
+            return _error(status, type_, str(exc), what=getattr(exc, "what", None), ids=getattr(exc, "ids", None))
+        return _error(status, type_, str(exc))
+    if isinstance(exc, RequestValidationError):
+        return _error(422, "ValidationError", _validation_message(exc.errors()))
+    if isinstance(exc, ValidationError):
+        return _error(422, "ValidationError", _validation_message(exc.errors(include_url=False, include_input=False)))
+    if isinstance(exc, _BodyTooLarge):
+        return _error(413, "RequestTooLarge", str(exc.detail))
+    if isinstance(exc, StarletteHTTPException):
+        return _error(exc.status_code, "HTTPError", str(exc.detail), headers=exc.headers)
+    log.error("unexpected error serving %s", _where(request), exc_info=exc)
+    return _error(500, "InternalServerError", "internal server error; the traceback is in the store server's log")
+
+
+def _where(request: Request | None) -> str:
+    return "a request" if request is None else f"{request.method} {request.url.path}"
+
+
+class _GuardedRoute(APIRoute):
+    """Turns every exception of a route (validation included) into a JSON error response."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                return error_response(exc, request)
+
+        return guarded
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """A body without ``Content-Length`` ran past the limit (an HTTP error, so FastAPI's body
+    reading lets it through)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds {limit} bytes")
+
+
+class _Front:
+    """ASGI middleware before any routing: bearer token check, request size limit, and the
+    span-ingest fast path."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, max_request_bytes: int, store: Store | None = None) -> None:
+        self.app = app
+        self._expected = None if token is None else token.encode()
+        self._max = max_request_bytes
+        self._store = store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        length = headers.get(b"content-length")
+        if length is None:
+            receive = self._limited(receive)
+        if self._store is not None and scope["path"] == "/v1/spans" and scope["method"] == "POST":
+            await self._ingest(self._store, scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _ingest(store: Store, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/spans`` straight from ASGI: span ingest is the hottest path, and FastAPI's
+        routing and exception layers cost ~0.2 ms a request. Same handler as the documented route."""
+        try:
+            chunks = []
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+            response = await _ingest_spans(store, b"".join(chunks))
+        except Exception as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+    def _refusal(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
+        """The error response for a request refused before routing, else ``None``."""
+        if self._expected is None:
+            # Without a token the server must only be reachable from this machine: refusing other
+            # Host names also defeats DNS rebinding by web pages the user visits.
+            host = _host_name(headers.get(b"host", b""))
+            if not _is_loopback_name(host):
+                return _error(
+                    421,
+                    "MisdirectedRequest",
+                    f"Host {host!r} refused: a server without a token only answers requests addressed to "
+                    "localhost or 127.0.0.1; start it with --token to serve other names",
+                )
+        elif scope["path"] not in OPEN_PATHS and not self._authorized(headers):
+            return _error(
+                401,
+                "Unauthorized",
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>' (the token the server "
+                f"was started with; clients read it from ${w.TOKEN_ENV})",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self._max:
+            return _error(413, "RequestTooLarge", f"request body exceeds {self._max} bytes")
+        has_body = (length is not None and length != b"0") or b"transfer-encoding" in headers
+        if scope["method"] == "POST" and has_body and scope["path"] != "/v1/traces":
+            media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+            if media != b"application/json" and not media.endswith(b"+json"):
+                # Also what keeps web pages from posting here: browsers send JSON only after a
+                # CORS preflight, which this server never approves.
+                return _error(
+                    415, "UnsupportedMediaType", "send the body as JSON with 'Content-Type: application/json'"
+                )
+        return None
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, value = headers.get(b"authorization", b"").partition(b" ")
+        assert self._expected is not None
+        return scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), self._expected)
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self._max:
+                raise _BodyTooLarge(self._max)
+            return message
+
+        return limited
+
+
+def _host_name(value: bytes) -> str:
+    """The host of a ``Host`` header: ``[::1]:4747`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.partition(":")[0]
+
+
+def _is_loopback_name(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Waits:
+    """Bounded, cancellable waits: a waiting store call ends when its client disconnects or the
+    server begins to shut down, instead of running on for nobody."""
+
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self.stopping = asyncio.Event()
+
+    def bound(self, seconds: float | None) -> float:
+        """``seconds`` capped to the per-request maximum (``None`` means the maximum)."""
+        if seconds is None:
+            return self.max_wait_s
+        return min(max(seconds, 0.0), self.max_wait_s)
+
+    async def run(self, request: Request, call: Awaitable[R]) -> tuple[bool, R | None]:
+        """``(True, result)``, or ``(False, None)`` when the wait was abandoned."""
+        task = asyncio.ensure_future(call)
+        gone = asyncio.ensure_future(_disconnected(request))
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, gone, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this request was cancelled: leave no store call running for nobody
+            task.cancel()
+            raise
+        finally:
+            gone.cancel()
+            stop.cancel()
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return False, None
+        result = task.result()  # it finished in between: nobody may be left to receive it
+        return True, result
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the request body was already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _ok(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type=_JSON)
+
+
+async def _ingest_spans(store: Store, body: bytes) -> Response:
+    # Validated straight from bytes (no dict round trip); the store validates nothing twice.
+    spans = w.AddSpansRequest.model_validate_json(body).spans
+    return _ok(w.AddSpansResponse.model_construct(added=await store.add_spans(spans)))
+
+
+def create_app(
+    store: Store,
+    *,
+    token: str | None = None,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    close_store: bool = False,
+) -> FastAPI:
+    """The store server for ``store`` as an ASGI app.
+
+    Args:
+        store: the backend every request goes to.
+        token: when set, every endpoint but ``/v1/health`` and the documentation requires
+            ``Authorization: Bearer <token>``.
+        max_wait_s: longest one request waits in ``dequeue`` / ``wait_for_rollouts``.
+        max_request_bytes: largest request body (after gzip decompression for OTLP).
+        close_store: close the store when the app shuts down.
+    """
+    if max_wait_s <= 0:
+        raise UserError(f"max_wait_s must be positive, got {max_wait_s}")
+    waits = _Waits(max_wait_s)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            waits.stopping.set()
+            if close_store:
+                await store.close()
+
+    app = FastAPI(
+        title="agentbolt store server",
+        version=__version__,
+        description=(
+            "The agentbolt store protocol over HTTP: rollouts, attempts, spans and resources, plus "
+            "OTLP/HTTP trace ingest at `/v1/traces`. Open it from Python with "
+            "`agentbolt.store.open_store('http://host:port')`. A server started with a token answers only "
+            "requests that send `Authorization: Bearer <token>`."
+        ),
+        lifespan=lifespan,
+        separate_input_output_schemas=False,
+        # The server stores the traces of agents: its own request spans, sent to the process's
+        # global OpenTelemetry provider (often pointed at this very server), must never mix in.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
+    )
+    app.router.route_class = _GuardedRoute
+    app.state.waits = waits
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        return error_response(exc, request)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_middleware(_Front, token=token, max_request_bytes=max_request_bytes, store=store)
+    _add_store_routes(app, store, waits, max_request_bytes)
+    _add_openapi(app, secured=token is not None)
+    return app
+
+
+def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_bytes: int) -> None:
+    post, get = app.post, app.get
+    docs = {"responses": _ERROR_DOCS}
+
+    # -- rollouts ---------------------------------------------------------------------------------
+
+    @post("/v1/rollouts", response_model=w.RolloutsResponse, operation_id="enqueue", tags=["rollouts"], **docs)
+    async def enqueue(body: w.EnqueueRequest) -> Response:
+        """Queue rollouts in order; idempotent on caller-supplied ``rollout_id``."""
+        return _ok(w.RolloutsResponse.model_construct(rollouts=await store.enqueue(body.specs)))
+
+    @post("/v1/rollouts/get", response_model=w.RolloutsResponse, operation_id="get_rollouts", tags=["rollouts"], **docs)
+    async def get_rollouts(body: w.GetRolloutsRequest) -> Response:
+        """Many rollouts by id, in the order given."""
+        return _ok(w.RolloutsResponse.model_construct(rollouts=await store.get_rollouts(body.rollout_ids)))
+
+    @get("/v1/rollouts", response_model=t.Page[t.Rollout], operation_id="query_rollouts", tags=["rollouts"], **docs)
+    async def query_rollouts(
+        status: Annotated[list[t.RolloutStatus] | None, Query(description="Any of these statuses.")] = None,
+        mode: Annotated[t.RolloutMode | None, Query(description="Only this mode.")] = None,
+        group_id: Annotated[str | None, Query(description="Only this group.")] = None,
+        limit: Annotated[int, Query(description="Page size.")] = 100,
+        cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+    ) -> Response:
+        """Rollouts matching every filter, in enqueue order, one page at a time."""
+        page = await store.query_rollouts(status=status, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
+        return _ok(page)
+
+    @get(
+        "/v1/rollouts/counts", response_model=w.CountsResponse, operation_id="count_rollouts", tags=["rollouts"], **docs
+    )
+    async def count_rollouts(group_id: Annotated[str | None, Query(description="Only this group.")] = None) -> Response:
+        """How many rollouts are in each status."""
+        return _ok(w.CountsResponse.model_construct(counts=await store.count_rollouts(group_id=group_id)))
+
+    @post(
+        "/v1/rollouts/wait", response_model=w.WaitResponse, operation_id="wait_for_rollouts", tags=["rollouts"], **docs
+    )
+    async def wait_for_rollouts(body: w.WaitRequest, request: Request) -> Response:
+        """Wait until every rollout is final or the (server-capped) timeout passes."""
+        timeout = waits.bound(body.timeout)
+        states: list[t.Rollout] | None = None
+        if timeout > 0:
+            _, states = await waits.run(request, store.wait_for_rollouts(body.rollout_ids, timeout))
+        if states is None:
+            states = await store.get_rollouts(body.rollout_ids)
+        done = all(r.status.is_final for r in states)
+        return _ok(w.WaitResponse.model_construct(rollouts=states, done=done))
+
+    @post("/v1/rollouts/cancel", response_model=w.RolloutsResponse, operation_id="cancel", tags=["rollouts"], **docs)
+    async def cancel(body: w.CancelRequest) -> Response:
+        """Cancel unfinished rollouts; their running attempts fail with kind ``cancelled``."""
+        return _ok(
+            w.RolloutsResponse.model_construct(rollouts=await store.cancel(body.rollout_ids, reason=body.reason))
+        )
+
+    @post("/v1/rollouts/purge", response_model=w.PurgeResponse, operation_id="purge", tags=["rollouts"], **docs)
+    async def purge(body: w.PurgeRequest) -> Response:
+        """Delete finished rollouts with their attempts and spans."""
+        purged = await store.purge(rollout_ids=body.rollout_ids, older_than_s=body.older_than_s)
+        return _ok(w.PurgeResponse.model_construct(purged=purged))
+
+    @post("/v1/rollouts/dequeue", response_model=w.ClaimsResponse, operation_id="dequeue", tags=["attempts"], **docs)
+    async def dequeue(body: w.DequeueRequest, request: Request) -> Response:
+        """Claim up to ``limit`` queued rollouts under a lease, waiting (server-capped) for work."""
+        wait_s = waits.bound(body.wait_s)
+        call = store.dequeue(body.worker_id, limit=body.limit, lease_s=body.lease_s, mode=body.mode, wait_s=wait_s)
+        if wait_s <= 0:
+            claims = await call
+        else:
+            delivered, result = await waits.run(request, call)
+            claims = result or []
+            if delivered and claims and await request.is_disconnected():
+                log.warning(
+                    "worker %s disconnected while its dequeue claimed %s; their leases expire in %s s and "
+                    "the store requeues them then",
+                    body.worker_id,
+                    [c.rollout.rollout_id for c in claims],
+                    body.lease_s,
+                )
+        return _ok(w.ClaimsResponse.model_construct(claims=claims))
+
+    @get(
+        "/v1/rollouts/{rollout_id:path}/attempts",
+        response_model=w.AttemptsResponse,
+        operation_id="get_attempts",
+        tags=["attempts"],
+        **docs,
+    )
+    async def get_attempts(rollout_id: str) -> Response:
+        """The attempts of a rollout, oldest first."""
+        return _ok(w.AttemptsResponse.model_construct(attempts=await store.get_attempts(rollout_id)))
+
+    # -- attempts ---------------------------------------------------------------------------------
+
+    @post(
+        "/v1/attempts/heartbeat", response_model=w.AttemptsResponse, operation_id="heartbeat", tags=["attempts"], **docs
+    )
+    async def heartbeat(body: w.HeartbeatRequest) -> Response:
+        """Renew leases; returns every attempt's state (stop the agent of one that is not running)."""
+        attempts = await store.heartbeat(body.attempt_ids, lease_s=body.lease_s)
+        return _ok(w.AttemptsResponse.model_construct(attempts=attempts))
+
+    @post(
+        "/v1/attempts/finish",
+        response_model=w.RolloutResponse,
+        operation_id="finish_attempt",
+        tags=["attempts"],
+        **docs,
+    )
+    async def finish_attempt(body: w.FinishRequest) -> Response:
+        """Report the end of an attempt (``succeeded`` or ``failed``); returns the rollout."""
+        rollout = await store.finish_attempt(body.attempt_id, body.status, reward=body.reward, error=body.error)
+        return _ok(w.RolloutResponse.model_construct(rollout=rollout))
+
+    # -- spans ------------------------------------------------------------------------------------
+
+    @post(
+        "/v1/spans",
+        response_model=w.AddSpansResponse,
+        operation_id="add_spans",
+        tags=["spans"],
+        openapi_extra=_json_body("AddSpansRequest"),
+        **docs,
+    )
+    async def add_spans(request: Request) -> Response:
+        """Store spans of many rollouts in one transaction (idempotent on rollout and span id)."""
+        return await _ingest_spans(store, await request.body())
+
+    @post("/v1/spans/query", response_model=w.SpansResponse, operation_id="query_spans", tags=["spans"], **docs)
+    async def query_spans(body: w.QuerySpansRequest) -> Response:
+        """The spans of many rollouts, each list in ``seq`` order."""
+        spans = await store.query_spans(
+            body.rollout_ids, latest_attempt_only=body.latest_attempt_only, after_seq=body.after_seq
+        )
+        return _ok(w.SpansResponse.model_construct(spans=spans))
+
+    @post(
+        "/v1/traces",
+        operation_id="otlp_export_traces",
+        tags=["spans"],
+        openapi_extra=_OTLP_DOCS,
+        responses={200: {"description": "An OTLP `ExportTraceServiceResponse`."}},
+    )
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP trace export: spans are stored under their ``agentbolt.rollout_id``."""
+        return await _otlp(request, store, max_request_bytes)
+
+    # -- resources and maintenance ----------------------------------------------------------------
+
+    @post("/v1/resources", response_model=w.ResourcesResponse, operation_id="add_resources", tags=["resources"], **docs)
+    async def add_resources(body: t.Resources) -> Response:
+        """Store a resources snapshot under the next version."""
+        return _ok(w.ResourcesResponse.model_construct(resources=await store.add_resources(body)))
+
+    @get("/v1/resources", response_model=w.ResourcesResponse, operation_id="get_resources", tags=["resources"], **docs)
+    async def get_resources(
+        version: Annotated[int | None, Query(description="A version; the latest when omitted.")] = None,
+    ) -> Response:
+        """A resources version, or the latest (``null`` when none exists yet)."""
+        return _ok(w.ResourcesResponse.model_construct(resources=await store.get_resources(version)))
+
+    @post("/v1/sweep", response_model=w.SweepResponse, operation_id="sweep", tags=["maintenance"], **docs)
+    async def sweep() -> Response:
+        """Apply due deadlines and expired leases now (the server also sweeps in the background)."""
+        return _ok(w.SweepResponse.model_construct(ended=await store.sweep()))
+
+    @get("/v1/health", response_model=w.HealthResponse, operation_id="health", tags=["maintenance"])
+    async def health() -> Response:
+        """Liveness: answers without a token."""
+        return _ok(w.HealthResponse.model_construct(status="ok", version=__version__))
+
+
+# -- OTLP -----------------------------------------------------------------------------------------
+
+_OTLP_DOCS: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`. Spans are routed by "
+            "their `agentbolt.rollout_id` / `agentbolt.attempt_id` span or resource attributes, else by the "
+            f"`{w.ROLLOUT_HEADER}` / `{w.ATTEMPT_HEADER}` headers. Spans without a rollout, or of unknown "
+            "rollouts, are rejected through `partial_success`; the others are stored."
+        ),
+        "content": {
+            otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+            otlp.JSON: {"schema": {"type": "object", "description": "OTLP/JSON (hex or base64 ids)."}},
+        },
+    }
+}
+
+
+async def _otlp(request: Request, store: Store, max_bytes: int) -> Response:
+    try:
+        fmt = otlp.request_format(request.headers.get("content-type"))
+    except otlp.OtlpRequestError as exc:
+        return _otlp_error(otlp.JSON, exc.status, str(exc))
+    try:
+        body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_bytes)
+        spans, rejected = otlp.decode_spans(body, fmt)
+    except otlp.OtlpRequestError as exc:
+        return _otlp_error(fmt, exc.status, str(exc))
+    except SchemaError as exc:
+        return _otlp_error(fmt, 400, str(exc))
+    spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
+    missing = [s for s in spans if not s.rollout_id]
+    if missing:
+        rejected.extend(
+            [
+                f"no rollout id: set the {semconv.ROLLOUT_ID} resource or span attribute, "
+                f"or the {w.ROLLOUT_HEADER} header"
+            ]
+            * len(missing)
+        )
+    try:
+        rejected.extend(await _store_spans(store, [s for s in spans if s.rollout_id]))
+    except StoreUnavailableError as exc:
+        return _otlp_error(fmt, 503, str(exc))
+    message = _summarize(rejected)
+    if rejected:
+        log.info("OTLP export: %d spans rejected: %s", len(rejected), message)
+    return Response(otlp.encode_response(fmt, len(rejected), message), media_type=fmt)
+
+
+async def _store_spans(store: Store, spans: list[t.Span]) -> list[str]:
+    """Store what can be stored; one rejection reason per span that could not."""
+    if not spans:
+        return []
+    try:
+        await store.add_spans(spans)
+        return []
+    except NotFoundError:
+        pass
+    # Some rollout or attempt is unknown, and a batch is all or nothing: store per attempt.
+    groups: dict[tuple[str | None, str | None], list[t.Span]] = {}
+    for span in spans:
+        groups.setdefault((span.rollout_id, span.attempt_id), []).append(span)
+    rejected: list[str] = []
+    for group in groups.values():
+        try:
+            await store.add_spans(group)
+        except NotFoundError as exc:
+            rejected.extend([str(exc)] * len(group))
+    return rejected
+
+
+def _summarize(reasons: list[str], limit: int = 5) -> str:
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    parts = [f"{n} x {reason}" if n > 1 else reason for reason, n in list(counts.items())[:limit]]
+    if len(counts) > limit:
+        parts.append(f"and {len(counts) - limit} more reasons")
+    return "; ".join(parts)
+
+
+def _otlp_error(fmt: str, status: int, message: str) -> Response:
+    code = {413: otlp.RESOURCE_EXHAUSTED, 503: otlp.UNAVAILABLE}.get(status, otlp.INVALID_ARGUMENT)
+    type_ = {413: "RequestTooLarge", 415: "UnsupportedMediaType", 503: "StoreUnavailableError"}.get(
+        status, "SchemaError"
+    )
+    return Response(otlp.encode_status(fmt, code, message, type_), status_code=status, media_type=fmt)
+
+
+# -- OpenAPI --------------------------------------------------------------------------------------
+
+
+def _json_body(schema_name: str) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{schema_name}"}
+    return {"requestBody": {"required": True, "content": {_JSON: {"schema": ref}}}}
+
+
+def _add_openapi(app: FastAPI, *, secured: bool) -> None:
+    """OpenAPI with the raw-body routes' request schemas and, with a token, bearer security."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+                separate_input_output_schemas=False,
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            extra = w.AddSpansRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in extra.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components["AddSpansRequest"] = extra
+            if secured:
+                schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+                schema["security"] = [{"bearer": []}]
+                for path in OPEN_PATHS & set(schema.get("paths", {})):
+                    for operation in schema["paths"][path].values():
+                        operation["security"] = []
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
