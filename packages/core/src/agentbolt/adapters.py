@@ -149,7 +149,8 @@ class SpanRecorder:
         self._logged: set[str] = set()
         self.errors = 0
 
-    def _guard(self, what: str, exc: BaseException) -> None:
+    def guard(self, what: str, exc: BaseException) -> None:
+        """Count and log (once per kind) an error of the adapter's own translation code."""
         self.errors += 1
         kind = f"{what}:{type(exc).__name__}"
         if kind not in self._logged:
@@ -180,7 +181,7 @@ class SpanRecorder:
             with self._lock:
                 self._open[key] = _Open(ctx, os.urandom(8).hex(), trace_id, parent_span, record)
         except Exception as exc:
-            self._guard("start", exc)
+            self.guard("start", exc)
 
     def update(self, key: Hashable, attributes: Mapping[str, Any]) -> None:
         """Add attributes to an open unit (e.g. the response id once the LLM answered)."""
@@ -190,7 +191,7 @@ class SpanRecorder:
             if unit is not None:
                 unit.record.attributes.update({k: v for k, v in attributes.items() if v is not None})
         except Exception as exc:
-            self._guard("update", exc)
+            self.guard("update", exc)
 
     def end(
         self,
@@ -199,8 +200,10 @@ class SpanRecorder:
         attributes: Mapping[str, Any] | None = None,
         error: BaseException | str | None = None,
         end_ns: int | None = None,
+        name: str | None = None,
     ) -> t.Span | None:
-        """A unit ended: emit its span (status ERROR with the error when given)."""
+        """A unit ended: emit its span (status ERROR with the error when given; ``name``
+        renames it, for units whose name is known only at the end)."""
         try:
             with self._lock:
                 unit = self._open.pop(key, None)
@@ -237,7 +240,7 @@ class SpanRecorder:
                 trace_id=unit.trace_id,
                 span_id=unit.span_id,
                 parent_span_id=unit.parent_span_id,
-                name=unit.record.name,
+                name=name or unit.record.name,
                 kind=t.SpanKind.CLIENT if unit.record.kind == semconv.KIND_LLM else t.SpanKind.INTERNAL,
                 start_time_ns=unit.record.start_ns,
                 end_time_ns=end_ns or time.time_ns(),
@@ -249,7 +252,7 @@ class SpanRecorder:
             unit.ctx.record(span)
             return span
         except Exception as exc:
-            self._guard("end", exc)
+            self.guard("end", exc)
             return None
 
     def span_id_of(self, key: Hashable) -> str | None:
@@ -285,7 +288,9 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(v, str | bool | int | float):
             out[k] = v
-        elif (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)) or (isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        elif (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)) or (
+            isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        ):
             out[k] = list(v)
         else:
             out[k] = json.dumps(v, default=str)[:65536]

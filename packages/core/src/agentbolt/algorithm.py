@@ -310,7 +310,7 @@ def summarize(
     prompt_tokens = response_tokens = 0
     for span_list in spans.values():
         for s in span_list:
-            if s.attributes.get(semconv.SPAN_KIND_ATTR) != semconv.KIND_LLM:
+            if semconv.TOKEN_SOURCE not in s.attributes:  # only the gateway's spans are calls (adapters' join them)
                 continue
             sources[str(s.attributes.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING))] += 1
             prompt_tokens += len(s.attributes.get(semconv.PROMPT_TOKEN_IDS, ())) or int(

@@ -33,6 +33,9 @@ GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
 GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 """JSON-encoded list of input messages."""
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
@@ -117,6 +120,11 @@ KIND_OBSERVATION: Final = "observation"
 KIND_OBJECT: Final = "object"
 KIND_EXCEPTION: Final = "exception"
 KIND_OPERATION: Final = "operation"
+KIND_HANDOFF: Final = "handoff"
+
+# Handoffs between agents (adapters for frameworks that have them).
+HANDOFF_FROM_AGENT: Final = "agentbolt.handoff.from_agent"
+HANDOFF_TO_AGENT: Final = "agentbolt.handoff.to_agent"
 
 # Span names written by agentbolt itself.
 SPAN_LLM_CALL: Final = "agentbolt.llm"

@@ -65,9 +65,12 @@ class RolloutContext:
     """Rewards emitted so far: (primary value, marked final)."""
 
     def record(self, span: t.Span) -> None:
-        """Queue a span of this rollout (sets its rollout and attempt ids)."""
-        if self.sink is not None:
-            self.sink.put(span.model_copy(update={"rollout_id": self.rollout_id, "attempt_id": self.attempt_id}))
+        """Queue a span of this rollout (sets its rollout and attempt ids unless already set)."""
+        if self.sink is None:
+            return
+        if span.rollout_id != self.rollout_id or span.attempt_id != self.attempt_id:
+            span = span.model_copy(update={"rollout_id": self.rollout_id, "attempt_id": self.attempt_id})
+        self.sink.put(span)
 
     @property
     def final_reward(self) -> float | None:

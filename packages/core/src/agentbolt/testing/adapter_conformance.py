@@ -207,10 +207,11 @@ class AdapterConformance:
         def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("recorder failure injected by the conformance suite")
 
+        before = adapter.recorder.errors  # a recorder may be shared process-wide
         monkeypatch.setattr("agentbolt.adapters._clean", broken)
         run = self.run_dev(tasks=list(self.tasks())[:2])
         assert all(r.status is t.RolloutStatus.SUCCEEDED for r in run.rollouts)
-        assert adapter.recorder.errors > 0
+        assert adapter.recorder.errors > before
 
     def test_supported_versions_are_checked(self, monkeypatch: pytest.MonkeyPatch) -> None:
         adapter = self.make_adapter()
