@@ -214,7 +214,7 @@ class SpanRecorder:
             attrs[semconv.SPAN_KIND_ATTR] = unit.record.kind
             attrs.setdefault(semconv.GEN_AI_OPERATION_NAME, _KINDS.get(unit.record.kind, unit.record.kind))
             attrs.pop(semconv.TOKEN_SOURCE, None)  # only the gateway states token provenance
-            attrs["agentbolt.adapter"] = self.adapter
+            attrs[semconv.ADAPTER] = self.adapter
             status = t.SpanStatus()
             events: list[t.SpanEvent] = []
             if error is not None:
@@ -257,9 +257,15 @@ class SpanRecorder:
 
     def span_id_of(self, key: Hashable) -> str | None:
         """The span id given to an open unit (to link framework ids to spans)."""
+        context = self.context_of(key)
+        return None if context is None else context[1]
+
+    def context_of(self, key: Hashable) -> tuple[str, str] | None:
+        """(trace id, span id) of an open unit, e.g. to make it the OpenTelemetry parent of the
+        framework's own spans."""
         with self._lock:
             unit = self._open.get(key)
-        return None if unit is None else unit.span_id
+        return None if unit is None else (unit.trace_id, unit.span_id)
 
     def discard_all(self) -> None:
         """Forget open units (at uninstrument)."""

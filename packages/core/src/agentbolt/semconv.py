@@ -108,6 +108,8 @@ OBJECT_TYPE: Final = "agentbolt.object.type"
 OPERATION_NAME: Final = "agentbolt.operation.name"
 OPERATION_INPUT: Final = "agentbolt.operation.input"
 OPERATION_OUTPUT: Final = "agentbolt.operation.output"
+ADAPTER: Final = "agentbolt.adapter"
+"""Name of the framework adapter that recorded (or marked) a span."""
 SPAN_KIND_ATTR: Final = "agentbolt.span.kind"
 """Our classification of a span: one of the ``KIND_*`` values below."""
 

@@ -53,7 +53,7 @@ class AdapterRun:
 
     def adapter_spans(self, rollout_id: str | None = None) -> list[t.Span]:
         rids = [rollout_id] if rollout_id else list(self.spans)
-        return [s for r in rids for s in self.spans[r] if "agentbolt.adapter" in s.attributes]
+        return [s for r in rids for s in self.spans[r] if semconv.ADAPTER in s.attributes]
 
     def gateway_spans(self, rollout_id: str) -> list[t.Span]:
         return [s for s in self.spans[rollout_id] if semconv.TOKEN_SOURCE in s.attributes]
@@ -68,6 +68,8 @@ class AdapterConformance:
     """Agent names the transitions of :meth:`make_agent`'s runs must carry."""
     llm_calls_per_rollout: ClassVar[int | None] = None
     """Exact LLM calls per rollout, when the scripted agent makes a fixed number."""
+    roots_per_rollout: ClassVar[int] = 1
+    """Top-level framework runs :meth:`make_agent` makes per rollout (each is one tree)."""
 
     def make_adapter(self) -> Adapter:
         raise NotImplementedError
@@ -150,8 +152,18 @@ class AdapterConformance:
             kinds = {s.attributes.get(semconv.SPAN_KIND_ATTR) for s in own}
             assert semconv.KIND_AGENT in kinds and semconv.KIND_LLM in kinds, kinds
             roots = [s for s in own if s.parent_span_id not in ids]
-            assert len({s.trace_id for s in own}) == 1, "one rollout's framework run is one trace"
-            assert len(roots) == 1, f"expected one root, got {[s.name for s in roots]}"
+            assert len(roots) == self.roots_per_rollout, (
+                f"expected {self.roots_per_rollout} root(s), got {[s.name for s in roots]}"
+            )
+            for root in roots:  # each framework run is one trace
+                tree = {root.span_id}
+                grew = True
+                while grew:
+                    new = {s.span_id for s in own if s.parent_span_id in tree} - tree
+                    tree |= new
+                    grew = bool(new)
+                assert {s.trace_id for s in own if s.span_id in tree} == {root.trace_id}
+            assert sum(1 for s in own if s.parent_span_id in ids or s in roots) == len(own)
             for s in own:
                 assert s.attempt_id == rollout.current_attempt_id
 

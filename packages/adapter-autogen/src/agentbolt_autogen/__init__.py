@@ -1,0 +1,18 @@
+"""agentbolt-autogen: AutoGen AgentChat runs as agentbolt spans, with no change to the agent.
+
+Runners instrument the adapter automatically when this package is installed; to do it by
+hand (a notebook, a custom runner)::
+
+    from agentbolt_autogen import AutogenAdapter
+
+    adapter = AutogenAdapter()
+    adapter.instrument()      # idempotent; uninstrument() undoes it
+
+Importing this package is cheap: AutoGen is imported when the adapter is instrumented.
+"""
+
+from __future__ import annotations
+
+from .adapter import AutogenAdapter
+
+__all__ = ["AutogenAdapter"]
