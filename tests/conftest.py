@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from agentbolt.testing.postgres import ENV_URL, find_postgres_bindir, throwaway_postgres
 
 

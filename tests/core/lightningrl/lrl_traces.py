@@ -203,7 +203,10 @@ class Trace:
             attrs[semconv.REWARD_DIMENSIONS] = json.dumps(dimensions)
         if primary is not None:
             attrs[semconv.REWARD_PRIMARY] = primary
-        return self.add(Span.create(semconv.SPAN_REWARD, attributes=attrs), attempt_id=attempt_id)
+        span = Span.create(semconv.SPAN_REWARD, attributes={k: v for k, v in attrs.items() if v == v})
+        if any(v != v for v in attrs.values()):  # NaN: only a foreign writer could store it; bypass validation
+            span = span.model_construct(**{**dict(span), "attributes": attrs})
+        return self.add(span, attempt_id=attempt_id)
 
     def final(self, value: float) -> Span:
         """The runner's final reward (no attempt id, as written outside the attempt)."""

@@ -333,3 +333,29 @@ def test_extraction_does_not_depend_on_input_order(rnd: random.Random, n: int) -
     assert [c.span_ids for c in a.calls] == [c.span_ids for c in b.calls]
     assert a.step_rewards == b.step_rewards and a.final_reward == b.final_reward
     assert len(a.calls) == n
+
+
+def test_spans_without_response_ids_join_by_order() -> None:
+    # Streamed calls through some clients leave the framework's LLM span without a response id:
+    # with as many such spans as unjoined gateway calls, they pair in order (and say so).
+    tr = Trace()
+    writer = tr.agent("writer")
+    tr.framework_llm(None, parent=writer)
+    tr.llm([1, 2], [3])
+    checker = tr.agent("checker")
+    tr.framework_llm(None, parent=checker)
+    tr.llm([1, 2, 3, 4], [5])
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert [c.agent_name for c in ep.calls] == ["writer", "checker"]
+    assert ep.notes["joined_by_order"] == 2
+
+
+def test_order_join_refuses_ambiguous_counts() -> None:
+    tr = Trace()
+    writer = tr.agent("writer")
+    tr.framework_llm(None, parent=writer)
+    tr.llm([1, 2], [3])
+    tr.llm([1, 2, 3, 4], [5])  # two gateway calls, one anonymous framework span: no guessing
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert "joined_by_order" not in ep.notes
+    assert ep.notes["unjoined_without_response_id"] == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import importlib.metadata
 import logging
+import math
 import os
 import threading
 import time
@@ -27,6 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from opentelemetry import trace as otel_trace
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -234,7 +236,9 @@ class SpanRecorder:
                             },
                         )
                     )
-            span = t.Span(
+            # Attributes went through _clean (primitives, lists of str/int, finite floats only), so the
+            # span is built without re-validating it: adapters run inside the agent's hot path.
+            span = t.Span.model_construct(
                 rollout_id=unit.ctx.rollout_id,
                 attempt_id=unit.ctx.attempt_id,
                 trace_id=unit.trace_id,
@@ -247,7 +251,11 @@ class SpanRecorder:
                 status=status,
                 attributes=_clean(attrs),
                 events=events,
+                links=[],
+                resource={},
                 scope=f"agentbolt.adapter.{self.adapter}",
+                schema_version=semconv.SCHEMA_VERSION,
+                seq=None,
             )
             unit.ctx.record(span)
             return span
@@ -274,11 +282,7 @@ class SpanRecorder:
 
 
 def _otel_parent() -> tuple[str | None, str | None]:
-    try:
-        from opentelemetry import trace
-    except ImportError:  # pragma: no cover
-        return None, None
-    ctx = trace.get_current_span().get_span_context()
+    ctx = otel_trace.get_current_span().get_span_context()
     if not ctx.is_valid:
         return None, None
     return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
@@ -292,7 +296,9 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in attrs.items():
         if v is None:
             continue
-        if isinstance(v, str | bool | int | float):
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = str(v)
+        elif isinstance(v, str | bool | int | float):
             out[k] = v
         elif (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)) or (
             isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)

@@ -260,6 +260,12 @@ class Runner:
             await self._sink.close()
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
+            for adapter in self.adapters:
+                try:
+                    adapter.uninstrument()
+                except Exception as exc:  # never let cleanup hide the run's outcome
+                    log.warning("uninstrumenting the %s adapter failed: %s", adapter.name, exc)
+            self.adapters = []
         return self.stats
 
     async def _claim_loop(self) -> None:

@@ -463,6 +463,25 @@ def _group_calls(
                 joined[g.span_id] = cluster_of[parent.span_id]
                 notes["joined_by_parent"] += 1
                 break
+    # Last resort, for framework LLM spans that carry no response id at all (e.g. streamed calls
+    # through langchain-openai): pair the remaining gateway calls and such spans by their order,
+    # each list by its own start times, only when the counts match. Counted in the report.
+    used_roots = set(joined.values())
+    open_gateways = sorted((g for g in gateways if g.span_id not in joined), key=lambda g: g.start_time_ns)
+    anonymous = sorted(
+        (
+            root
+            for root, members in clusters.items()
+            if root not in used_roots and all(_response_id(m) is None for m in members)
+        ),
+        key=lambda root: min(m.start_time_ns for m in clusters[root]),
+    )
+    if open_gateways and len(open_gateways) == len(anonymous):
+        for g, root in zip(open_gateways, anonymous, strict=True):
+            joined[g.span_id] = root
+            notes["joined_by_order"] += 1
+    elif open_gateways and anonymous:
+        notes["unjoined_without_response_id"] += len(anonymous)
 
     out: list[tuple[int, Span | None, tuple[Span, ...]]] = [
         (position[g.span_id], g, tuple(clusters[joined[g.span_id]]) if g.span_id in joined else ()) for g in gateways
