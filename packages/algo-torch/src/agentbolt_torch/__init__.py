@@ -1,1 +1,67 @@
-"""agentbolt-torch."""
+"""agentbolt-torch: single-process RL for small models on CPU or one GPU.
+
+The pieces, each usable on its own:
+
+- :mod:`~agentbolt_torch.models`: load a Hugging Face directory or the bundled SmolLM2
+  (``"smollm2"``), or build a tiny random model for tests (``"tiny"``);
+- :class:`~agentbolt_torch.policy.Policy`: the model being trained, its tokenizer, version and
+  the lock shared by generation and updates (optionally with LoRA adapters);
+- :class:`~agentbolt_torch.engine.GenerationEngine`: continuous-batching sampler with exact
+  token ids and logprobs;
+- :class:`~agentbolt_torch.server.PolicyServer`: the OpenAI-compatible HTTP server over it;
+- :class:`~agentbolt_torch.update.PolicyUpdater`: PPO-clip / GRPO update from transitions,
+  checkpoints;
+- :mod:`~agentbolt_torch.metrics`: JSONL metrics, progress, reward/accuracy curves.
+
+Importing this package is cheap; torch and transformers load when a name below is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "Completion",
+    "GenerationEngine",
+    "LoraSettings",
+    "MetricsLogger",
+    "Policy",
+    "PolicyServer",
+    "PolicyUpdater",
+    "SamplingParams",
+    "UpdateConfig",
+    "UpdateMetrics",
+    "load_model",
+    "plot_curves",
+    "tiny_model",
+]
+
+_LAZY = {
+    "Completion": "engine",
+    "GenerationEngine": "engine",
+    "SamplingParams": "engine",
+    "LoraSettings": "policy",
+    "Policy": "policy",
+    "PolicyServer": "server",
+    "PolicyUpdater": "update",
+    "UpdateConfig": "update",
+    "UpdateMetrics": "update",
+    "MetricsLogger": "metrics",
+    "plot_curves": "metrics",
+    "load_model": "models",
+    "tiny_model": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentbolt_torch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

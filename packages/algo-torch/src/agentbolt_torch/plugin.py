@@ -1,1 +1,19 @@
-"""Plugin entry module: registers agentbolt-torch's algorithm (cheap to import)."""
+"""Plugin entry module: registers agentbolt-torch's algorithm (cheap to import: torch loads later)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentbolt import hookimpl
+from agentbolt.hookspecs import Register
+
+
+def _torch_grpo(**config: Any) -> Any:
+    from .algorithm import TorchGRPO
+
+    return TorchGRPO(**config)
+
+
+@hookimpl
+def agentbolt_register_algorithms(register: Register) -> None:
+    register("torch-grpo", _torch_grpo)

@@ -1,0 +1,1065 @@
+"""Batched generation from the policy being trained (the engine behind the policy server).
+
+Design (continuous batching, one engine thread):
+
+- Requests are submitted from any thread (the HTTP server's event loop, a test, an evaluation
+  loop) and queue up. When the engine is idle it waits ``batch_window_s`` after the first
+  arrival so that concurrent requests start together.
+- New requests are **prefilled** together: prompts are left-padded into one batch (chunked by
+  ``max_prefill_tokens``), run once with a fresh KV cache, and a request with ``n > 1`` is
+  prefilled once and its cache rows repeated ``n`` times.
+- The prefilled rows **join the running batch** between decode steps: the two KV caches are
+  left-padded to the same length and concatenated, so requests that arrive while others are
+  generating do not wait for them to finish. Position ids always come from the attention mask
+  (``cumsum - 1`` over real tokens), so padding never shifts positions.
+- Each **decode step** feeds every active row its last sampled token. Rows carry their own
+  ``max_tokens``, temperature, top-p, top-k, stop strings, stop token ids and seed. A row that
+  finishes (eos, stop string, stop token, ``max_tokens``, cancellation) is dropped from the
+  batch and its KV cache immediately, so it stops consuming compute; leading padding columns
+  that no active row needs any more are trimmed.
+- Every forward pass runs under :attr:`Policy.lock <agentbolt_torch.policy.Policy.lock>`, in
+  ``torch.inference_mode`` and the policy's autocast, so an update never races generation.
+  :meth:`GenerationEngine.pause` additionally stops admitting requests and, by default, drains
+  the in-flight ones, so every response is sampled by a single policy version.
+- With bf16/fp16 autocast, the weights of every ``nn.Linear`` are cast to the autocast dtype
+  **once per policy version** (not on every decode step, which is what autocast alone would do
+  and which doubles decode time on CPU) and the forward runs through
+  ``torch.func.functional_call`` with those casts. The numerics are bit-identical to autocast
+  over the fp32 weights (the same rounding, the same kernels); the copies are rebuilt whenever
+  the updater marks the weights changed (:meth:`Policy.mark_weights_changed`) or the version
+  changes. Embeddings and norms stay fp32.
+
+CPU notes: one forward pass per decode step serves the whole batch, so throughput grows almost
+linearly with concurrent requests (SmolLM2-135M, fp32, 2 cores without bf16 units: about 18
+tokens/s for one request, 87 for 16, 137 for 32; ``benchmarks/torch_policy.py``). PyTorch's
+OpenMP threads spin while waiting; when other processes (agents, runners) compete for the same
+few cores, ``torch.set_num_threads(1)`` or ``OMP_WAIT_POLICY=PASSIVE`` can be several times
+faster than the default.
+
+Logprob convention (``logprobs_mode``):
+
+- ``"raw"`` (default): the reported logprob of a sampled token is ``log_softmax(logits)`` of the
+  **unmodified policy** (temperature 1, no top-p/top-k truncation), i.e. log pi_theta(a|s). This
+  is exactly what :mod:`agentbolt_torch.update` recomputes for the PPO importance ratio, so on
+  policy the ratio is 1 up to numerical noise. When the request samples at temperature 1 with
+  top_p = 1 and top_k = 0 (the recommended RL setting), this is also the distribution the token
+  was drawn from. ``top_logprobs`` use the same distribution.
+- ``"processed"``: the logprob under the distribution actually sampled from (logits divided by
+  the temperature, then top-k/top-p truncated and renormalized; greedy gives 0.0). Use it with
+  :attr:`UpdateConfig.logit_temperature <agentbolt_torch.update.UpdateConfig.logit_temperature>`
+  equal to the sampling temperature and no truncation, otherwise the ratio is not on-policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentbolt.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .policy import Policy
+
+__all__ = [
+    "Completion",
+    "EngineStats",
+    "Finished",
+    "GenerationEngine",
+    "RequestHandle",
+    "SamplingParams",
+    "TokenStep",
+]
+
+logger = logging.getLogger(__name__)
+
+LogprobsMode = Literal["raw", "processed"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings (one request may ask for ``n`` samples of one prompt)."""
+
+    max_tokens: int | None = None
+    """Most tokens to generate; ``None`` means the engine's ``default_max_tokens``. Always capped
+    by the context length."""
+    temperature: float = 1.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 or -1 disables."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends when the text contains one; the text is cut before it."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end generation (the token is kept in ``token_ids``)."""
+    ignore_eos: bool = False
+    """Keep generating past the eos token (benchmarks)."""
+    seed: int | None = None
+    """Seed of this request's sampler: the same seed and prompt give the same tokens."""
+    top_logprobs: int = 0
+    """How many most likely alternatives to return per token (0: only the sampled token's)."""
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string at the end of the text."""
+    skip_special_tokens: bool = True
+    """Leave special tokens (eos, ``<|im_end|>``) out of the text (they stay in ``token_ids``)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UserError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise UserError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_logprobs < 0 or self.top_logprobs > 20:
+            raise UserError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
+        if any(not s for s in self.stop):
+            raise UserError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        """True for temperature 0."""
+        return self.temperature <= 1e-5
+
+
+@dataclass
+class TokenStep:
+    """One generated token of one choice (streamed as it is sampled)."""
+
+    choice: int
+    """Choice index within the request (0..n-1)."""
+    token_id: int
+    """The sampled token."""
+    logprob: float
+    """Its logprob (see the module's logprob convention)."""
+    top_logprobs: list[tuple[int, float]] | None
+    """The most likely alternatives ``(token_id, logprob)``, when requested."""
+    text: str
+    """Text that became final with this token (may be empty: an incomplete UTF-8 character or
+    a possible stop-string prefix is held back)."""
+
+
+@dataclass
+class Completion:
+    """The final output of one choice."""
+
+    index: int
+    """Choice index within the request."""
+    token_ids: list[int]
+    """Every generated token id, including a final eos or stop token."""
+    logprobs: list[float]
+    """One logprob per entry of ``token_ids``."""
+    top_logprobs: list[list[tuple[int, float]]] | None
+    """Per token, the requested most likely alternatives; ``None`` when not requested."""
+    text: str
+    """Decoded text (special tokens skipped, cut before a matched stop string)."""
+    finish_reason: str
+    """``stop`` (eos, stop string or stop token), ``length`` or ``abort`` (cancelled/failed)."""
+    stop_reason: str | int | None
+    """The matched stop string or stop token id; ``None`` for eos and other reasons."""
+    policy_version: int
+    """Policy version when the choice was admitted."""
+
+
+@dataclass
+class Finished:
+    """A choice finished; ``text`` is the final piece of text not streamed before."""
+
+    choice: int
+    output: Completion
+    text: str
+
+
+class RequestHandle:
+    """A submitted request: await its events or result from asyncio, or wait from a thread."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, n: int, engine: GenerationEngine) -> None:
+        self.request_id = next(self._ids)
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.n = n
+        self.policy_version: int | None = None
+        """Policy version at admission (set when the request starts generating)."""
+        self.outputs: list[Completion | None] = [None] * n
+        self.error: BaseException | None = None
+        self.submitted_at = time.monotonic()
+        self.admitted_at: float | None = None
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._pending: collections.deque[TokenStep | Finished] = collections.deque()
+        self._finished = 0
+        self._done = threading.Event()
+        self._admitted = threading.Event()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._async_wakeup = asyncio.Event() if self._loop is not None else None
+
+    # -- engine side ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._loop is not None and self._async_wakeup is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening
+                self._loop.call_soon_threadsafe(self._async_wakeup.set)
+
+    def _admit(self, version: int) -> None:
+        self.policy_version = version
+        self.admitted_at = time.monotonic()
+        self._admitted.set()
+        self._notify()
+
+    def _emit(self, event: TokenStep | Finished) -> None:
+        with self._lock:
+            self._pending.append(event)
+            if isinstance(event, Finished):
+                self.outputs[event.choice] = event.output
+                self._finished += 1
+                if self._finished == self.n:
+                    self._done.set()
+        self._notify()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self.error = exc
+            self._done.set()
+            self._admitted.set()
+        self._notify()
+
+    # -- consumer side ---------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """True once every choice finished (or the request failed)."""
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop generating; unfinished choices end with ``finish_reason="abort"``."""
+        self._engine._cancel(self)
+
+    async def admitted(self) -> int:
+        """Wait until the request starts generating; returns its policy version."""
+        while not self._admitted.is_set():
+            await self._wait_async()
+        if self.error is not None:
+            raise self.error
+        assert self.policy_version is not None
+        return self.policy_version
+
+    async def _wait_async(self) -> None:
+        assert self._async_wakeup is not None, "the request was submitted outside an event loop"
+        await self._async_wakeup.wait()
+        self._async_wakeup.clear()
+
+    async def events(self) -> AsyncIterator[TokenStep | Finished]:
+        """Yield token steps and finish events until every choice is done."""
+        seen_finished = 0
+        while True:
+            with self._lock:
+                batch = list(self._pending)
+                self._pending.clear()
+                error = self.error
+            for event in batch:
+                yield event
+                if isinstance(event, Finished):
+                    seen_finished += 1
+            if seen_finished == self.n:
+                return
+            if error is not None:
+                raise error
+            if not batch:
+                await self._wait_async()
+
+    async def result(self) -> list[Completion]:
+        """Wait for every choice and return them in order."""
+        async for _ in self.events():
+            pass
+        return self._collect()
+
+    def wait(self, timeout: float | None = None) -> list[Completion]:
+        """Block the calling thread until done (the sync counterpart of :meth:`result`)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} not finished after {timeout} s")
+        return self._collect()
+
+    def _collect(self) -> list[Completion]:
+        if self.error is not None:
+            raise self.error
+        return [o for o in self.outputs if o is not None]
+
+
+@dataclass
+class EngineStats:
+    """Counters of the engine (a snapshot; see :attr:`GenerationEngine.stats`)."""
+
+    requests: int = 0
+    """Requests admitted."""
+    sequences: int = 0
+    """Choices admitted (a request with ``n=4`` counts 4)."""
+    prefill_batches: int = 0
+    """Prefill forward passes."""
+    decode_steps: int = 0
+    """Decode forward passes."""
+    prompt_tokens: int = 0
+    """Prompt tokens prefilled (each prompt once, even with ``n > 1``)."""
+    generated_tokens: int = 0
+    """Tokens sampled."""
+    max_batch_rows: int = 0
+    """Most sequences in one decode step."""
+    max_batch_requests: int = 0
+    """Most distinct requests in one forward pass (prefill or decode): > 1 means requests were batched."""
+    max_prefill_requests: int = 0
+    """Most distinct requests prefilled together."""
+    busy_s: float = 0.0
+    """Seconds spent in forward passes and sampling."""
+
+    def as_dict(self) -> dict[str, float]:
+        """The counters as a dict."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Row:
+    handle: RequestHandle
+    choice: int
+    params: SamplingParams
+    max_tokens: int
+    generator: torch.Generator | None
+    version: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] | None = None
+    text: str = ""
+    emitted: int = 0
+    prefix_offset: int = 0
+    read_offset: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class GenerationEngine:
+    """Continuous-batching sampler over a :class:`~agentbolt_torch.policy.Policy` (see the module doc).
+
+    Args:
+        policy: the shared policy (model, tokenizer, version, lock).
+        max_batch_size: most sequences generated together; further requests queue.
+        batch_window_s: when idle, how long to wait after the first request for others to
+            arrive before starting (0 starts at once).
+        max_prefill_tokens: padded-token budget of one prefill forward pass.
+        default_max_tokens: ``max_tokens`` of requests that do not set it.
+        logprobs_mode: ``"raw"`` (default) or ``"processed"``; see the module doc.
+        seed: seed of the sampler used by requests without their own ``seed``.
+        cast_weights: cache the autocast-dtype copies of the linear weights per policy version
+            (see the module doc); ``False`` lets autocast cast them on every forward pass.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_batch_size: int = 32,
+        batch_window_s: float = 0.02,
+        max_prefill_tokens: int = 8192,
+        default_max_tokens: int = 512,
+        logprobs_mode: LogprobsMode = "raw",
+        seed: int | None = 0,
+        cast_weights: bool = True,
+    ) -> None:
+        import torch
+
+        if logprobs_mode not in ("raw", "processed"):
+            raise UserError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.max_prefill_tokens = max_prefill_tokens
+        self.default_max_tokens = default_max_tokens
+        self.logprobs_mode: LogprobsMode = logprobs_mode
+        self._rng = random.Random(seed)
+        self._generator = torch.Generator(device=policy.device)
+        self._generator.manual_seed(self._rng.getrandbits(63))
+        self._eos = set(policy.eos_token_ids)
+        self._cv = threading.Condition()
+        self._queue: collections.deque[RequestHandle] = collections.deque()
+        self._cancelled: set[RequestHandle] = set()
+        self._rows: list[_Row] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+        self._next: torch.Tensor | None = None
+        self._admit_paused = False
+        self._frozen = False
+        self._parked = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._stats = EngineStats()
+        low_precision = policy.autocast_dtype in (torch.bfloat16, torch.float16)
+        self._cast_weights = cast_weights and low_precision
+        self._cast: dict[str, torch.Tensor] | None = None
+        self._cast_key: tuple[int, int] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> GenerationEngine:
+        """Start the engine thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="agentbolt-generation", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the engine; unfinished requests end with ``finish_reason="abort"``."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for handle in list(self._queue):
+            self._abort_handle(handle)
+        self._queue.clear()
+        self._cast = None
+
+    def __enter__(self) -> GenerationEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters."""
+        return EngineStats(**self._stats.as_dict())
+
+    def reset_stats(self) -> None:
+        """Zero the counters."""
+        self._stats = EngineStats()
+
+    @property
+    def num_active(self) -> int:
+        """Sequences generating now."""
+        return len(self._rows)
+
+    @property
+    def num_queued(self) -> int:
+        """Requests waiting for admission."""
+        return len(self._queue)
+
+    # -- submission ----------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1) -> RequestHandle:
+        """Queue a request for ``n`` samples of ``prompt_ids``; returns at once.
+
+        Raises:
+            UserError: empty prompt, a prompt that fills the context, or a bad ``n``.
+        """
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise UserError("the prompt is empty")
+        if n < 1 or n > 128:
+            raise UserError(f"n must be between 1 and 128, got {n}")
+        limit = self.policy.max_model_len
+        if len(prompt_ids) >= limit:
+            raise UserError(
+                f"the prompt has {len(prompt_ids)} tokens; the model's context length is {limit}, "
+                "which leaves no room to generate"
+            )
+        vocab = self.policy.base_model.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise UserError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        if self._thread is None:
+            raise UserError("the generation engine is not started; call start() first")
+        handle = RequestHandle(prompt_ids, params, n, self)
+        with self._cv:
+            self._queue.append(handle)
+            self._cv.notify_all()
+        return handle
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        n: int = 1,
+        timeout: float | None = None,
+    ) -> list[Completion]:
+        """Submit and wait (blocking; for use from threads, not from an event loop)."""
+        return self.submit(prompt_ids, params, n).wait(timeout)
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._cv:
+            if not handle.done:
+                self._cancelled.add(handle)
+                self._cv.notify_all()
+
+    # -- pause / resume ------------------------------------------------------------------------
+
+    def pause(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop admitting new requests (they wait in the queue) and wait until generation is idle.
+
+        With ``drain=True`` in-flight requests finish first; with ``drain=False`` they are
+        suspended between two decode steps and continue after :meth:`resume` (their later tokens
+        then come from the updated weights).
+
+        Raises:
+            TimeoutError: generation did not become idle within ``timeout`` seconds (the engine
+                stays paused; call :meth:`resume`).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._admit_paused = True
+            if not drain:
+                self._frozen = True
+            self._cv.notify_all()
+            while self._thread is not None and not (self._parked and (not drain or not self._rows)):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"generation still busy after {timeout} s ({len(self._rows)} sequences)")
+                self._cv.wait(remaining)
+
+    def resume(self) -> None:
+        """Admit requests again after :meth:`pause`."""
+        with self._cv:
+            self._admit_paused = False
+            self._frozen = False
+            self._cv.notify_all()
+
+    @property
+    def is_paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return self._admit_paused
+
+    @contextlib.contextmanager
+    def paused(self, *, drain: bool = True, timeout: float | None = None) -> Iterator[None]:
+        """``with engine.paused(): updater.update(...)`` — no generation runs inside the block."""
+        self.pause(drain=drain, timeout=timeout)
+        try:
+            yield
+        finally:
+            self.resume()
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    new = self._wait_for_work()
+                    if new is None:
+                        break
+                try:
+                    if new:
+                        self._prefill(new)
+                    if self._rows:
+                        self._decode_step()
+                except Exception as exc:  # a failed forward pass fails the requests it served
+                    logger.exception("generation failed; failing %d in-flight sequences", len(self._rows))
+                    handles = {row.handle for row in self._rows} | set(new or ())
+                    with self._cv:
+                        self._reset_batch()
+                    for handle in handles:
+                        if not handle.done:
+                            handle._fail(exc)
+        with self._cv:
+            for handle in {row.handle for row in self._rows}:
+                self._abort_handle(handle)
+            self._reset_batch()
+            self._parked = True
+            self._cv.notify_all()
+
+    def _wait_for_work(self) -> list[RequestHandle] | None:
+        """Under ``self._cv``: block until there is something to do; returns requests to admit."""
+        while True:
+            self._handle_cancellations()
+            if self._stopping:
+                return None
+            can_admit = not self._admit_paused and bool(self._queue)
+            can_step = bool(self._rows) and not self._frozen
+            if can_admit or can_step:
+                break
+            self._parked = True
+            self._cv.notify_all()
+            self._cv.wait()
+        self._parked = False
+        if not self._rows and self.batch_window_s > 0 and not self._admit_paused:
+            deadline = time.monotonic() + self.batch_window_s
+            while not self._stopping and not self._admit_paused and self._queued_sequences() < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+            self._handle_cancellations()
+        if self._admit_paused:
+            return []
+        admitted: list[RequestHandle] = []
+        active = len(self._rows)
+        while self._queue:
+            handle = self._queue[0]
+            if active > 0 and active + handle.n > self.max_batch_size:
+                break
+            admitted.append(self._queue.popleft())
+            active += handle.n
+        return admitted
+
+    def _queued_sequences(self) -> int:
+        return sum(h.n for h in self._queue)
+
+    def _handle_cancellations(self) -> None:
+        if not self._cancelled:
+            return
+        cancelled, self._cancelled = self._cancelled, set()
+        for handle in cancelled:
+            if handle in self._queue:
+                self._queue.remove(handle)
+                self._abort_handle(handle)
+        keep = []
+        for i, row in enumerate(self._rows):
+            if row.handle in cancelled:
+                row.finish_reason = "abort"
+                self._finish_row(row)
+            else:
+                keep.append(i)
+        if len(keep) < len(self._rows):
+            self._select_rows(keep)
+
+    def _abort_handle(self, handle: RequestHandle) -> None:
+        if handle.policy_version is None:
+            handle._admit(self.policy.version)
+        for choice in range(handle.n):
+            if handle.outputs[choice] is None:
+                output = Completion(choice, [], [], None, "", "abort", None, handle.policy_version or 0)
+                handle._emit(Finished(choice, output, ""))
+
+    # -- batch state ---------------------------------------------------------------------------
+
+    def _reset_batch(self) -> None:
+        self._rows = []
+        self._cache = None
+        self._mask = None
+        self._next = None
+
+    def _select_rows(self, keep: list[int]) -> None:
+        import torch
+
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._reset_batch()
+            return
+        index = torch.tensor(keep, device=self.policy.device)
+        _cache_select(self._cache, index)
+        assert self._mask is not None and self._next is not None
+        self._mask = self._mask.index_select(0, index)
+        self._next = self._next.index_select(0, index)
+        # Drop leading columns that are padding for every remaining row.
+        used = self._mask.any(dim=0)
+        start = int(used.to(torch.int8).argmax())
+        if start > 0:
+            _cache_trim_left(self._cache, start)
+            self._mask = self._mask[:, start:]
+
+    def _merge(self, cache: Any, mask: torch.Tensor, next_tokens: torch.Tensor, rows: list[_Row]) -> None:
+        import torch
+
+        if not self._rows:
+            self._cache, self._mask, self._next, self._rows = cache, mask, next_tokens, rows
+            return
+        assert self._mask is not None and self._next is not None
+        length = max(self._mask.shape[1], mask.shape[1])
+        self._cache = _cache_concat(self._cache, self._mask.shape[1], cache, mask.shape[1], length)
+        self._mask = torch.cat([_pad_left(self._mask, length), _pad_left(mask, length)], dim=0)
+        self._next = torch.cat([self._next, next_tokens])
+        self._rows = self._rows + rows
+
+    # -- forward passes ------------------------------------------------------------------------
+
+    def _forward(self, **kwargs: Any) -> Any:
+        """One forward pass of the policy (call with the policy lock held, inside autocast)."""
+        policy = self.policy
+        if not self._cast_weights:
+            return policy.model(**kwargs)
+        import torch
+        from torch.func import functional_call
+
+        key = (policy.weights_generation, policy.version)
+        if self._cast is None or self._cast_key != key:
+            self._cast = None  # free the old copies first
+            dtype = policy.autocast_dtype
+            cast: dict[str, torch.Tensor] = {}
+            for name, module in policy.model.named_modules():
+                if isinstance(module, torch.nn.Linear):
+                    cast[f"{name}.weight"] = module.weight.detach().to(dtype)
+                    if module.bias is not None:
+                        cast[f"{name}.bias"] = module.bias.detach().to(dtype)
+            self._cast, self._cast_key = cast, key
+        return functional_call(policy.model, self._cast, args=(), kwargs=kwargs, tie_weights=False, strict=False)
+
+    def _prefill(self, handles: list[RequestHandle]) -> None:
+        import torch
+        from transformers import DynamicCache
+
+        chunks: list[list[RequestHandle]] = [[]]
+        for handle in handles:
+            chunk = chunks[-1]
+            longest = max([len(h.prompt_ids) for h in chunk] + [len(handle.prompt_ids)])
+            if chunk and longest * (len(chunk) + 1) > self.max_prefill_tokens:
+                chunks.append([handle])
+            else:
+                chunk.append(handle)
+        device = self.policy.device
+        pad = self.policy.tokenizer.pad_token_id or 0
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            length = max(len(h.prompt_ids) for h in chunk)
+            ids = torch.full((len(chunk), length), pad, dtype=torch.long, device=device)
+            mask = torch.zeros((len(chunk), length), dtype=torch.long, device=device)
+            for i, handle in enumerate(chunk):
+                ids[i, length - len(handle.prompt_ids) :] = torch.tensor(handle.prompt_ids, device=device)
+                mask[i, length - len(handle.prompt_ids) :] = 1
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            with self.policy.lock, self.policy.autocast():
+                version = self.policy.version
+                cache = DynamicCache(config=self.policy.base_model.config)
+                out = self._forward(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            logits = out.logits[:, -1, :].float()
+            repeat = [i for i, h in enumerate(chunk) for _ in range(h.n)]
+            if len(repeat) != len(chunk):
+                index = torch.tensor(repeat, device=device)
+                _cache_select(cache, index)
+                mask = mask.index_select(0, index)
+                logits = logits.index_select(0, index)
+            rows: list[_Row] = []
+            for handle in chunk:
+                handle._admit(version)
+                prompt_room = self.policy.max_model_len - len(handle.prompt_ids)
+                max_tokens = min(handle.params.max_tokens or self.default_max_tokens, prompt_room)
+                for choice in range(handle.n):
+                    rows.append(
+                        _Row(
+                            handle=handle,
+                            choice=choice,
+                            params=handle.params,
+                            max_tokens=max_tokens,
+                            generator=self._row_generator(handle.params.seed, choice),
+                            version=version,
+                        )
+                    )
+            stats = self._stats
+            stats.requests += len(chunk)
+            stats.sequences += len(rows)
+            stats.prefill_batches += 1
+            stats.prompt_tokens += sum(len(h.prompt_ids) for h in chunk)
+            stats.max_prefill_requests = max(stats.max_prefill_requests, len(chunk))
+            stats.max_batch_requests = max(stats.max_batch_requests, len(chunk))
+            tokens = self._sample_and_record(logits, rows)
+            keep = [i for i, row in enumerate(rows) if row.finish_reason is None]
+            if keep:
+                index = torch.tensor(keep, device=device)
+                if len(keep) != len(rows):
+                    _cache_select(cache, index)
+                    mask = mask.index_select(0, index)
+                self._merge(cache, mask, tokens.index_select(0, index), [rows[i] for i in keep])
+            stats.busy_s += time.perf_counter() - t0
+
+    def _decode_step(self) -> None:
+        import torch
+
+        t0 = time.perf_counter()
+        assert self._mask is not None and self._next is not None
+        batch = len(self._rows)
+        positions = self._mask.sum(dim=-1, keepdim=True)
+        mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
+        with self.policy.lock, self.policy.autocast():
+            out = self._forward(
+                input_ids=self._next[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self._mask = mask
+        logits = out.logits[:, -1, :].float()
+        stats = self._stats
+        stats.decode_steps += 1
+        stats.max_batch_rows = max(stats.max_batch_rows, batch)
+        stats.max_batch_requests = max(stats.max_batch_requests, len({id(r.handle) for r in self._rows}))
+        self._next = self._sample_and_record(logits, self._rows)
+        keep = [i for i, row in enumerate(self._rows) if row.finish_reason is None]
+        if len(keep) < batch:
+            with self._cv:
+                self._select_rows(keep)
+        stats.busy_s += time.perf_counter() - t0
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _row_generator(self, seed: int | None, choice: int) -> torch.Generator | None:
+        import torch
+
+        if seed is None:
+            return None
+        generator = torch.Generator(device=self.policy.device)
+        generator.manual_seed((int(seed) * 1_000_003 + choice) % (2**63))
+        return generator
+
+    def _sample_and_record(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """Sample one token per row from ``logits`` [rows, vocab], record it, check stops."""
+        tokens, logprobs, top = sample_tokens(
+            logits, [row.params for row in rows], [row.generator for row in rows], self._generator, self.logprobs_mode
+        )
+        token_list = tokens.tolist()
+        logprob_list = logprobs.tolist()
+        self._stats.generated_tokens += len(rows)
+        for i, row in enumerate(rows):
+            self._record(row, token_list[i], logprob_list[i], top[i] if top is not None else None)
+        return tokens
+
+    def _record(self, row: _Row, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        params = row.params
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        if params.top_logprobs > 0:
+            if row.top is None:
+                row.top = []
+            row.top.append(top or [])
+        old_len = len(row.text)
+        row.text += self._detokenize(row)
+        if not params.ignore_eos and token in self._eos:
+            row.finish_reason = "stop"
+        elif token in params.stop_token_ids:
+            row.finish_reason, row.stop_reason = "stop", token
+        if params.stop:
+            hit = _find_stop(row.text, params.stop, old_len)
+            if hit is not None:
+                pos, stop = hit
+                row.text = row.text[: pos + (len(stop) if params.include_stop_str_in_output else 0)]
+                row.finish_reason, row.stop_reason = "stop", stop
+        if row.finish_reason is None and len(row.token_ids) >= row.max_tokens:
+            row.finish_reason = "length"
+        if row.finish_reason is not None:
+            self._finish_row(row, last=(token, logprob, top))
+            return
+        safe = len(row.text) - _held_back(row.text, params.stop)
+        delta = row.text[row.emitted : safe] if safe > row.emitted else ""
+        row.emitted = max(row.emitted, safe)
+        row.handle._emit(TokenStep(row.choice, token, logprob, top if params.top_logprobs else None, delta))
+
+    def _finish_row(self, row: _Row, last: tuple[int, float, Any] | None = None) -> None:
+        if row.finish_reason != "stop" or row.stop_reason is None or isinstance(row.stop_reason, int):
+            # flush a trailing incomplete character (a stop-string cut already fixed the text)
+            row.text += self._flush_detokenizer(row)
+        output = Completion(
+            index=row.choice,
+            token_ids=list(row.token_ids),
+            logprobs=list(row.logprobs),
+            top_logprobs=[list(t) for t in row.top] if row.top is not None else None,
+            text=row.text,
+            finish_reason=row.finish_reason or "abort",
+            stop_reason=row.stop_reason,
+            policy_version=row.version,
+        )
+        tail = row.text[row.emitted :]
+        row.emitted = len(row.text)
+        if last is not None:
+            token, logprob, top = last
+            row.handle._emit(TokenStep(row.choice, token, logprob, top if row.params.top_logprobs else None, tail))
+            tail = ""
+        row.handle._emit(Finished(row.choice, output, tail))
+
+    # -- incremental detokenization (vLLM's prefix/read offsets) -------------------------------
+
+    def _detokenize(self, row: _Row) -> str:
+        tok = self.policy.tokenizer
+        skip = row.params.skip_special_tokens
+        ids = row.token_ids
+        prefix = tok.decode(ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = tok.decode(ids[row.prefix_offset :], skip_special_tokens=skip)
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            row.prefix_offset, row.read_offset = row.read_offset, len(ids)
+            return full[len(prefix) :]
+        return ""
+
+    def _flush_detokenizer(self, row: _Row) -> str:
+        if row.read_offset >= len(row.token_ids):
+            return ""
+        tok = self.policy.tokenizer
+        skip = row.params.skip_special_tokens
+        prefix = tok.decode(row.token_ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = tok.decode(row.token_ids[row.prefix_offset :], skip_special_tokens=skip)
+        row.read_offset = len(row.token_ids)
+        return full[len(prefix) :]
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator | None = None,
+    logprobs_mode: LogprobsMode = "raw",
+) -> tuple[torch.Tensor, torch.Tensor, list[list[tuple[int, float]]] | None]:
+    """Sample one token per row of ``logits`` [rows, vocab] with per-row settings.
+
+    Sampling is by inverse CDF: one uniform number per row, searched in the row's cumulative
+    distribution (cheap: no per-vocabulary-entry random numbers). Rows with their own generator
+    (a seeded request) draw their own number, so a seeded request gives the same tokens whatever
+    else is in the batch.
+
+    Returns:
+        ``(tokens [rows], logprobs [rows], top)``: ``top[i]`` lists the ``params[i].top_logprobs``
+        most likely ``(token_id, logprob)`` pairs, or ``top`` is ``None`` when no row wants them.
+    """
+    import torch
+
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    raw = torch.log_softmax(logits, dim=-1)
+    greedy = [p.greedy for p in params]
+    processed = raw
+    needs_processing = any(
+        not g and (p.temperature != 1.0 or p.top_p < 1.0 or p.top_k > 0) for p, g in zip(params, greedy, strict=True)
+    )
+    if needs_processing:
+        temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)])
+        scaled = logits / temps.to(logits.device)[:, None]
+        top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+        if any(top_ks):
+            kmax = max(top_ks)
+            kth = scaled.topk(kmax, dim=-1).values
+            for i, k in enumerate(top_ks):
+                if k:
+                    scaled[i].masked_fill_(scaled[i] < kth[i, k - 1], float("-inf"))
+        top_p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0 and not greedy[i]]
+        if top_p_rows:
+            index = torch.tensor(top_p_rows, device=logits.device)
+            sub = scaled.index_select(0, index)
+            sorted_logits, order = sub.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(dim=-1)
+            top_p = torch.tensor([params[i].top_p for i in top_p_rows], device=logits.device)
+            # drop a token when the mass before it already reaches top_p (the first is always kept)
+            drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            scaled[index] = sub.masked_fill(drop, float("-inf"))
+        processed = torch.log_softmax(scaled, dim=-1)
+    # Inverse-CDF sampling: one uniform draw per row (a seeded row draws from its own generator,
+    # so its tokens do not depend on the rest of the batch), then a search in the row's CDF.
+    uniforms = torch.zeros(len(params), device=logits.device)
+    shared = [i for i, g in enumerate(generators) if g is None and not greedy[i]]
+    if shared:
+        draws = torch.rand(len(shared), device=logits.device, generator=default_generator)
+        uniforms[torch.tensor(shared, device=logits.device)] = draws
+    for i, generator in enumerate(generators):
+        if generator is not None and not greedy[i]:
+            uniforms[i] = torch.rand((), device=logits.device, generator=generator)
+    cdf = processed.exp().cumsum(dim=-1)
+    targets = (uniforms * cdf[:, -1]).unsqueeze(1)
+    tokens = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=vocab - 1)
+    if any(greedy):
+        greedy_index = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+        tokens[greedy_index] = logits.index_select(0, greedy_index).argmax(dim=-1)
+    source = raw if logprobs_mode == "raw" else processed
+    logprobs = source.gather(1, tokens[:, None]).squeeze(1)
+    if logprobs_mode == "processed" and any(greedy):
+        logprobs[greedy_index] = 0.0
+    top: list[list[tuple[int, float]]] | None = None
+    kmax = max((p.top_logprobs for p in params), default=0)
+    if kmax > 0:
+        values, indices = source.topk(kmax, dim=-1)
+        values_l, indices_l = values.tolist(), indices.tolist()
+        top = [
+            list(zip(indices_l[i][: p.top_logprobs], values_l[i][: p.top_logprobs], strict=True))
+            for i, p in enumerate(params)
+        ]
+    return tokens, logprobs, top
+
+
+def _find_stop(text: str, stops: Sequence[str], old_len: int) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        pos = text.find(stop, max(0, old_len - len(stop) + 1))
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, stop)
+    return best
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Characters at the end of ``text`` that could start a stop string (not streamed yet)."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held
+
+
+# -- KV cache surgery (transformers DynamicCache: layers[i].keys/values [batch, heads, seq, dim]) --
+
+
+def _cache_layers(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise RuntimeError(
+            "unsupported transformers cache layout (no DynamicCache.layers); agentbolt-torch needs transformers>=5"
+        )
+    return [layer for layer in layers if getattr(layer, "is_initialized", True) and hasattr(layer, "keys")]
+
+
+def _cache_select(cache: Any, index: torch.Tensor) -> None:
+    for layer in _cache_layers(cache):
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
+def _cache_trim_left(cache: Any, start: int) -> None:
+    for layer in _cache_layers(cache):
+        layer.keys = layer.keys[:, :, start:, :]
+        layer.values = layer.values[:, :, start:, :]
+
+
+def _pad_seq_left(x: torch.Tensor, length: int) -> torch.Tensor:
+    import torch
+
+    missing = length - x.shape[2]
+    if missing <= 0:
+        return x
+    pad = x.new_zeros((x.shape[0], x.shape[1], missing, x.shape[3]))
+    return torch.cat([pad, x], dim=2)
+
+
+def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
+    import torch
+
+    missing = length - mask.shape[1]
+    if missing <= 0:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
+
+
+def _cache_concat(a: Any, len_a: int, b: Any, len_b: int, length: int) -> Any:
+    import torch
+
+    for la, lb in zip(_cache_layers(a), _cache_layers(b), strict=True):
+        keys_b, values_b = _pad_seq_left(lb.keys, length), _pad_seq_left(lb.values, length)
+        keys_a, values_a = _pad_seq_left(la.keys, length), _pad_seq_left(la.values, length)
+        la.keys = torch.cat([keys_a, keys_b.to(keys_a.dtype)], dim=0)
+        la.values = torch.cat([values_a, values_b.to(values_a.dtype)], dim=0)
+    return a

@@ -1,0 +1,104 @@
+"""``torch-grpo`` end to end: Trainer -> store -> runner -> agent (OpenAI client) -> gateway ->
+policy server -> spans -> LightningRL -> update, on the tiny random model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentbolt.errors import UserError
+from agentbolt.plugins import default_plugins
+from agentbolt.trainer import Trainer
+from agentbolt.types import Resources
+from agentbolt_torch.algorithm import TorchGRPO
+from agentbolt_torch.models import tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def parity_agent(task: dict[str, Any], resources: Resources) -> float:
+    """Any reply-dependent reward with variance inside a group: the parity of the reply length."""
+    import openai
+
+    assert resources.llm is not None
+    client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=resources.llm.model, messages=[{"role": "user", "content": task["question"]}]
+    )
+    return float(len(reply.choices[0].message.content or "") % 2)
+
+
+def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
+    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(6)]
+    algorithm = TorchGRPO(
+        "tiny",
+        steps=2,
+        batch_size=2,
+        group_size=4,
+        max_tokens=12,
+        val_every=None,
+        out_dir=tmp_path / "out",
+        checkpoint_every=2,
+        engine={"batch_window_s": 0.01},
+        update={"lr": 1e-2},
+    )
+    trainer = Trainer(
+        parity_agent, algorithm, store=f"sqlite:///{tmp_path}/runs.db", n_runners=0, concurrency=8, progress=False
+    )
+    result = trainer.fit(tasks[:4], tasks[4:])
+
+    assert result.steps == 2 and result.policy_version == 2
+    assert result.accuracy_before is not None and result.accuracy_after is not None
+    records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
+    updates = [r for r in records if "update/loss" in r]
+    assert len(updates) == 2
+    for r in updates:
+        assert math.isfinite(r["update/loss"]) and r["update/n_transitions"] == 8 and r["train/transitions"] == 8
+        assert r["lightningrl/trained_calls"] == 8  # every call recorded with exact token ids
+        assert abs(r["update/logprob_mismatch"]) < 0.05  # served logprobs are the trained policy's
+    assert any(r["update/grad_norm"] > 0 for r in updates), "no gradient: rewards had no variance"
+    assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
+    assert Path(result.curve_png).read_bytes()[:4] == b"\x89PNG"
+
+    initial, _ = tiny_model(seed=0)
+    trained = load_file(Path(result.checkpoint) / "model" / "model.safetensors")
+    changed = [k for k, v in initial.state_dict().items() if k in trained and not torch.equal(v, trained[k])]
+    assert changed, "the update did not change the weights"
+
+
+def test_registered_by_name_and_validates() -> None:
+    assert isinstance(default_plugins().algorithms.get("torch-grpo")(model="tiny", steps=1), TorchGRPO)
+    with pytest.raises(UserError, match="batch_size"):
+        TorchGRPO("tiny", batch_size=0)
+
+
+@pytest.mark.slow
+def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
+    """The README's main command, shrunk: runner processes, SQLite, checkpoint, curve, result.json."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples/quickstart/train.py"),
+            *("--model", "tiny", "--steps", "2", "--val", "8", "--batch-size", "2", "--no-progress"),
+            *("--store", f"sqlite:///{tmp_path}/q.db", "--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out accuracy" in proc.stdout
+    result = json.loads((tmp_path / "out/result.json").read_text())
+    assert result["steps"] == 2 and result["policy_version"] == 2
+    assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/checkpoint-final").is_dir()

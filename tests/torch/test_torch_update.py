@@ -1,0 +1,255 @@
+"""The policy update: loss weighting, KL, on-policy ratios, LoRA, micro-batching, checkpoints."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentbolt.errors import UserError
+from agentbolt.types import Transition
+from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.models import tiny_model
+from agentbolt_torch.policy import LoraSettings, Policy
+from agentbolt_torch.update import PolicyUpdater, UpdateConfig, kl_penalty, token_weights
+
+
+def fresh_policy(*, lora: LoraSettings | None = None, autocast: bool = True, seed: int = 0) -> Policy:
+    model, tokenizer = tiny_model(seed=seed)
+    return Policy(model, tokenizer, name="tiny", lora=lora, autocast_dtype="bfloat16" if autocast else None)
+
+
+def rollout_transitions(policy: Policy, n_tasks: int = 3, group: int = 2, max_tokens: int = 10) -> list[Transition]:
+    """Sample real responses with the engine and give them GRPO-like advantages; the second call of
+    each rollout has a longer prompt (a multi-call agent)."""
+    tok = policy.tokenizer
+    rng = random.Random(0)
+    out = []
+    with GenerationEngine(policy, batch_window_s=0, seed=1) as engine:
+        for task in range(n_tasks):
+            for g in range(group):
+                rid = f"t{task}-g{g}"
+                advantage = rng.uniform(-1, 1)
+                prompt = tok(f"What is {task} + {g}?")["input_ids"]
+                for call in range(2):
+                    completion = engine.generate(prompt, SamplingParams(max_tokens=max_tokens), timeout=60)[0]
+                    out.append(
+                        Transition(
+                            rollout_id=rid,
+                            group_id=f"t{task}",
+                            index=call,
+                            prompt_ids=prompt,
+                            response_ids=completion.token_ids,
+                            response_logprobs=completion.logprobs,
+                            advantage=advantage,
+                        )
+                    )
+                    prompt = prompt + completion.token_ids + tok(" ok then")["input_ids"]
+    return out
+
+
+def trainable(policy: Policy) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad}
+
+
+def test_token_weights() -> None:
+    # rollout r1 made two calls (6 + 4 tokens), r2 one call (5 tokens)
+    w = token_weights(["r1", "r1", "r2"], [6, 4, 5], "rollout-mean")
+    assert w == pytest.approx([1 / 20, 1 / 20, 1 / 10])
+    assert 6 * w[0] + 4 * w[1] == pytest.approx(5 * w[2])  # each rollout weighs the same
+    assert token_weights(["r1", "r1", "r2"], [6, 4, 5], "token-mean") == pytest.approx([1 / 15] * 3)
+    assert token_weights(["r1", "r1", "r2"], [6, 4, 5], "seq-mean") == pytest.approx([1 / 18, 1 / 12, 1 / 15])
+    assert token_weights(["r1", "r2"], [0, 5], "rollout-mean") == pytest.approx([0.0, 1 / 5])
+
+
+def test_kl_estimators_zero_when_equal() -> None:
+    logp = torch.tensor([-0.5, -2.0, -7.0])
+    for estimator in ("k1", "k2", "k3"):
+        assert kl_penalty(logp, logp.clone(), estimator).abs().max().item() == 0.0
+    assert (kl_penalty(logp, logp - 1.0, "k3") >= 0).all()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+def test_two_step_update_changes_weights(lora: LoraSettings | None) -> None:
+    policy = fresh_policy(lora=lora)
+    transitions = rollout_transitions(policy)
+    updater = PolicyUpdater(
+        policy, UpdateConfig(lr=1e-3 if lora is None else 1e-2, kl_coef=0.05, micro_batch_tokens=96)
+    )
+    before = trainable(policy)
+    if lora is not None:
+        assert all("lora_" in k for k in before)
+    metrics = [updater.update(transitions) for _ in range(2)]
+    for m in metrics:
+        assert math.isfinite(m.loss) and math.isfinite(m.kl) and math.isfinite(m.entropy)
+        assert m.micro_batches > 1 and m.n_rollouts == 6 and m.n_transitions == 12
+        assert m.tokens_per_s > 0
+    assert metrics[0].kl == 0.0, "the first step starts at the reference"
+    assert metrics[1].kl > 0.0
+    assert [m.policy_version for m in metrics] == [1, 2] and policy.version == 2
+    after = trainable(policy)
+    changed = max((after[k] - before[k]).abs().max().item() for k in before)
+    assert changed > 0
+    if lora is not None:  # the base weights did not move; the reference is the adapter-free model
+        with policy.reference() as ref:
+            assert all(not p.requires_grad for n, p in ref.named_parameters() if "lora_" not in n)
+
+
+def test_kl_is_zero_when_policy_is_reference() -> None:
+    policy = fresh_policy(autocast=False)
+    transitions = rollout_transitions(policy, n_tasks=2)
+    for estimator in ("k1", "k2", "k3"):
+        updater = PolicyUpdater(policy, UpdateConfig(lr=0.0, kl_coef=1.0, kl_estimator=estimator))
+        metrics = updater.update(transitions)
+        assert metrics.kl == 0.0
+
+
+def test_on_policy_ratio_is_one_and_logprobs_agree() -> None:
+    """Server logprobs == update logprobs: on policy nothing is clipped and the mismatch is ~0."""
+    policy = fresh_policy(autocast=False)
+    transitions = rollout_transitions(policy)
+    updater = PolicyUpdater(policy, UpdateConfig(lr=1e-4, micro_batch_tokens=64))
+    recomputed = updater.compute_logprobs(transitions)
+    for t, lp in zip(transitions, recomputed, strict=True):
+        assert lp == pytest.approx(t.response_logprobs, abs=1e-4)
+    metrics = updater.update(transitions)
+    assert metrics.logprob_mismatch < 1e-4
+    assert metrics.clip_frac == 0.0
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=1e-4)
+
+
+def test_position_ids_make_padding_irrelevant() -> None:
+    """Batched logprobs (prompts left-padded, responses right-padded) equal one-by-one forwards."""
+    policy = fresh_policy(autocast=False)
+    tok = policy.tokenizer
+    transitions = [
+        Transition(rollout_id=f"r{i}", index=0, prompt_ids=tok(p)["input_ids"], response_ids=tok(r)["input_ids"])
+        for i, (p, r) in enumerate([("Hi", " there friend"), ("A much longer prompt here", " ok"), ("x", " yz w")])
+    ]
+    updater = PolicyUpdater(policy, UpdateConfig(micro_batch_tokens=10_000))
+    batched = updater.compute_logprobs(transitions)
+    for t, lp in zip(transitions, batched, strict=True):
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            ref = torch.log_softmax(policy.model(input_ids=ids).logits[0, len(t.prompt_ids) - 1 : -1], -1)
+        expected = ref.gather(1, torch.tensor(t.response_ids)[:, None]).squeeze(1)
+        assert lp == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_micro_batch_size_does_not_change_the_update() -> None:
+    results = []
+    for budget in (10_000, 40):
+        policy = fresh_policy(autocast=False)
+        transitions = rollout_transitions(policy)
+        updater = PolicyUpdater(policy, UpdateConfig(lr=1e-3, micro_batch_tokens=budget))
+        metrics = updater.update(transitions)
+        results.append((trainable(policy), metrics))
+    (a, ma), (b, mb) = results
+    assert ma.micro_batches == 1 and mb.micro_batches > 3
+    assert ma.loss == pytest.approx(mb.loss, abs=1e-5)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_response_mask_and_validation() -> None:
+    policy = fresh_policy(autocast=False)
+    base = dict(rollout_id="r", index=0, prompt_ids=[5, 6, 7], response_ids=[8, 9], advantage=1.0)
+    updater = PolicyUpdater(policy, UpdateConfig(lr=1e-3))
+    metrics = updater.update([Transition(**base), Transition(**{**base, "rollout_id": "s", "response_mask": [0, 0]})])
+    assert metrics.skipped == 1 and metrics.n_tokens == 2
+    assert math.isnan(metrics.logprob_mismatch)  # no rollout logprobs given
+    with pytest.raises(UserError, match="advantage"):
+        updater.update([Transition(**{**base, "advantage": None})])
+    with pytest.raises(UserError, match="logprobs"):
+        updater.update([Transition(**{**base, "response_logprobs": [-1.0]})])
+    with pytest.raises(UserError, match="trainable"):
+        updater.update([Transition(**{**base, "response_mask": [0, 0]})])
+
+
+def test_multiple_epochs_and_mini_batches_clip() -> None:
+    policy = fresh_policy()
+    transitions = rollout_transitions(policy)
+    updater = PolicyUpdater(policy, UpdateConfig(lr=3e-3, epochs=2, mini_batches=2, clip_ratio_high=0.28))
+    metrics = updater.update(transitions)
+    assert metrics.optimizer_steps == 4
+    assert metrics.clip_frac > 0  # later steps are off-policy and get clipped
+    assert policy.version == 1
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+def test_checkpoint_save_and_resume(tmp_path: Path, lora: LoraSettings | None) -> None:
+    config = UpdateConfig(lr=1e-3, mini_batches=2)
+    policy = fresh_policy(lora=lora, autocast=False)
+    transitions = rollout_transitions(policy)
+    updater = PolicyUpdater(policy, config)
+    updater.update(transitions)
+    ckpt = updater.save_checkpoint(tmp_path / "ckpt")
+    assert (ckpt / ("adapter" if lora else "model")).is_dir()
+    saved_weights = trainable(policy)
+    saved_state = {k: {n: t.clone() for n, t in v.items()} for k, v in updater.optimizer.state_dict()["state"].items()}
+    updater.update(transitions)
+    expected_next = trainable(policy)
+
+    resumed_policy = fresh_policy(lora=lora, autocast=False)
+    resumed = PolicyUpdater(resumed_policy, config)
+    resumed.load_checkpoint(ckpt)
+    assert resumed.step == 1 and resumed_policy.version == 1
+    restored = trainable(resumed_policy)
+    assert all(torch.equal(restored[k], saved_weights[k]) for k in saved_weights)
+    state = resumed.optimizer.state_dict()["state"]
+    assert state.keys() == saved_state.keys()
+    for k, v in saved_state.items():
+        for name, tensor in v.items():
+            assert torch.equal(state[k][name], tensor)
+    # the resumed run continues exactly like the original (weights, optimizer and RNG restored)
+    resumed.update(transitions)
+    again = trainable(resumed_policy)
+    assert max((again[k] - expected_next[k]).abs().max().item() for k in again) < 1e-6
+    assert resumed_policy.version == 2
+
+
+def test_checkpoint_kind_mismatch(tmp_path: Path) -> None:
+    policy = fresh_policy()
+    PolicyUpdater(policy).save_checkpoint(tmp_path / "full")
+    lora_updater = PolicyUpdater(fresh_policy(lora=LoraSettings(r=2)))
+    with pytest.raises(UserError, match="full-model"):
+        lora_updater.load_checkpoint(tmp_path / "full")
+    with pytest.raises(UserError, match="not an agentbolt-torch checkpoint"):
+        lora_updater.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_shared_weights_serve_the_update(autocast: bool) -> None:
+    """The engine samples from the very parameters the updater changes (its bf16 casts are refreshed)."""
+    policy = fresh_policy(autocast=autocast)
+    transitions = rollout_transitions(policy, n_tasks=1)
+    updater = PolicyUpdater(policy, UpdateConfig(lr=1e-2))
+    tok = policy.tokenizer
+    prompt = tok("shared?")["input_ids"]
+    with GenerationEngine(policy, batch_window_s=0) as engine:
+        before = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
+        with engine.paused():
+            updater.update(transitions)
+        after = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
+    assert after.policy_version == before.policy_version + 1
+    assert after.logprobs != before.logprobs
+    # what the engine reports after the update is what the updater computes with the new weights
+    fresh = Transition(rollout_id="x", index=0, prompt_ids=prompt, response_ids=after.token_ids)
+    assert updater.compute_logprobs([fresh])[0] == pytest.approx(after.logprobs, abs=1e-4 if not autocast else 0.05)
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8)], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_update(lora: LoraSettings | None) -> None:
+    results = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = fresh_policy(lora=lora, autocast=False)
+        transitions = rollout_transitions(policy, n_tasks=1)
+        updater = PolicyUpdater(policy, UpdateConfig(lr=1e-2, gradient_checkpointing=checkpointing))
+        metrics = updater.update(transitions)
+        assert metrics.grad_norm > 0
+        results.append(trainable(policy))
+    assert max((results[0][k] - results[1][k]).abs().max().item() for k in results[0]) < 1e-6
