@@ -68,4 +68,3 @@ def test_plain_opentelemetry_genai_spans_give_agent_names() -> None:
     assert result["agents"] == ["solver"] and result["n"] == 4  # agent_match selected solver's calls
     assert result["excluded"] == {"agent_not_selected": 4}  # the planner's calls, named and left out
     assert result["sources"] == ["exact"]
-

@@ -455,6 +455,9 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
 
 def _process_main(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, log_level: int, ready: Any) -> None:
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{worker_id}] %(name)s: %(message)s")
+    if log_level > logging.DEBUG:  # one INFO line per HTTP request of the agent's client drowns everything else
+        for name in ("httpx", "httpx2", "httpcore"):
+            logging.getLogger(name).setLevel(max(log_level, logging.WARNING))
     try:
         import uvloop
 

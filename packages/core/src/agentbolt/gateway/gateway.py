@@ -370,7 +370,8 @@ class Gateway:
     async def _check_attempt(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
         now = time.monotonic()
         known = self._attempts.get(attempt_id)
-        if known is None or (self.attempt_ttl_s <= 0 and known[1] >= 0):  # first call of this attempt: it must be checked before anything goes upstream
+        # the first call of an attempt (or every call with attempt_ttl_s=0) is checked before anything goes upstream
+        if known is None or (self.attempt_ttl_s <= 0 and known[1] >= 0):
             await self._refresh(rollout_id, attempt_id)
             known = self._attempts.get(attempt_id)
         elif 0 <= known[1] < now and attempt_id not in self._lookups:

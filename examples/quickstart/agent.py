@@ -1,0 +1,45 @@
+"""The quickstart agent: a plain-Python math agent on the OpenAI client.
+
+Nothing in it knows about training: it gets an OpenAI base URL and a model name in
+``resources`` and returns a reward. It may call a calculator tool; the model decides.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+from math_tasks import CALCULATOR_TOOL, calculate, few_shot, reward
+
+from agentbolt.types import Resources
+
+MAX_TURNS = 3
+
+
+async def math_agent(task: dict[str, Any], resources: Resources, *, with_tool: bool = True) -> float:
+    """Answer ``task["question"]``; the reward says whether ``<answer>`` holds the right number."""
+    assert resources.llm is not None, "publish an llm endpoint in the resources"
+    client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key=resources.llm.api_key or "none", max_retries=0)
+    messages = [*few_shot(with_tool), {"role": "user", "content": task["question"]}]
+    extra: dict[str, Any] = {"tools": [CALCULATOR_TOOL]} if with_tool else {}
+    text: str | None = None
+    for _ in range(MAX_TURNS):
+        reply = await client.chat.completions.create(model=resources.llm.model, messages=messages, **extra)
+        message = reply.choices[0].message
+        text = message.content
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            try:
+                expression = json.loads(call.function.arguments).get("expression", "")
+            except json.JSONDecodeError:
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+    return reward(text, int(task["answer"]))
+
+
+async def math_agent_no_tool(task: dict[str, Any], resources: Resources) -> float:
+    """The same agent without the calculator (one LLM call per question)."""
+    return await math_agent(task, resources, with_tool=False)

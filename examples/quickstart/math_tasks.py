@@ -1,0 +1,102 @@
+"""Arithmetic tasks, the few-shot prompt, answer parsing and the reward of the quickstart.
+
+Shared by the agent (``agent.py``), the training script (``train.py``) and
+``benchmarks/cpu_learning.py``, so all of them ask the same questions the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+from typing import Any
+
+SYSTEM = "You are a helpful assistant. Always give the final answer as a number inside <answer>...</answer>."
+
+ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
+
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 12 + 7"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def few_shot(with_tool: bool) -> list[dict[str, Any]]:
+    """Two worked examples: one answered directly, one (with the tool) through the calculator."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is 3 + 5?"},
+        {"role": "assistant", "content": "3 + 5 = 8. <answer>8</answer>"},
+        {"role": "user", "content": "What is 20 - 4?"},
+    ]
+    if with_tool:
+        messages += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "calc", "arguments": '{"expression": "20 - 4"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": "16"},
+            {"role": "assistant", "content": "<answer>16</answer>"},
+        ]
+    else:
+        messages.append({"role": "assistant", "content": "20 - 4 = 16. <answer>16</answer>"})
+    return messages
+
+
+def make_tasks(n: int, seed: int, prefix: str) -> list[dict[str, Any]]:
+    """``n`` questions ``a + b`` / ``a - b`` (a <= 30, b <= 20), reproducible for a seed."""
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        a, b = rng.randint(2, 30), rng.randint(1, 20)
+        op = rng.choice("+-")
+        tasks.append(
+            {"task_id": f"{prefix}{i}", "question": f"What is {a} {op} {b}?", "answer": a + b if op == "+" else a - b}
+        )
+    return tasks
+
+
+def reward(text: str | None, gold: int) -> float:
+    """1.0 for the right number in ``<answer>`` tags, 0.1 for a well-formed wrong one, else 0."""
+    match = ANSWER.search(text or "")
+    if match is None:
+        return 0.0
+    return 1.0 if int(match.group(1)) == gold else 0.1
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def calculate(expression: str) -> str:
+    """The calculator tool: arithmetic only (no names, no calls), never ``eval``."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError(f"not arithmetic: {ast.dump(node)}")
+
+    try:
+        value = ev(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+        return f"error: {exc}"
+    return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
