@@ -66,8 +66,9 @@ def make_spans(n: int, rollout_ids: list[str], per_rollout: int = 100, active: i
     return spans[:n]
 
 
-async def lifecycle(url: str, n: int, workers: int, claim: int) -> float:
-    store = open_store(url, sweep_interval_s=0)
+async def lifecycle(url: str, n: int, workers: int, claim: int, store_options: dict | None = None) -> float:
+    """Rollouts/s through enqueue, claim and finish with ``workers`` concurrent claimers."""
+    store = open_store(url, **({"sweep_interval_s": 0} if store_options is None else store_options))
     try:
         start = time.perf_counter()
         tag = secrets.token_hex(4)

@@ -36,7 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from store import make_spans  # benchmarks/store.py: the same spans as the store benchmark
+from store import lifecycle as store_lifecycle  # benchmarks/store.py: the same workload as the store benchmark
+from store import make_spans
 
 from agentbolt import types as t
 from agentbolt.store import open_store
@@ -116,32 +117,8 @@ async def ingest(url: str, spans: list[t.Span], rollout_ids: list[str], batch: i
 
 
 async def lifecycle(url: str, n: int, workers: int, claim: int) -> float:
-    store = open_store(url)
-    try:
-        start = time.perf_counter()
-        tag = secrets.token_hex(4)
-        for i in range(0, n, 100):
-            await store.enqueue(
-                [t.RolloutSpec(rollout_id=f"lc-{tag}-{j}", input={"q": j}) for j in range(i, min(n, i + 100))]
-            )
-        done = 0
-
-        async def worker(w: int) -> None:
-            nonlocal done
-            while done < n:
-                claims = await store.dequeue(f"w{w}", limit=claim)
-                if not claims:
-                    return
-                for c in claims:
-                    await store.finish_attempt(c.attempt.attempt_id, t.AttemptStatus.SUCCEEDED, reward=1.0)
-                    done += 1
-
-        await asyncio.gather(*(worker(w) for w in range(workers)))
-        elapsed = time.perf_counter() - start
-        assert done == n, (done, n)
-        return n / elapsed
-    finally:
-        await store.close()
+    """Rollouts/s through the server: the store benchmark's loop against an ``http://`` store."""
+    return await store_lifecycle(url, n, workers, claim, store_options={})
 
 
 def measure(run: Callable[[str], float], units: int, repeat: int, db: Callable[[], Path]) -> Figure:

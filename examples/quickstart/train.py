@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=10, help="evaluate every N steps (default 10)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--tool", action="store_true", help="offer the calculator tool (multi-turn agent)")
+    p.add_argument("--no-tool", action="store_true", help="leave the calculator tool out (one call per question)")
+    p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
     p.add_argument("--store", default="sqlite:///runs/quickstart.db", help="store URL")
     p.add_argument("--out", default="runs/quickstart", help="metrics, curve and checkpoint directory")
@@ -64,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         update={"lr": args.lr, "seed": args.seed},
         out_dir=args.out,
         checkpoint_every=args.steps or None,
+        autocast=None if args.autocast == "none" else args.autocast,
         seed=args.seed,
     )
     trainer = Trainer(
-        math_agent if args.tool else math_agent_no_tool,
+        math_agent_no_tool if args.no_tool else math_agent,
         algorithm,
         store=args.store,
         n_runners=args.runners,

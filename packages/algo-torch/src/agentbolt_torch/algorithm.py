@@ -76,6 +76,8 @@ class TorchGRPO(Algorithm):
         out_dir: metrics, curve and checkpoints.
         checkpoint_every: save a checkpoint every this many steps (and at the end) if set.
         resume: a checkpoint directory to start from.
+        autocast: ``"auto"`` (bf16 where the hardware runs it fast, else fp32), ``"bfloat16"``,
+            ``"float16"`` or ``None`` (fp32) for generation and the update.
         device, seed, plot: as named.
     """
 
@@ -107,6 +109,7 @@ class TorchGRPO(Algorithm):
         out_dir: str | Path = "runs/torch-grpo",
         checkpoint_every: int | None = None,
         resume: str | Path | None = None,
+        autocast: str | None = "auto",
         device: str = "cpu",
         seed: int = 0,
         plot: bool = True,
@@ -141,6 +144,7 @@ class TorchGRPO(Algorithm):
         self.out_dir = Path(out_dir)
         self.checkpoint_every = checkpoint_every
         self.resume = Path(resume) if resume else None
+        self.autocast = autocast
         self.device = device
         self.seed = seed
         self.plot = plot
@@ -260,7 +264,7 @@ class TorchGRPO(Algorithm):
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
         log.info("loading %s", self.model)
-        policy = Policy.load(self.model, lora=lora, device=self.device, seed=self.seed)
+        policy = Policy.load(self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed)
         updater = PolicyUpdater(policy, config or UpdateConfig(seed=self.seed))
         if self.resume is not None:
             updater.load_checkpoint(self.resume)

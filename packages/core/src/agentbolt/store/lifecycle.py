@@ -56,6 +56,14 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
     )
 
 
+def check_claim_args(limit: int, lease_s: float) -> None:
+    """Validate ``dequeue`` arguments (every backend, before touching anything)."""
+    if limit < 1:
+        raise UserError(f"limit must be at least 1, got {limit}")
+    if lease_s <= 0:
+        raise UserError(f"lease_s must be positive, got {lease_s}")
+
+
 def claim(
     rollout: t.Rollout,
     *,

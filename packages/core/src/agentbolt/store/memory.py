@@ -142,10 +142,7 @@ class MemoryStore:
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
     ) -> list[t.Claim]:
-        if limit < 1:
-            raise UserError(f"limit must be at least 1, got {limit}")
-        if lease_s <= 0:
-            raise UserError(f"lease_s must be positive, got {lease_s}")
+        lifecycle.check_claim_args(limit, lease_s)
 
         async def attempt() -> tuple[bool, list[t.Claim]]:
             claims = self._claim(worker_id, limit, lease_s, mode)

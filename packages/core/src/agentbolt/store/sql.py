@@ -651,10 +651,7 @@ class SqlStore:
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
     ) -> list[t.Claim]:
-        if limit < 1:
-            raise UserError(f"limit must be at least 1, got {limit}")
-        if lease_s <= 0:
-            raise UserError(f"lease_s must be positive, got {lease_s}")
+        lifecycle.check_claim_args(limit, lease_s)
         where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 

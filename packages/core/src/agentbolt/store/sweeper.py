@@ -34,13 +34,20 @@ class Sweeper:
             self._thread.start()
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self._interval):
             try:
                 ended = self._sweep()
-                if ended:
-                    log.debug("%s ended %d attempts", self._name, ended)
-            except Exception:  # keep sweeping; the next store call surfaces real problems
-                log.exception("%s failed", self._name)
+            except Exception as exc:  # keep sweeping; the next store call surfaces real problems
+                if not failing:  # one traceback per outage, not one per interval
+                    log.warning("%s failed; retrying every %.1f s: %s", self._name, self._interval, exc, exc_info=True)
+                failing = True
+                continue
+            if failing:
+                log.info("%s recovered", self._name)
+                failing = False
+            if ended:
+                log.debug("%s ended %d attempts", self._name, ended)
 
     def stop(self) -> None:
         self._stop.set()

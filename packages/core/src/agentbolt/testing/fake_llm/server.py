@@ -78,7 +78,30 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-class FakeLLMServer:
+class _Addresses:
+    """``port``, ``url`` and ``base_url`` of a fake LLM that is running (``_port`` set)."""
+
+    _port: int | None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (after start)."""
+        if self._port is None:
+            raise UserError(f"the {type(self).__name__} is not running; use it as a context manager or call start()")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``: the OpenAI client's ``base_url``."""
+        return f"{self.url}/v1"
+
+
+class FakeLLMServer(_Addresses):
     """The fake server in this process: ``async with`` runs it on the current event loop,
     ``with`` runs it on a background thread (for sync code and sync clients).
 
@@ -107,23 +130,6 @@ class FakeLLMServer:
         self._stop_thread: asyncio.Event | None = None
 
     # -- addresses ----------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The port listened on (after start)."""
-        if self._port is None:
-            raise UserError("the fake LLM server is not running; use it as a context manager or call start()")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT/v1``: the OpenAI client's ``base_url``."""
-        return f"{self.url}/v1"
 
     @property
     def requests(self) -> RequestLog:
@@ -224,7 +230,7 @@ def _loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-class FakeLLMProcess:
+class FakeLLMProcess(_Addresses):
     """The fake server in a subprocess (``python -m agentbolt.testing.fake_llm``).
 
     Accepts a :class:`FakeLLM` without callables, a :class:`FakeLLMConfig`, its JSON form, or
@@ -268,23 +274,6 @@ class FakeLLMProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
         self._port: int | None = None
-
-    @property
-    def port(self) -> int:
-        """The port listened on (after start)."""
-        if self._port is None:
-            raise UserError("the fake LLM process is not running; use it as a context manager or call start()")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT/v1``: the OpenAI client's ``base_url``."""
-        return f"{self.url}/v1"
 
     @property
     def pid(self) -> int | None:

@@ -1,0 +1,256 @@
+"""Does the whole agentbolt pipeline learn as well and as fast as a bare GRPO loop? (CPU, SmolLM2)
+
+Run (about an hour on a 2-core machine; not part of CI):
+
+    MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
+      uv run python benchmarks/cpu_learning.py [--steps 30] [--val 96] [--only bare|agentbolt]
+
+Both runs train SmolLM2-135M-Instruct on the quickstart's arithmetic questions
+(``examples/quickstart/math_tasks.py``) with the same settings: the same batches of 8 questions
+x 4 samples per step (same seed), 40 new tokens at T=1.0, AdamW lr 1e-5, grad-clip 1.0, one
+update per step, no KL, the same precision (``default_autocast_dtype``: bf16 only where the CPU
+runs it fast). Held-out accuracy is one sample per question of 96 fixed questions at T=1.0,
+before and after training.
+
+- **bare**: a hand-written loop in one process: ``transformers.generate`` on the prompts, the
+  reward, verl's ``compute_grpo_outcome_advantage`` and ``compute_policy_loss_vanilla``
+  (token-mean), one backward pass over the whole batch. Nothing of agentbolt but the task file.
+- **agentbolt**: ``Trainer`` + ``torch-grpo``: SQLite store, gateway, one runner process
+  running the quickstart agent on the OpenAI client, the policy server, spans, LightningRL,
+  the updater (rollout-mean loss, micro-batches of 2,048 tokens).
+
+Each run is its own subprocess (separate memory and timing). Prints accuracy before/after,
+seconds per training step (evaluation excluded) and the ratio agentbolt/bare (target <= 1.15),
+and writes both curves to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "quickstart"))
+
+from math_tasks import few_shot, make_tasks, reward  # noqa: E402
+
+BATCH, GROUP, MAX_NEW, LR, SEED = 8, 4, 40, 1e-5, 0
+
+
+def train_tasks() -> list[dict[str, Any]]:
+    return make_tasks(4000, seed=1, prefix="train-")
+
+
+def val_tasks(n: int) -> list[dict[str, Any]]:
+    return make_tasks(n, seed=2, prefix="val-")
+
+
+def cpu_pressure() -> str:
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return f.readline().split()[1]  # avg10=...
+    except (OSError, IndexError):
+        return "n/a"
+
+
+# -- bare loop ------------------------------------------------------------------------------------
+
+
+def run_bare(steps: int, n_val: int, out: Path) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config.actor import ActorConfig
+
+    from agentbolt.algorithm import as_tasks, batches
+    from agentbolt_torch.models import smollm2_dir
+    from agentbolt_torch.policy import default_autocast_dtype
+
+    torch.manual_seed(SEED)
+    path = smollm2_dir()
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    eos = model.config.eos_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    dtype = default_autocast_dtype("cpu")
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype is not None)
+    loss_config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=GROUP)
+
+    def prompts(questions: list[str]) -> Any:
+        texts = [
+            tok.apply_chat_template(
+                [*few_shot(False), {"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+            )
+            for q in questions
+        ]
+        return tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def sample(questions: list[str]) -> tuple[Any, Any, Any, list[str]]:
+        enc = prompts(questions)
+        model.eval()
+        with torch.no_grad(), autocast:
+            out_ids = model.generate(
+                **enc, max_new_tokens=MAX_NEW, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=eos
+            )
+        resp = out_ids[:, enc.input_ids.shape[1] :]
+        is_eos = resp == eos
+        last = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((len(resp),), resp.shape[1] - 1))
+        mask = (torch.arange(resp.shape[1])[None, :] <= last[:, None]).float()
+        texts = [tok.decode(r[: int(n) + 1], skip_special_tokens=True) for r, n in zip(resp, last, strict=True)]
+        return enc, resp, mask, texts
+
+    def evaluate() -> float:
+        val = val_tasks(n_val)
+        correct = 0
+        for i in range(0, len(val), 32):
+            chunk = val[i : i + 32]
+            texts = sample([v["question"] for v in chunk])[3]
+            correct += sum(reward(text, v["answer"]) == 1.0 for text, v in zip(texts, chunk, strict=True))
+        return correct / len(val)
+
+    before = evaluate()
+    history, times = [], []
+    for step, batch in enumerate(batches(as_tasks(train_tasks()), BATCH, seed=SEED), start=1):
+        if step > steps:
+            break
+        t0 = time.perf_counter()
+        items = [task.input for task in batch for _ in range(GROUP)]
+        enc, resp, mask, texts = sample([it["question"] for it in items])
+        scores = torch.tensor([reward(text, it["answer"]) for text, it in zip(texts, items, strict=True)])
+        last = mask.sum(1).long() - 1
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(scores)), last] = scores
+        index = np.array([i // GROUP for i in range(len(scores))], dtype=object)
+        adv, _ = core_algos.compute_grpo_outcome_advantage(
+            token_level_rewards=token_rewards, response_mask=mask, index=index
+        )
+        model.train()
+        ids = torch.cat([enc.input_ids, resp], 1)
+        attn = torch.cat([enc.attention_mask, mask.long()], 1)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        with autocast:
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+        logits = logits[:, enc.input_ids.shape[1] - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+        loss, _ = core_algos.compute_policy_loss_vanilla(
+            old_log_prob=logp.detach(),
+            log_prob=logp,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=loss_config,
+        )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        times.append(elapsed)
+        history.append({"step": step, "train/reward": scores.mean().item()})
+        print(
+            f"bare step {step}/{steps}: reward {scores.mean():.3f} {elapsed:.1f} s (cpu {cpu_pressure()})", flush=True
+        )
+    after = evaluate()
+    history.append({"step": steps, "val/accuracy": after})
+    history.insert(0, {"step": 0, "val/accuracy": before})
+    return {"accuracy_before": before, "accuracy_after": after, "step_times": times, "history": history}
+
+
+# -- agentbolt pipeline ---------------------------------------------------------------------------
+
+
+def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
+    from agent import math_agent_no_tool
+
+    from agentbolt.trainer import Trainer
+    from agentbolt_torch.algorithm import TorchGRPO
+
+    db = out / "agentbolt.db"
+    for suffix in ("", "-wal", "-shm", "-agentbolt-lock"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    algorithm = TorchGRPO(
+        "smollm2",
+        steps=steps,
+        batch_size=BATCH,
+        group_size=GROUP,
+        temperature=1.0,
+        max_tokens=MAX_NEW,
+        val_every=None,
+        update={"lr": LR, "seed": SEED},
+        out_dir=out / "agentbolt",
+        seed=SEED,
+        plot=False,
+    )
+    trainer = Trainer(
+        math_agent_no_tool,
+        algorithm,
+        store=f"sqlite:///{db}",
+        n_runners=1,
+        concurrency=BATCH * GROUP,
+        progress=False,
+    )
+    result = trainer.fit(train_tasks(), val_tasks(n_val))
+    times = [h["time/step_s"] for h in result.history if "time/step_s" in h]
+    return {
+        "accuracy_before": result.accuracy_before,
+        "accuracy_after": result.accuracy_after,
+        "step_times": times,
+        "history": result.history,
+    }
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--val", type=int, default=96)
+    p.add_argument("--only", choices=["bare", "agentbolt"])
+    p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-cpu-learning")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        run = run_bare if args.only == "bare" else run_agentbolt
+        result = run(args.steps, args.val, args.out)
+        (args.out / f"{args.only}.json").write_text(json.dumps(result, indent=1))
+        return 0
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    results = {}
+    for name in ("bare", "agentbolt"):
+        print(f"== {name} ({args.steps} steps)", flush=True)
+        cmd = [sys.executable, __file__, "--only", name, "--steps", str(args.steps), "--val", str(args.val)]
+        subprocess.run([*cmd, "--out", str(args.out)], check=True, env=env)
+        results[name] = json.loads((args.out / f"{name}.json").read_text())
+
+    from agentbolt_torch.metrics import plot_curves
+
+    print(f"\nSmolLM2-135M, {args.steps} steps x {BATCH}x{GROUP} samples, {args.val} held-out questions at T=1.0")
+    print(
+        f"{'pipeline':<10} {'acc before':>10} {'acc after':>10} {'gain':>7} {'s/step mean':>12} {'s/step median':>14}"
+    )
+    for name, r in results.items():
+        times = r["step_times"]
+        print(
+            f"{name:<10} {r['accuracy_before']:>10.3f} {r['accuracy_after']:>10.3f} "
+            f"{r['accuracy_after'] - r['accuracy_before']:>+7.3f} {statistics.fmean(times):>12.1f} "
+            f"{statistics.median(times):>14.1f}"
+        )
+        plot_curves(r["history"], args.out / f"{name}-curve.png", title=f"{name}: SmolLM2 arithmetic GRPO")
+    ratio = statistics.fmean(results["agentbolt"]["step_times"]) / statistics.fmean(results["bare"]["step_times"])
+    print(f"agentbolt / bare time per step: {ratio:.2f}x (target <= 1.15x); curves in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
