@@ -3,7 +3,7 @@
 Run (about an hour on a 2-core machine; not part of CI):
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
-      uv run python benchmarks/cpu_learning.py [--steps 30] [--val 96] [--only bare|agentbolt]
+      uv run python benchmarks/cpu_learning.py [--steps 30] [--val 96] [--only bare|agentbolt] [--report]
 
 Both runs train SmolLM2-135M-Instruct on the quickstart's arithmetic questions
 (``examples/quickstart/math_tasks.py``) with the same settings: the same batches of 8 questions
@@ -217,6 +217,7 @@ def main() -> int:
     p.add_argument("--val", type=int, default=96)
     p.add_argument("--only", choices=["bare", "agentbolt"])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-cpu-learning")
+    p.add_argument("--report", action="store_true", help="only print the table from the arms' JSON files in --out")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only:
@@ -228,10 +229,15 @@ def main() -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     results = {}
     for name in ("bare", "agentbolt"):
-        print(f"== {name} ({args.steps} steps)", flush=True)
-        cmd = [sys.executable, __file__, "--only", name, "--steps", str(args.steps), "--val", str(args.val)]
-        subprocess.run([*cmd, "--out", str(args.out)], check=True, env=env)
-        results[name] = json.loads((args.out / f"{name}.json").read_text())
+        if not args.report:
+            print(f"== {name} ({args.steps} steps)", flush=True)
+            cmd = [sys.executable, __file__, "--only", name, "--steps", str(args.steps), "--val", str(args.val)]
+            subprocess.run([*cmd, "--out", str(args.out)], check=True, env=env)
+        path = args.out / f"{name}.json"
+        if not path.exists():
+            print(f"no {path}: run `benchmarks/cpu_learning.py --only {name}` first", file=sys.stderr)
+            return 1
+        results[name] = json.loads(path.read_text())
 
     from agentbolt_torch.metrics import plot_curves
 

@@ -20,26 +20,27 @@ CALCULATOR_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calc",
-        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 12 + 7"}},
-            "required": ["expression"],
-        },
+        "description": "Evaluate arithmetic, e.g. 12 + 7",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
     },
 }
 
 
 def few_shot(with_tool: bool) -> list[dict[str, Any]]:
-    """Two worked examples: one answered directly, one (with the tool) through the calculator."""
+    """Worked examples answered directly; with the tool, one more solved through the calculator.
+
+    The tool example sits in the middle and a direct answer comes last: a 135M model imitates
+    the turn just before the question, and ending on the tool's turn made it write
+    ``<tool_response>`` blocks itself (held-out accuracy 0.04 instead of about 0.3).
+    """
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "What is 3 + 5?"},
         {"role": "assistant", "content": "3 + 5 = 8. <answer>8</answer>"},
-        {"role": "user", "content": "What is 20 - 4?"},
     ]
     if with_tool:
         messages += [
+            {"role": "user", "content": "What is 27 - 9?"},
             {
                 "role": "assistant",
                 "content": None,
@@ -47,15 +48,17 @@ def few_shot(with_tool: bool) -> list[dict[str, Any]]:
                     {
                         "id": "call_0",
                         "type": "function",
-                        "function": {"name": "calc", "arguments": '{"expression": "20 - 4"}'},
+                        "function": {"name": "calc", "arguments": '{"expression": "27 - 9"}'},
                     }
                 ],
             },
-            {"role": "tool", "tool_call_id": "call_0", "content": "16"},
-            {"role": "assistant", "content": "<answer>16</answer>"},
+            {"role": "tool", "tool_call_id": "call_0", "content": "18"},
+            {"role": "assistant", "content": "27 - 9 = 18. <answer>18</answer>"},
         ]
-    else:
-        messages.append({"role": "assistant", "content": "20 - 4 = 16. <answer>16</answer>"})
+    messages += [
+        {"role": "user", "content": "What is 20 - 4?"},
+        {"role": "assistant", "content": "20 - 4 = 16. <answer>16</answer>"},
+    ]
     return messages
 
 

@@ -1,6 +1,6 @@
 """Quickstart: train SmolLM2-135M-Instruct on arithmetic with GRPO, on CPU, through agentbolt.
 
-    ./dev quickstart                                  # the defaults below (~10 minutes here)
+    ./dev quickstart                                  # the defaults below (about 35 minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
 What runs: a SQLite store (``runs/quickstart.db``), the gateway, one runner process executing
@@ -31,7 +31,7 @@ from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
-    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=96, help="held-out questions (default 96)")

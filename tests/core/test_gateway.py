@@ -15,7 +15,7 @@ import pytest_asyncio
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import UserError
-from agentbolt.gateway import UPSTREAM_ERROR, Gateway, GatewayThread, Upstream
+from agentbolt.gateway import UPSTREAM_ERROR, Gateway, GatewayClient, GatewayControlError, GatewayThread, Upstream
 from agentbolt.store import Store, open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer, FakeTokenizer, Rule, ToolCall, ToolCalls
 
@@ -465,3 +465,38 @@ def test_gateway_thread_from_sync_code(tmp_path: object) -> None:
             return len(spans)
 
         assert asyncio.run(count()) == 1
+
+
+async def test_gateway_client_drives_the_control_routes() -> None:
+    env, _ = await make_env(token="tok")
+    try:
+        with pytest.raises(GatewayControlError, match="401"):
+            await GatewayClient(env.gateway.url).pause()  # no token
+        async with GatewayClient(env.gateway.url + "/v1", token="tok") as gw:  # the agents' URL works too
+            assert (await gw.health()) == {"status": "ok", "paused": False}
+            await gw.set_upstreams([env.server.base_url, Upstream(base_url=env.server.base_url, model="m2")])
+            assert (await gw.stats())["upstreams"] == [env.server.base_url] * 2
+            await gw.pause()
+            assert env.gateway.paused
+            assert await gw.drain(timeout=1) is True
+            await gw.set_policy(version=5, sampling={"temperature": 0.5})
+            await gw.resume()
+            assert not env.gateway.paused and env.gateway.policy_version == 5
+            client = openai.AsyncOpenAI(
+                base_url=env.gateway.base_url_for(env.rollout_id, env.attempt_id), api_key="tok", max_retries=0
+            )
+            reply = await client.chat.completions.create(model="m", messages=MESSAGES)
+            assert reply.choices[0].message.content == "The answer is 42."
+            await gw.flush()
+            (span,) = await env.spans()
+            assert span.attributes[semconv.POLICY_VERSION] == 5
+    finally:
+        await close(env)
+
+
+async def test_gateway_client_names_what_to_do_when_unreachable() -> None:
+    with pytest.raises(GatewayControlError, match="agentbolt gateway serve"):
+        async with GatewayClient("http://127.0.0.1:9", timeout=2) as gw:
+            await gw.pause()
+    with pytest.raises(UserError, match="http://"):
+        GatewayClient("127.0.0.1:4800")

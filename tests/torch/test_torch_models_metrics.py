@@ -91,6 +91,12 @@ def test_metrics_logger_jsonl_and_plot(tmp_path: Path) -> None:
     with MetricsLogger(tmp_path / "run" / "metrics.jsonl", tensorboard=False, wandb=False) as log:
         log.log({"train/reward": 1.0}, step=6)
     assert len(read_metrics(tmp_path / "run")) == 7
+    # a fresh run starts a new file and keeps the old one beside it
+    with MetricsLogger(tmp_path / "run", tensorboard=False, wandb=False, append=False) as log:
+        log.log({"train/reward": 0.5}, step=1)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
+    (kept,) = (tmp_path / "run").glob("metrics.*.jsonl")
+    assert len(read_metrics(kept)) == 7
 
 
 def test_plot_without_accuracy(tmp_path: Path) -> None:

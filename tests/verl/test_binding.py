@@ -413,6 +413,9 @@ def test_upstream_urls_and_control_loading() -> None:
     ]
     assert isinstance(gw.make_gateway_control("verl_helpers:make_fake_gateway", url="u"), gw.GatewayControl)
     assert isinstance(FakeGateway(), gw.GatewayControl)
+    # the control the example config names: agentbolt's HTTP client of `agentbolt gateway serve`
+    real = gw.make_gateway_control("agentbolt.gateway:GatewayClient", url="http://127.0.0.1:8100/v1")
+    assert isinstance(real, gw.GatewayControl) and real.url == "http://127.0.0.1:8100"
     with pytest.raises(UserError, match=r"agentbolt\.gateway\.control is not set"):
         gw.make_gateway_control(None, url=None)
     with pytest.raises(UserError, match="lacks set_upstreams"):

@@ -158,5 +158,8 @@ def test_shipped_example_config_composes(monkeypatch) -> None:
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert cfg.trainer.n_gpus_per_node == 1 and cfg.trainer.total_training_steps == 2
     assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.actor_rollout_ref.rollout.prompt_length == 2048
-    assert cfg.agentbolt.gateway.url == "http://10.1.2.3:8100/v1" and cfg.agentbolt.gateway.control is None
+    assert (
+        cfg.agentbolt.gateway.url == "http://10.1.2.3:8100/v1"
+        and cfg.agentbolt.gateway.control == "agentbolt.gateway:GatewayClient"
+    )
     assert cfg.agentbolt.batch.max_prompt_length == 2048

@@ -5,9 +5,9 @@
 #
 #   bash packages/algo-verl/scripts/gpu_smoke.sh            # from the repository root
 #
-# UNRUN: written without access to a GPU. The store server is agentbolt's; the gateway and
-# runner commands below are the ones agentbolt's CLI is expected to provide — override
-# GATEWAY_CMD / RUNNER_CMD / AGENTBOLT_GATEWAY_CONTROL if yours differ.
+# UNRUN: written without access to a GPU. The store server, the gateway (started without
+# upstreams: the trainer points it at verl's vLLM replicas through GatewayClient) and the runners
+# are agentbolt's CLI; override GATEWAY_CMD / RUNNER_CMD / AGENTBOLT_GATEWAY_CONTROL to change them.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/../../.." && pwd)"
@@ -17,10 +17,10 @@ GATEWAY_PORT="${GATEWAY_PORT:-8100}"
 STEPS="${STEPS:-2}"
 export AGENTBOLT_STORE_URL="http://127.0.0.1:${STORE_PORT}"
 export AGENTBOLT_GATEWAY_URL="http://127.0.0.1:${GATEWAY_PORT}/v1"
-export AGENTBOLT_GATEWAY_CONTROL="${AGENTBOLT_GATEWAY_CONTROL:-agentbolt.gateway:GatewayAdminClient}"
+export AGENTBOLT_GATEWAY_CONTROL="${AGENTBOLT_GATEWAY_CONTROL:-agentbolt.gateway:GatewayClient}"
 export AGENTBOLT_TRAIN_TASKS="$WORK/tasks.jsonl"
 GATEWAY_CMD="${GATEWAY_CMD:-agentbolt gateway serve --store $AGENTBOLT_STORE_URL --port $GATEWAY_PORT}"
-RUNNER_CMD="${RUNNER_CMD:-agentbolt runner --store $AGENTBOLT_STORE_URL --agent smoke_agent:agent --concurrency 32}"
+RUNNER_CMD="${RUNNER_CMD:-agentbolt runner smoke_agent:agent --store $AGENTBOLT_STORE_URL --concurrency 32}"
 
 if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
   # verl's image has torch/vLLM/flash-attn; add agentbolt and the V1 trainer's extras

@@ -165,7 +165,7 @@ class TorchGRPO(Algorithm):
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
         lrl = LightningRL(**self.lightningrl_options)  # type: ignore[arg-type]
-        metrics = MetricsLogger(self.out_dir)
+        metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
         history: list[dict[str, float]] = []
 
         def log_step(step: int, values: dict[str, float]) -> None:

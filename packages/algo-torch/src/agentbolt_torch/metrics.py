@@ -74,6 +74,8 @@ class MetricsLogger:
         wandb: ``None`` mirrors to an already active W&B run, if any; ``True`` also starts one
             (``wandb.init(**wandb_init)``); ``False`` disables.
         wandb_init: keyword arguments of ``wandb.init``.
+        append: add to an existing file (resuming a run). ``False`` starts a fresh file and
+            keeps an existing one as ``metrics.<its mtime>.jsonl`` next to it.
     """
 
     def __init__(
@@ -83,11 +85,20 @@ class MetricsLogger:
         tensorboard: bool | None = None,
         wandb: bool | None = None,
         wandb_init: Mapping[str, Any] | None = None,
+        append: bool = True,
     ) -> None:
         path = Path(path)
         if path.suffix != ".jsonl":
             path = path / "metrics.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not append and path.exists() and path.stat().st_size:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+            kept = path.with_name(f"{path.stem}.{stamp}.jsonl")
+            n = 1
+            while kept.exists():  # never overwrite an earlier run's file
+                kept, n = path.with_name(f"{path.stem}.{stamp}-{n}.jsonl"), n + 1
+            path.rename(kept)
+            logger.info("a new run: the previous %s is kept as %s", path.name, kept.name)
         self.path = path
         self._file = path.open("ab")
         self._tb: Any = None

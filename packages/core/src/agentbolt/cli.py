@@ -129,11 +129,14 @@ def store_serve(
 @gateway_app.command("serve")
 def gateway_serve(
     upstream: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
-            "--upstream", "-u", help="OpenAI-compatible base URL (with /v1) to forward to; repeat for several."
+            "--upstream",
+            "-u",
+            help="OpenAI-compatible base URL (with /v1) to forward to; repeat for several. Without it, "
+            "calls get 503 until a trainer sets upstreams (POST /gateway/upstreams, GatewayClient).",
         ),
-    ],
+    ] = None,
     store: Annotated[
         str, typer.Option("--store", "-s", help="Store for spans and attempt checks.")
     ] = "sqlite:///agentbolt.db",
@@ -166,13 +169,14 @@ def gateway_serve(
         opened = open_store(store)
         gateway = Gateway(
             opened,
-            [Upstream(base_url=u, api_key=upstream_key) for u in upstream],
+            [Upstream(base_url=u, api_key=upstream_key) for u in upstream or []],
             token=token,
             served_model=model,
             request_timeout_s=request_timeout,
         )
         await gateway.start(host, port)
-        typer.echo(f"gateway listening on {gateway.url} (forwarding to {', '.join(upstream)})", err=True)
+        target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
+        typer.echo(f"gateway listening on {gateway.url} (forwarding to {target})", err=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,11 +8,15 @@ base_url = gateway.base_url_for(rollout_id, attempt_id)
 
 with GatewayThread("sqlite:///runs.db", ["http://127.0.0.1:8000/v1"]) as gw:   # own thread
     ...
+
+async with GatewayClient("http://127.0.0.1:4800") as gw:   # one in another process
+    await gw.pause()
 """
 
 from __future__ import annotations
 
+from .client import GatewayClient, GatewayControlError
 from .gateway import UPSTREAM_ERROR, Gateway, Upstream
 from .thread import GatewayThread
 
-__all__ = ["UPSTREAM_ERROR", "Gateway", "GatewayThread", "Upstream"]
+__all__ = ["UPSTREAM_ERROR", "Gateway", "GatewayClient", "GatewayControlError", "GatewayThread", "Upstream"]
