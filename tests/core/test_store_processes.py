@@ -60,7 +60,7 @@ async def test_sqlite_processes_never_share_a_rollout(tmp_path: Path) -> None:
 @pytest.mark.postgres
 async def test_postgres_processes_never_share_a_rollout(postgres_url: str) -> None:
     url = f"{postgres_url}?schema=p_{secrets.token_hex(5)}"
-    open_store(url)  # create the schema once before the workers race to
+    await open_store(url).close()  # create the schema once before the workers race to
     claimed = await run_consumers(url, n_rollouts=240, n_procs=3)
     assert sorted(claimed) == sorted(f"r{i}" for i in range(240))
 
