@@ -18,8 +18,7 @@ Importing this package is cheap; torch and transformers load when a name below i
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agentbolt._lazy import lazy_exports
 
 __all__ = [
     "Completion",
@@ -54,14 +53,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentbolt_torch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

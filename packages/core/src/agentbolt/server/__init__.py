@@ -16,7 +16,9 @@ The wire format lives in :mod:`agentbolt.server.wire` (importing it does not imp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .app import create_app
@@ -24,13 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_PORT", "ServerThread", "create_app", "serve"]
 
-_LAZY = {"create_app": "app", "DEFAULT_PORT": "run", "ServerThread": "run", "serve": "run"}
-
-
-def __getattr__(name: str) -> Any:
-    # FastAPI and uvicorn are imported on first use, so clients importing the wire format stay light.
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# FastAPI and uvicorn are imported on first use, so clients importing the wire format stay light.
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"create_app": "app", "DEFAULT_PORT": "run", "ServerThread": "run", "serve": "run"}
+)
