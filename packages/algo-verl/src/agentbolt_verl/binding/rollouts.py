@@ -279,19 +279,18 @@ class RolloutExecutor:
             counts["empty"] += 1
             if outcome == "trained":
                 outcome = "empty"
-        return await self._outputs(request, rollout, outcome, transitions, rows, stats, counts, start)
+        outputs = await self._outputs(request, rollout, transitions, rows, counts)
+        return self._finish(request, rollout, outcome, transitions, rows, stats, counts, start, outputs)
 
     async def _outputs(
         self,
         request: RolloutRequest,
         rollout: Rollout,
-        outcome: str,
         transitions: list[Transition],
         rows: list[PreparedRow],
-        stats: BatchStats,
         counts: Counter[str],
-        start: float,
-    ) -> RolloutResult:
+    ) -> list[dict[str, Any]]:
+        """verl's ``AgentLoopOutput`` fields for each row (one per LLM call)."""
         versions = [await self._weights_version(r.transition.policy_version if r.transition else None) for r in rows]
         fallback = max((request.global_steps or 1) - 1, 0)
         known = [v for v in versions if v is not None]
@@ -324,7 +323,7 @@ class RolloutExecutor:
                     },
                 }
             )
-        return self._finish(request, rollout, outcome, transitions, rows, stats, counts, start, outputs)
+        return outputs
 
     def _finish(
         self,
