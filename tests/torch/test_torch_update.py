@@ -160,6 +160,7 @@ def test_response_mask_and_validation() -> None:
     updater = PolicyUpdater(policy, UpdateConfig(lr=1e-3))
     metrics = updater.update([Transition(**base), Transition(**{**base, "rollout_id": "s", "response_mask": [0, 0]})])
     assert metrics.skipped == 1 and metrics.n_tokens == 2
+    assert metrics.prompt_len_mean == 3 and metrics.response_len_mean == 2
     assert math.isnan(metrics.logprob_mismatch)  # no rollout logprobs given
     with pytest.raises(UserError, match="advantage"):
         updater.update([Transition(**{**base, "advantage": None})])

@@ -176,6 +176,8 @@ class UpdateMetrics:
     """Trained response tokens (mask 1) per epoch."""
     response_len_mean: float
     """Mean response length in tokens."""
+    prompt_len_mean: float
+    """Mean prompt length in tokens (what the forward pass pays for besides the responses)."""
     optimizer_steps: int
     """AdamW steps taken."""
     micro_batches: int
@@ -402,6 +404,7 @@ class PolicyUpdater:
             n_rollouts=len({it.rollout for it in items}),
             n_tokens=sum(it.n_tokens for it in items),
             response_len_mean=sum(len(it.response) for it in items) / len(items),
+            prompt_len_mean=sum(len(it.prompt) for it in items) / len(items),
             optimizer_steps=counts["steps"],
             micro_batches=counts["micro"],
             tokens_per_s=counts["processed"] / seconds if seconds > 0 else 0.0,
