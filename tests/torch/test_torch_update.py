@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,85 @@ def test_gradient_checkpointing_gives_the_same_update(lora: LoraSettings | None)
         assert metrics.grad_norm > 0
         results.append(trainable(policy))
     assert max((results[0][k] - results[1][k]).abs().max().item() for k in results[0]) < 1e-6
+
+
+def group_transitions(policy: Policy, prompts: Sequence[str], group: int = 4) -> list[Transition]:
+    """GRPO-shaped data: each prompt sampled ``group`` times (one rollout each), responses of varied length."""
+    tok = policy.tokenizer
+    rng = random.Random(1)
+    out = []
+    with GenerationEngine(policy, batch_window_s=0, seed=2) as engine:
+        for task, text in enumerate(prompts):
+            prompt = tok(text)["input_ids"]
+            for g in range(group):
+                params = SamplingParams(max_tokens=rng.randint(1, 12))
+                completion = engine.generate(prompt, params, timeout=60)[0]
+                out.append(
+                    Transition(
+                        rollout_id=f"t{task}-g{g}",
+                        group_id=f"t{task}",
+                        index=0,
+                        prompt_ids=prompt,
+                        response_ids=completion.token_ids,
+                        response_logprobs=completion.logprobs,
+                        advantage=rng.uniform(-1, 1),
+                    )
+                )
+    return out
+
+
+PROMPTS = ["What is 2 + 3?", "Add them: 17 and 25, then tell me", "x"]
+
+
+@pytest.mark.parametrize(
+    ("lora", "kl_coef"),
+    [(None, 0.0), (None, 0.5), (LoraSettings(r=4, alpha=8), 0.5)],
+    ids=["full", "full-kl", "lora-kl"],
+)
+def test_shared_prompts_give_the_same_logprobs_and_update(lora: LoraSettings | None, kl_coef: float) -> None:
+    """One prompt pass per GRPO group + responses on its KV cache == one full sequence per transition."""
+    results = []
+    for share in (False, True):
+        torch.manual_seed(0)
+        policy = fresh_policy(lora=lora, autocast=False)
+        transitions = group_transitions(policy, PROMPTS)
+        # eps=1 makes AdamW's first step ~ -lr * grad (not lr * sign(grad)), so weights compare gradients
+        config = UpdateConfig(lr=1.0, eps=1.0, kl_coef=kl_coef, share_prompts=share, micro_batch_tokens=10_000)
+        updater = PolicyUpdater(policy, config)
+        logprobs = updater.compute_logprobs(transitions)
+        before = trainable(policy)
+        metrics = updater.update(transitions)
+        delta = {k: v - before[k] for k, v in trainable(policy).items()}
+        results.append((logprobs, delta, metrics, transitions))
+    (lp_a, w_a, m_a, transitions), (lp_b, w_b, m_b, _) = results
+    for t, a, b in zip(transitions, lp_a, lp_b, strict=True):
+        assert b == pytest.approx(a, abs=1e-5)
+        assert b == pytest.approx(t.response_logprobs, abs=1e-4)  # and both equal the engine's
+    assert m_b.loss == pytest.approx(m_a.loss, abs=1e-6)
+    assert m_b.grad_norm == pytest.approx(m_a.grad_norm, rel=1e-4)
+    assert m_b.kl == pytest.approx(m_a.kl, abs=1e-6)
+    scale = max(v.abs().max().item() for v in w_a.values())
+    assert scale > 1e-4
+    assert max((w_a[k] - w_b[k]).abs().max().item() for k in w_a) < 1e-4 * scale
+    # the shared pass processes each prompt once instead of once per sample
+    prompt_tokens = sum(len(t.prompt_ids) for t in transitions)
+    assert m_a.tokens_per_s * m_a.seconds - m_b.tokens_per_s * m_b.seconds == pytest.approx(
+        prompt_tokens * 3 / 4, rel=1e-3
+    )
+
+
+def test_shared_prompt_micro_batches_count_each_prompt_once() -> None:
+    policy = fresh_policy(autocast=False)
+    long_prompts = [f"{' '.join(['word'] * 40)} question {i}?" for i in range(3)]  # prompts >> responses
+    transitions = group_transitions(policy, long_prompts)
+    longest = max(len(t.prompt_ids) + len(t.response_ids) for t in transitions)
+    budget = 4 * longest  # one group's full sequences, or all three groups when their prompts are shared
+    plain = PolicyUpdater(policy, UpdateConfig(lr=0.0, share_prompts=False, micro_batch_tokens=budget))
+    shared = PolicyUpdater(policy, UpdateConfig(lr=0.0, micro_batch_tokens=budget))
+    m_plain, m_shared = plain.update(transitions), shared.update(transitions)
+    assert (m_plain.micro_batches, m_shared.micro_batches) == (3, 1)
+    # and groups are never split across micro-batches needlessly: samples of one prompt stay together
+    batches = shared._micro_batches(shared._prepare(transitions))
+    for batch in batches:
+        keys = [it.prompt_key for it in batch]
+        assert keys == sorted(keys, key=keys.index)  # contiguous runs

@@ -182,11 +182,13 @@ class TorchGRPO(Algorithm):
             if step > self.steps:
                 break
             started = time.monotonic()
+            engine_before = self._engine.stats
             await self._publish(ctx, policy, self.sampling)
             rollouts = await ctx.run_rollouts(
                 batch, group_size=self.group_size, tag=f"step{step}", description=f"step {step}/{self.steps}"
             )
             generated = time.monotonic()
+            engine = _engine_delta(engine_before, self._engine.stats)
             spans = await ctx.spans(rollouts)
             try:
                 processed = lrl.process(rollouts, spans)
@@ -208,6 +210,7 @@ class TorchGRPO(Algorithm):
                 "time/rollouts_s": generated - started,
                 "time/update_s": update.seconds,
                 **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
+                **engine,
                 **processed.report.metrics("lightningrl/"),
             }
             log_step(step, values)
@@ -315,6 +318,21 @@ class TorchGRPO(Algorithm):
         accuracy = self._accuracy(rollouts)
         log_step(step, {"val/accuracy": accuracy, "val/reward": _mean_reward(rollouts)})
         return accuracy
+
+
+_ENGINE_COUNTERS = (
+    "prompt_tokens",
+    "cached_prompt_tokens",
+    "generated_tokens",
+    "prefill_batches",
+    "decode_steps",
+    "busy_s",
+)
+
+
+def _engine_delta(before: Any, after: Any) -> dict[str, float]:
+    """What the generation engine did between two stats snapshots, as ``engine/*`` metrics."""
+    return {f"engine/{name}": float(getattr(after, name) - getattr(before, name)) for name in _ENGINE_COUNTERS}
 
 
 def _mean_reward(rollouts: Sequence[t.Rollout]) -> float:

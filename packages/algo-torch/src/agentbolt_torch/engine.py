@@ -8,6 +8,11 @@ Design (continuous batching, one engine thread):
 - New requests are **prefilled** together: prompts are left-padded into one batch (chunked by
   ``max_prefill_tokens``), run once with a fresh KV cache, and a request with ``n > 1`` is
   prefilled once and its cache rows repeated ``n`` times.
+- **Prompt cache** (exact match): each distinct prompt is run once per prefill, and the KV cache
+  rows and last-position logits of recent prompts are kept (LRU, ``prompt_cache_mb``) for the
+  current weights; a later request with the same token ids skips its prefill. The samples of a
+  GRPO group are separate requests with one prompt, so a group costs one prompt pass. The cache
+  is emptied whenever the weights or the policy version change.
 - The prefilled rows **join the running batch** between decode steps: the two KV caches are
   left-padded to the same length and concatenated, so requests that arrive while others are
   generating do not wait for them to finish. Position ids always come from the attention mask
@@ -65,6 +70,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentbolt.errors import UserError
+
+from ._kv import cache_concat, cache_layers, cache_select, cache_trim_left, pad_left, pad_seq_left
 
 if TYPE_CHECKING:
     import torch
@@ -313,7 +320,12 @@ class EngineStats:
     decode_steps: int = 0
     """Decode forward passes."""
     prompt_tokens: int = 0
-    """Prompt tokens prefilled (each prompt once, even with ``n > 1``)."""
+    """Prompt tokens run through the model (each distinct prompt once; cached prompts count 0)."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens of requests served from the prompt cache (or by an identical prompt prefilled
+    in the same batch) instead of a forward pass."""
+    prompt_cache_hits: int = 0
+    """Requests whose prompt needed no forward pass of its own."""
     generated_tokens: int = 0
     """Tokens sampled."""
     max_batch_rows: int = 0
@@ -349,6 +361,27 @@ class _Row:
     stop_reason: str | int | None = None
 
 
+@dataclass
+class _PromptKV:
+    """One prompt's KV rows (per layer ``[1, heads, len, dim]``) and last-position logits."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logits: torch.Tensor
+    nbytes: int
+
+    @classmethod
+    def from_rows(cls, keys: list[torch.Tensor], values: list[torch.Tensor], logits: torch.Tensor) -> _PromptKV:
+        size = sum(t.numel() * t.element_size() for t in (*keys, *values)) + logits.numel() * logits.element_size()
+        return cls(keys, values, logits, size)
+
+    def owned(self) -> _PromptKV:
+        """A copy that does not keep the whole prefill batch's tensors alive."""
+        return _PromptKV(
+            [k.clone() for k in self.keys], [v.clone() for v in self.values], self.logits.clone(), self.nbytes
+        )
+
+
 class GenerationEngine:
     """Continuous-batching sampler over a :class:`~agentbolt_torch.policy.Policy` (see the module doc).
 
@@ -363,6 +396,9 @@ class GenerationEngine:
         seed: seed of the sampler used by requests without their own ``seed``.
         cast_weights: cache the autocast-dtype copies of the linear weights per policy version
             (see the module doc); ``False`` lets autocast cast them on every forward pass.
+        prompt_cache_mb: memory for the KV rows and logits of recent prompts (see the module
+            doc); 0 keeps nothing between prefills (identical prompts admitted together are
+            still run once).
     """
 
     def __init__(
@@ -376,9 +412,12 @@ class GenerationEngine:
         logprobs_mode: LogprobsMode = "raw",
         seed: int | None = 0,
         cast_weights: bool = True,
+        prompt_cache_mb: float = 256.0,
     ) -> None:
         import torch
 
+        if prompt_cache_mb < 0:
+            raise UserError(f"prompt_cache_mb must be >= 0, got {prompt_cache_mb}")
         if logprobs_mode not in ("raw", "processed"):
             raise UserError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
         self.policy = policy
@@ -408,6 +447,10 @@ class GenerationEngine:
         self._cast_weights = cast_weights and low_precision
         self._cast: dict[str, torch.Tensor] | None = None
         self._cast_key: tuple[int, int] | None = None
+        self.prompt_cache_bytes = int(prompt_cache_mb * 2**20)
+        self._prompts: collections.OrderedDict[tuple[int, ...], _PromptKV] = collections.OrderedDict()
+        self._prompts_bytes = 0
+        self._prompts_key: tuple[int, int] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -660,7 +703,7 @@ class GenerationEngine:
             self._reset_batch()
             return
         index = torch.tensor(keep, device=self.policy.device)
-        _cache_select(self._cache, index)
+        cache_select(self._cache, index)
         assert self._mask is not None and self._next is not None
         self._mask = self._mask.index_select(0, index)
         self._next = self._next.index_select(0, index)
@@ -668,7 +711,7 @@ class GenerationEngine:
         used = self._mask.any(dim=0)
         start = int(used.to(torch.int8).argmax())
         if start > 0:
-            _cache_trim_left(self._cache, start)
+            cache_trim_left(self._cache, start)
             self._mask = self._mask[:, start:]
 
     def _merge(self, cache: Any, mask: torch.Tensor, next_tokens: torch.Tensor, rows: list[_Row]) -> None:
@@ -679,8 +722,8 @@ class GenerationEngine:
             return
         assert self._mask is not None and self._next is not None
         length = max(self._mask.shape[1], mask.shape[1])
-        self._cache = _cache_concat(self._cache, self._mask.shape[1], cache, mask.shape[1], length)
-        self._mask = torch.cat([_pad_left(self._mask, length), _pad_left(mask, length)], dim=0)
+        self._cache = cache_concat(self._cache, self._mask.shape[1], cache, mask.shape[1], length)
+        self._mask = torch.cat([pad_left(self._mask, length), pad_left(mask, length)], dim=0)
         self._next = torch.cat([self._next, next_tokens])
         self._rows = self._rows + rows
 
@@ -708,78 +751,156 @@ class GenerationEngine:
         return functional_call(policy.model, self._cast, args=(), kwargs=kwargs, tie_weights=False, strict=False)
 
     def _prefill(self, handles: list[RequestHandle]) -> None:
+        """Admit ``handles``: their prompts' KV rows (computed once per distinct prompt, or from the
+        prompt cache), their first tokens sampled, their rows merged into the running batch."""
         import torch
         from transformers import DynamicCache
 
-        chunks: list[list[RequestHandle]] = [[]]
+        t0 = time.perf_counter()
+        device = self.policy.device
+        stats = self._stats
+        with self.policy.lock:
+            version = self.policy.version
+            self._sync_prompt_cache()
+            prompts: dict[tuple[int, ...], _PromptKV | None] = {}
+            for handle in handles:
+                key = tuple(handle.prompt_ids)
+                if key in prompts:
+                    stats.prompt_cache_hits += 1
+                    stats.cached_prompt_tokens += len(key)
+                    continue
+                cached = self._prompts.get(key)
+                if cached is not None:
+                    self._prompts.move_to_end(key)
+                    stats.prompt_cache_hits += 1
+                    stats.cached_prompt_tokens += len(key)
+                prompts[key] = cached
+            missing = [key for key, entry in prompts.items() if entry is None]
+            for chunk in self._prefill_chunks(missing):
+                for key, entry in zip(chunk, self._run_prompts(chunk), strict=True):
+                    prompts[key] = entry
+                    self._remember_prompt(key, entry)
+            order = list(prompts)
+            entries = [prompts[key] for key in order]
+            assert all(entry is not None for entry in entries)
+            length = max(len(key) for key in order)
+            cache = DynamicCache(config=self.policy.base_model.config)
+            for layer in range(len(entries[0].keys)):  # type: ignore[union-attr]
+                cache.update(
+                    torch.cat([pad_seq_left(e.keys[layer], length) for e in entries]),  # type: ignore[union-attr]
+                    torch.cat([pad_seq_left(e.values[layer], length) for e in entries]),  # type: ignore[union-attr]
+                    layer,
+                )
+            mask = torch.zeros((len(order), length), dtype=torch.long, device=device)
+            for i, key in enumerate(order):
+                mask[i, length - len(key) :] = 1
+            logits = torch.stack([e.logits for e in entries])  # type: ignore[union-attr]
+        position = {key: i for i, key in enumerate(order)}
+        repeat = [position[tuple(h.prompt_ids)] for h in handles for _ in range(h.n)]
+        if repeat != list(range(len(order))):
+            index = torch.tensor(repeat, device=device)
+            cache_select(cache, index)
+            mask = mask.index_select(0, index)
+            logits = logits.index_select(0, index)
+        rows: list[_Row] = []
         for handle in handles:
-            chunk = chunks[-1]
-            longest = max([len(h.prompt_ids) for h in chunk] + [len(handle.prompt_ids)])
-            if chunk and longest * (len(chunk) + 1) > self.max_prefill_tokens:
-                chunks.append([handle])
+            handle._admit(version)
+            prompt_room = self.policy.max_model_len - len(handle.prompt_ids)
+            max_tokens = min(handle.params.max_tokens or self.default_max_tokens, prompt_room)
+            for choice in range(handle.n):
+                rows.append(
+                    _Row(
+                        handle=handle,
+                        choice=choice,
+                        params=handle.params,
+                        max_tokens=max_tokens,
+                        generator=self._row_generator(handle.params.seed, choice),
+                        version=version,
+                    )
+                )
+        stats.requests += len(handles)
+        stats.sequences += len(rows)
+        stats.max_prefill_requests = max(stats.max_prefill_requests, len(handles))
+        stats.max_batch_requests = max(stats.max_batch_requests, len(handles))
+        tokens = self._sample_and_record(logits, rows)
+        keep = [i for i, row in enumerate(rows) if row.finish_reason is None]
+        if keep:
+            index = torch.tensor(keep, device=device)
+            if len(keep) != len(rows):
+                cache_select(cache, index)
+                mask = mask.index_select(0, index)
+            self._merge(cache, mask, tokens.index_select(0, index), [rows[i] for i in keep])
+        stats.busy_s += time.perf_counter() - t0
+
+    def _prefill_chunks(self, prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+        """Split prompts into forward passes of at most ``max_prefill_tokens`` padded tokens
+        (a longer prompt gets a pass of its own)."""
+        chunks: list[list[tuple[int, ...]]] = []
+        for prompt in prompts:
+            chunk = chunks[-1] if chunks else []
+            longest = max([len(p) for p in chunk] + [len(prompt)])
+            if not chunk or longest * (len(chunk) + 1) > self.max_prefill_tokens:
+                chunks.append([prompt])
             else:
-                chunk.append(handle)
+                chunk.append(prompt)
+        return chunks
+
+    def _run_prompts(self, prompts: list[tuple[int, ...]]) -> list[_PromptKV]:
+        """One forward pass over left-padded ``prompts``: each prompt's KV rows and last logits."""
+        import torch
+        from transformers import DynamicCache
+
         device = self.policy.device
         pad = self.policy.tokenizer.pad_token_id or 0
-        for chunk in chunks:
-            t0 = time.perf_counter()
-            length = max(len(h.prompt_ids) for h in chunk)
-            ids = torch.full((len(chunk), length), pad, dtype=torch.long, device=device)
-            mask = torch.zeros((len(chunk), length), dtype=torch.long, device=device)
-            for i, handle in enumerate(chunk):
-                ids[i, length - len(handle.prompt_ids) :] = torch.tensor(handle.prompt_ids, device=device)
-                mask[i, length - len(handle.prompt_ids) :] = 1
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            with self.policy.lock, self.policy.autocast():
-                version = self.policy.version
-                cache = DynamicCache(config=self.policy.base_model.config)
-                out = self._forward(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            logits = out.logits[:, -1, :].float()
-            repeat = [i for i, h in enumerate(chunk) for _ in range(h.n)]
-            if len(repeat) != len(chunk):
-                index = torch.tensor(repeat, device=device)
-                _cache_select(cache, index)
-                mask = mask.index_select(0, index)
-                logits = logits.index_select(0, index)
-            rows: list[_Row] = []
-            for handle in chunk:
-                handle._admit(version)
-                prompt_room = self.policy.max_model_len - len(handle.prompt_ids)
-                max_tokens = min(handle.params.max_tokens or self.default_max_tokens, prompt_room)
-                for choice in range(handle.n):
-                    rows.append(
-                        _Row(
-                            handle=handle,
-                            choice=choice,
-                            params=handle.params,
-                            max_tokens=max_tokens,
-                            generator=self._row_generator(handle.params.seed, choice),
-                            version=version,
-                        )
-                    )
-            stats = self._stats
-            stats.requests += len(chunk)
-            stats.sequences += len(rows)
-            stats.prefill_batches += 1
-            stats.prompt_tokens += sum(len(h.prompt_ids) for h in chunk)
-            stats.max_prefill_requests = max(stats.max_prefill_requests, len(chunk))
-            stats.max_batch_requests = max(stats.max_batch_requests, len(chunk))
-            tokens = self._sample_and_record(logits, rows)
-            keep = [i for i, row in enumerate(rows) if row.finish_reason is None]
-            if keep:
-                index = torch.tensor(keep, device=device)
-                if len(keep) != len(rows):
-                    _cache_select(cache, index)
-                    mask = mask.index_select(0, index)
-                self._merge(cache, mask, tokens.index_select(0, index), [rows[i] for i in keep])
-            stats.busy_s += time.perf_counter() - t0
+        length = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), length), pad, dtype=torch.long, device=device)
+        mask = torch.zeros((len(prompts), length), dtype=torch.long, device=device)
+        for i, prompt in enumerate(prompts):
+            ids[i, length - len(prompt) :] = torch.tensor(prompt, device=device)
+            mask[i, length - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.policy.base_model.config)
+        with self.policy.autocast():
+            out = self._forward(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        logits = out.logits[:, -1, :].float()
+        layers = cache_layers(cache)
+        stats = self._stats
+        stats.prefill_batches += 1
+        stats.prompt_tokens += sum(len(p) for p in prompts)
+        return [
+            _PromptKV.from_rows(
+                [layer.keys[i : i + 1, :, length - len(p) :] for layer in layers],
+                [layer.values[i : i + 1, :, length - len(p) :] for layer in layers],
+                logits[i],
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    # -- prompt cache ----------------------------------------------------------------------------
+
+    def _sync_prompt_cache(self) -> None:
+        """Empty the prompt cache when the weights or the version changed (call under the lock)."""
+        key = (self.policy.weights_generation, self.policy.version)
+        if self._prompts_key != key:
+            self._prompts.clear()
+            self._prompts_bytes = 0
+            self._prompts_key = key
+
+    def _remember_prompt(self, key: tuple[int, ...], entry: _PromptKV) -> None:
+        if entry.nbytes > self.prompt_cache_bytes:
+            return
+        while self._prompts and self._prompts_bytes + entry.nbytes > self.prompt_cache_bytes:
+            _, old = self._prompts.popitem(last=False)
+            self._prompts_bytes -= old.nbytes
+        self._prompts[key] = entry.owned()
+        self._prompts_bytes += entry.nbytes
 
     def _decode_step(self) -> None:
         import torch
@@ -1012,54 +1133,3 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 
 
 # -- KV cache surgery (transformers DynamicCache: layers[i].keys/values [batch, heads, seq, dim]) --
-
-
-def _cache_layers(cache: Any) -> list[Any]:
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise RuntimeError(
-            "unsupported transformers cache layout (no DynamicCache.layers); agentbolt-torch needs transformers>=5"
-        )
-    return [layer for layer in layers if getattr(layer, "is_initialized", True) and hasattr(layer, "keys")]
-
-
-def _cache_select(cache: Any, index: torch.Tensor) -> None:
-    for layer in _cache_layers(cache):
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
-
-
-def _cache_trim_left(cache: Any, start: int) -> None:
-    for layer in _cache_layers(cache):
-        layer.keys = layer.keys[:, :, start:, :]
-        layer.values = layer.values[:, :, start:, :]
-
-
-def _pad_seq_left(x: torch.Tensor, length: int) -> torch.Tensor:
-    import torch
-
-    missing = length - x.shape[2]
-    if missing <= 0:
-        return x
-    pad = x.new_zeros((x.shape[0], x.shape[1], missing, x.shape[3]))
-    return torch.cat([pad, x], dim=2)
-
-
-def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
-    import torch
-
-    missing = length - mask.shape[1]
-    if missing <= 0:
-        return mask
-    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
-
-
-def _cache_concat(a: Any, len_a: int, b: Any, len_b: int, length: int) -> Any:
-    import torch
-
-    for la, lb in zip(_cache_layers(a), _cache_layers(b), strict=True):
-        keys_b, values_b = _pad_seq_left(lb.keys, length), _pad_seq_left(lb.values, length)
-        keys_a, values_a = _pad_seq_left(la.keys, length), _pad_seq_left(la.values, length)
-        la.keys = torch.cat([keys_a, keys_b.to(keys_a.dtype)], dim=0)
-        la.values = torch.cat([values_a, values_b.to(values_a.dtype)], dim=0)
-    return a

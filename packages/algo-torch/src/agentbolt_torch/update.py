@@ -12,7 +12,10 @@ policy version. Read top to bottom:
 2. **Micro-batches** packed to a padded-token budget (``micro_batch_tokens``). Sequences are
    laid out like in generation: prompts left-padded to a common length so all responses start
    at the same column, responses right-padded; ``position_ids = cumsum(mask) - 1``. Logits are
-   computed only for response positions (``logits_to_keep``), which keeps memory small.
+   computed only for response positions (``logits_to_keep``), which keeps memory small. With
+   ``share_prompts`` (default), transitions with the same prompt (a GRPO group) are packed
+   together, each distinct prompt is run once with a KV cache, and the responses run against
+   the cache rows of their prompt: gradients reach the prompt's activations through the cache.
 3. **Loss** per response token (``response_mask`` 1): PPO-clip
    ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with ``r = exp(logp - logp_old)``, optional
    dual clip, plus ``kl_coef * KL(pi || pi_ref)`` (k1/k2/k3 estimators; the reference is the
@@ -52,6 +55,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentbolt.errors import UserError
 from agentbolt.types import Transition
+
+from ._kv import cache_select
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +116,13 @@ class UpdateConfig:
     """Divide logits by this before log-softmax (match the sampling temperature when the
     server reports ``processed`` logprobs; keep 1.0 with the default ``raw`` logprobs)."""
     gradient_checkpointing: bool = False
-    """Trade compute for memory in the backward pass."""
+    """Trade compute for memory in the backward pass (turns ``share_prompts`` off)."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a micro-batch through the model once and its responses against
+    that prompt's KV cache, instead of one full sequence per transition. The samples of a GRPO
+    group share their prompt, so this saves up to ``group_size`` times the prompt compute; the
+    logprobs and gradients are those of separate sequences (up to float rounding). Micro-batch
+    budgets then count each distinct prompt once."""
     seed: int = 0
     """Seed of the mini-batch shuffling."""
 
@@ -208,9 +219,11 @@ class _Item:
     weight: float = 0.0
     recomputed: list[float] | None = None
     n_tokens: int = field(init=False)
+    prompt_key: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.n_tokens = int(sum(1 for m in self.mask if m > 0))
+        self.prompt_key = tuple(self.prompt)
 
 
 def token_weights(
@@ -420,7 +433,7 @@ class PolicyUpdater:
         out: dict[int, list[float]] = {}
         with self.policy.lock, torch.no_grad():
             for micro in self._micro_batches(items):
-                logp, _, _, _ = self._logprobs(self.policy.model, micro, with_entropy=False)
+                logp, _, _ = self._logprobs(self.policy.model, micro, with_entropy=False)
                 for it, row in zip(micro, logp, strict=True):
                     out[it.index] = row[: len(it.response)].tolist()
         return [out[i] for i in range(len(items))]
@@ -477,18 +490,36 @@ class PolicyUpdater:
         batches = [[it for it in items if it.rollout in g] for g in groups]
         return [b for b in batches if b]
 
+    @property
+    def _sharing(self) -> bool:
+        return self.config.share_prompts and not self.config.gradient_checkpointing
+
     def _micro_batches(self, items: list[_Item]) -> list[list[_Item]]:
+        """Pack items into micro-batches of at most ``micro_batch_tokens`` padded tokens.
+
+        Sorted by prompt length, then prompt (so a group's samples are neighbours), then response
+        length. The cost of a micro-batch is ``rows x (P + R)``, or with prompt sharing
+        ``distinct prompts x P + rows x R``.
+        """
         budget = self.config.micro_batch_tokens
-        ordered = sorted(items, key=lambda it: (len(it.prompt), len(it.response)))
+        sharing = self._sharing
+        ordered = sorted(items, key=lambda it: (len(it.prompt), it.prompt_key, len(it.response)))
         batches: list[list[_Item]] = []
         current: list[_Item] = []
+        prompts: set[tuple[int, ...]] = set()
         max_p = max_r = 0
         for it in ordered:
             p, r = max(max_p, len(it.prompt)), max(max_r, len(it.response))
-            if current and (len(current) + 1) * (p + r) > budget:
+            if sharing:
+                n_prompts = len(prompts) + (it.prompt_key not in prompts)
+                cost = n_prompts * p + (len(current) + 1) * r
+            else:
+                cost = (len(current) + 1) * (p + r)
+            if current and cost > budget:
                 batches.append(current)
-                current, p, r = [], len(it.prompt), len(it.response)
+                current, prompts, p, r = [], set(), len(it.prompt), len(it.response)
             current.append(it)
+            prompts.add(it.prompt_key)
             max_p, max_r = p, r
         if current:
             batches.append(current)
@@ -519,17 +550,12 @@ class PolicyUpdater:
 
     def _logprobs(
         self, model: Any, micro: list[_Item], *, with_entropy: bool, entropy_grad: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Per-token logprobs [B, R] of the responses (and entropies), and tokens processed."""
         import torch
 
-        ids, attn, positions, targets = self._batch_tensors(micro)
-        R = targets.shape[1]
-        with self.policy.autocast():
-            out = model(
-                input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=R + 1, use_cache=False
-            )
-        logits = out.logits[:, :-1, :].float()
+        logits, targets, processed = self._response_logits(model, micro)
+        logits = logits.float()
         if self.config.logit_temperature != 1.0:
             logits = logits / self.config.logit_temperature
         log_z = torch.logsumexp(logits, dim=-1)
@@ -540,14 +566,91 @@ class PolicyUpdater:
             with ctx:
                 probs = torch.softmax(logits, dim=-1)
                 entropy = log_z - (probs * logits).sum(-1)
-        return logp, entropy, attn, int(attn.sum())
+        return logp, entropy, processed
+
+    def _response_logits(self, model: Any, micro: list[_Item]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Logits [B, R, V] predicting each response token, the targets [B, R], tokens processed."""
+
+        groups: dict[tuple[int, ...], int] = {}
+        rows = [groups.setdefault(it.prompt_key, len(groups)) for it in micro]
+        if not self._sharing or len(groups) == len(micro):
+            ids, attn, positions, targets = self._batch_tensors(micro)
+            R = targets.shape[1]
+            with self.policy.autocast():
+                out = model(
+                    input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=R + 1, use_cache=False
+                )
+            return out.logits[:, :-1, :], targets, int(attn.sum())
+        return self._shared_prompt_logits(model, micro, rows, len(groups))
+
+    def _shared_prompt_logits(
+        self, model: Any, micro: list[_Item], rows: list[int], n_prompts: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Like the plain pass, but each distinct prompt runs once and responses use its KV cache.
+
+        Pass 1: the ``n_prompts`` distinct prompts, left-padded to P, with a fresh cache; the
+        last position's logits predict every response's first token. The cache rows are then
+        repeated to one per transition (``rows[i]`` is transition i's prompt). Pass 2: the
+        responses minus their last token, right-padded, attend to their prompt's cache rows
+        (mask = prompt mask + response mask, positions continue from each prompt's length).
+        """
+        import torch
+        from transformers import DynamicCache
+
+        device = self.policy.device
+        pad = self.policy.tokenizer.pad_token_id or 0
+        firsts: dict[int, _Item] = {}
+        for it, row in zip(micro, rows, strict=True):
+            firsts.setdefault(row, it)
+        prompts = [firsts[g].prompt for g in range(n_prompts)]
+        P = max(len(p) for p in prompts)
+        R = max(max(len(it.response) for it in micro), 1)
+        prompt_ids = torch.full((n_prompts, P), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((n_prompts, P), dtype=torch.long)
+        for g, prompt in enumerate(prompts):
+            prompt_ids[g, P - len(prompt) :] = torch.tensor(prompt)
+            prompt_mask[g, P - len(prompt) :] = 1
+        prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        response_ids = torch.full((len(micro), R), pad, dtype=torch.long)
+        response_mask = torch.zeros((len(micro), R), dtype=torch.long)
+        for i, it in enumerate(micro):
+            response_ids[i, : len(it.response)] = torch.tensor(it.response)
+            response_mask[i, : len(it.response)] = 1
+        index = torch.tensor(rows, device=device)
+        prompt_mask = prompt_mask.to(device)
+        cache = DynamicCache(config=self.policy.base_model.config)
+        with self.policy.autocast():
+            out = model(
+                input_ids=prompt_ids.to(device),
+                attention_mask=prompt_mask,
+                position_ids=prompt_positions.to(device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1:, :].index_select(0, index)
+            if R > 1:
+                cache_select(cache, index)
+                lengths = prompt_mask.sum(-1).index_select(0, index)
+                inputs, inputs_mask = response_ids[:, :-1].to(device), response_mask[:, :-1].to(device)
+                positions = lengths[:, None] + torch.arange(R - 1, device=device)[None, :]
+                out = model(
+                    input_ids=inputs,
+                    attention_mask=torch.cat([prompt_mask.index_select(0, index), inputs_mask], dim=1),
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = torch.cat([logits, out.logits], dim=1)
+        processed = sum(len(p) for p in prompts) + int(response_mask.sum())
+        return logits, response_ids.to(device), processed
 
     def _recompute_old(self, items: list[_Item]) -> None:
         import torch
 
         with torch.no_grad():
             for micro in self._micro_batches(items):
-                logp, _, _, _ = self._logprobs(self.policy.model, micro, with_entropy=False)
+                logp, _, _ = self._logprobs(self.policy.model, micro, with_entropy=False)
                 for it, row in zip(micro, logp, strict=True):
                     it.recomputed = row[: len(it.response)].tolist()
 
@@ -557,9 +660,9 @@ class PolicyUpdater:
         with torch.no_grad():
             if self.policy.is_lora:
                 with self.policy.reference() as ref:
-                    logp, _, _, _ = self._logprobs(ref, micro, with_entropy=False)
+                    logp, _, _ = self._logprobs(ref, micro, with_entropy=False)
             else:
-                logp, _, _, _ = self._logprobs(self._reference, micro, with_entropy=False)
+                logp, _, _ = self._logprobs(self._reference, micro, with_entropy=False)
         return logp
 
     def _forward_backward(self, micro: list[_Item], *, measure_mismatch: bool) -> dict[str, float]:
@@ -589,7 +692,7 @@ class PolicyUpdater:
                 use_current[i, :n] = True
             else:
                 old[i, :n] = torch.tensor(source)
-        logp, entropy, _, processed = self._logprobs(
+        logp, entropy, processed = self._logprobs(
             self.policy.model, micro, with_entropy=True, entropy_grad=cfg.entropy_coef > 0
         )
         assert entropy is not None
