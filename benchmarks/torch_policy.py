@@ -7,7 +7,9 @@ Prints:
 - a greedy answer (sanity check of the converted weights and the chat template);
 - generation throughput of the engine (tokens/s, total over the batch) for N concurrent requests
   of a 41-token chat prompt generating ``--new-tokens`` each (eos ignored), best of 2 after a
-  warm-up; with ``--http`` the same through the OpenAI-compatible server and the openai client;
+  warm-up; with ``--http`` the same through the OpenAI-compatible server and the openai client.
+  The requests share one prompt, which the engine's prompt cache prefills once: the figures are
+  decoding throughput;
 - one full fine-tune update (bf16 autocast, fp32 master weights, AdamW) on ``--update-seqs``
   sequences of about 150 tokens (110-token prompt + 40-token response): seconds, tokens/s,
   peak RSS. The first update is a warm-up; the second is reported.

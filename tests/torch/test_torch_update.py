@@ -337,3 +337,19 @@ def test_shared_prompt_micro_batches_count_each_prompt_once() -> None:
     for batch in batches:
         keys = [it.prompt_key for it in batch]
         assert keys == sorted(keys, key=keys.index)  # contiguous runs
+
+
+def test_shared_prompts_with_one_token_responses() -> None:
+    """Responses of one token need only the prompt pass (its last logits); empty ones are kept."""
+    policy = fresh_policy(autocast=False)
+    tok = policy.tokenizer
+    prompt = tok("Shared prompt, short answers:")["input_ids"]
+    transitions = [
+        Transition(rollout_id=f"r{i}", index=0, prompt_ids=prompt, response_ids=response)
+        for i, response in enumerate([[5], [9], [], [17]])
+    ]
+    shared = PolicyUpdater(policy, UpdateConfig()).compute_logprobs(transitions)
+    plain = PolicyUpdater(policy, UpdateConfig(share_prompts=False)).compute_logprobs(transitions)
+    assert [len(lp) for lp in shared] == [1, 1, 0, 1]
+    for a, b in zip(shared, plain, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)

@@ -621,6 +621,9 @@ class GenerationEngine:
             for handle in {row.handle for row in self._rows}:
                 self._abort_handle(handle)
             self._reset_batch()
+            self._prompts.clear()
+            self._prompts_bytes = 0
+            self._prompts_key = None
             self._parked = True
             self._cv.notify_all()
 
