@@ -17,7 +17,9 @@ before and after training.
   (token-mean), one backward pass over the whole batch. Nothing of agentbolt but the task file.
 - **agentbolt**: ``Trainer`` + ``torch-grpo``: SQLite store, gateway, one runner process
   running the quickstart agent on the OpenAI client, the policy server, spans, LightningRL,
-  the updater (rollout-mean loss, micro-batches of 2,048 tokens).
+  the updater (rollout-mean loss, micro-batches of 2,048 tokens), on its defaults: the
+  engine's prompt cache and the updater's ``share_prompts`` run each group's shared prompt once
+  (the bare loop runs every sequence whole, as hand-written loops usually do).
 
 Each run is its own subprocess (separate memory and timing). Prints accuracy before/after,
 seconds per training step (evaluation excluded) and the ratio agentbolt/bare (target <= 1.15),

@@ -6,7 +6,7 @@ Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLO
 Prints:
 - a greedy answer (sanity check of the converted weights and the chat template);
 - generation throughput of the engine (tokens/s, total over the batch) for N concurrent requests
-  of a 41-token chat prompt generating ``--new-tokens`` each (eos ignored), best of 2 after a
+  of one short chat prompt (its length is printed) generating ``--new-tokens`` each (eos ignored), best of 2 after a
   warm-up; with ``--http`` the same through the OpenAI-compatible server and the openai client.
   The requests share one prompt, which the engine's prompt cache prefills once: the figures are
   decoding throughput;

@@ -1,6 +1,6 @@
 """Quickstart: train SmolLM2-135M-Instruct on arithmetic with GRPO, on CPU, through agentbolt.
 
-    ./dev quickstart                                  # the defaults below (about 35 minutes on 2 CPU cores)
+    ./dev quickstart                                  # the defaults below (about 20 minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
 What runs: a SQLite store (``runs/quickstart.db``), the gateway, one runner process executing

@@ -35,8 +35,8 @@ Design (continuous batching, one engine thread):
   changes. Embeddings and norms stay fp32.
 
 CPU notes: one forward pass per decode step serves the whole batch, so throughput grows almost
-linearly with concurrent requests (SmolLM2-135M, fp32, 2 cores without bf16 units: about 18
-tokens/s for one request, 87 for 16, 137 for 32; ``benchmarks/torch_policy.py``). PyTorch's
+linearly with concurrent requests (SmolLM2-135M, fp32, 2 cores without bf16 units: about 19
+tokens/s for one request, 90 for 16, 156 for 32; ``benchmarks/torch_policy.py``). PyTorch's
 OpenMP threads spin while waiting; when other processes (agents, runners) compete for the same
 few cores, ``torch.set_num_threads(1)`` or ``OMP_WAIT_POLICY=PASSIVE`` can be several times
 faster than the default.
