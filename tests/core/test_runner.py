@@ -252,6 +252,16 @@ def test_classify_error() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+async def holds_rollouts(store: Store, worker_id: str) -> bool:
+    """Whether ``worker_id`` holds the running attempt of some rollout now."""
+    running = await store.query_rollouts(status=t.RolloutStatus.RUNNING, limit=1000)
+    for rollout in running.items:
+        attempts = await store.get_attempts(rollout.rollout_id)
+        if attempts and attempts[-1].worker_id == worker_id and attempts[-1].status is t.AttemptStatus.RUNNING:
+            return True
+    return False
+
+
 async def run_processes(
     tmp_path: Path, items: list[dict[str, Any]], *, kill_after: int | None = None, **rollout_kw: Any
 ) -> tuple[World, list[t.Rollout], dict[str, list[t.Span]]]:
@@ -268,9 +278,16 @@ async def run_processes(
     pool.start()
     try:
         if kill_after is not None:
-            while (await world.store.count_rollouts())[t.RolloutStatus.SUCCEEDED] < kill_after:
-                await asyncio.sleep(0.05)
             victim = pool.processes[0]
+            deadline = time.monotonic() + 120
+            # kill only once enough finished *and* the victim holds rollouts (on a loaded machine
+            # the other process may have started first and taken everything so far)
+            while not (
+                (await world.store.count_rollouts())[t.RolloutStatus.SUCCEEDED] >= kill_after
+                and await holds_rollouts(world.store, victim.name)
+            ):
+                assert time.monotonic() < deadline, "the victim runner process never held a rollout"
+                await asyncio.sleep(0.02)
             os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
         rollouts = await world.store.wait_for_rollouts(ids, timeout=180)
     finally:

@@ -194,7 +194,8 @@ class UpdateMetrics:
     micro_batches: int
     """Forward/backward passes."""
     tokens_per_s: float
-    """Non-padding tokens (prompt + response) through forward and backward per second."""
+    """Non-padding tokens (prompt + response) through forward and backward per second (with
+    ``share_prompts``, a prompt shared by several transitions counts once)."""
     seconds: float
     """Wall time of the update."""
     skipped: int = 0
