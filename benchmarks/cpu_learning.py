@@ -241,7 +241,7 @@ def main() -> int:
             return 1
         results[name] = json.loads(path.read_text())
 
-    from agentbolt_torch.metrics import plot_curves
+    from agentbolt_torch.metrics import plot_curves, step_means
 
     print(f"\nSmolLM2-135M, {args.steps} steps x {BATCH}x{GROUP} samples, {args.val} held-out questions at T=1.0")
     print(
@@ -255,8 +255,22 @@ def main() -> int:
             f"{statistics.median(times):>14.1f}"
         )
         plot_curves(r["history"], args.out / f"{name}-curve.png", title=f"{name}: SmolLM2 arithmetic GRPO")
-    ratio = statistics.fmean(results["agentbolt"]["step_times"]) / statistics.fmean(results["bare"]["step_times"])
-    print(f"agentbolt / bare time per step: {ratio:.2f}x (target <= 1.15x); curves in {args.out}")
+    means = step_means(results["agentbolt"]["history"])
+    if means:
+        print(
+            f"agentbolt per step: rollouts {means['time/rollouts_s']:.1f} s (engine forward passes "
+            f"{means.get('engine/busy_s', 0):.1f} s) + update {means['time/update_s']:.1f} s; "
+            f"{means.get('engine/prompt_tokens', 0):,.0f} prompt tokens computed, "
+            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} from the prompt cache; "
+            f"prompts {means.get('update/prompt_len_mean', 0):.0f} + responses "
+            f"{means.get('update/response_len_mean', 0):.0f} tokens"
+        )
+    a, b = results["agentbolt"]["step_times"], results["bare"]["step_times"]
+    ratio, ratio_median = statistics.fmean(a) / statistics.fmean(b), statistics.median(a) / statistics.median(b)
+    print(
+        f"agentbolt / bare time per step: {ratio:.2f}x mean, {ratio_median:.2f}x median (target <= 1.15x); "
+        f"curves in {args.out}"
+    )
     return 0
 
 

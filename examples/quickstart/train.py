@@ -26,6 +26,7 @@ from math_tasks import make_tasks  # noqa: E402
 
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.metrics import step_means  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         f"({result.seconds_per_step:.1f} s/step); curve: {result.curve_png}",
         flush=True,
     )
+    means = step_means(result.history)
+    if means:
+        print(
+            f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
+            f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens: "
+            f"{means.get('engine/prompt_tokens', 0):,.0f} prompt tokens computed, "
+            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache",
+            flush=True,
+        )
     return 0
 
 

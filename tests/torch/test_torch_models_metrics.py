@@ -14,7 +14,14 @@ import torch
 
 from agentbolt.errors import MissingDependencyError, UserError
 from agentbolt_torch import models
-from agentbolt_torch.metrics import MetricsLogger, TrainingProgress, format_metrics, plot_curves, read_metrics
+from agentbolt_torch.metrics import (
+    MetricsLogger,
+    TrainingProgress,
+    format_metrics,
+    plot_curves,
+    read_metrics,
+    step_means,
+)
 from agentbolt_torch.models import load_model, tiny_model, tiny_tokenizer
 
 
@@ -124,3 +131,14 @@ def test_training_progress_renders() -> None:
         progress.log("eval accuracy 0.75")
     text = out.getvalue()
     assert "3/3" in text and "reward 1" in text and "eval accuracy 0.75" in text
+
+
+def test_step_means_average_training_steps_only() -> None:
+    history = [
+        {"step": 0, "val/accuracy": 0.3},
+        {"step": 1, "time/step_s": 10.0, "time/update_s": 4.0, "engine/prompt_tokens": 100},
+        {"step": 2, "time/step_s": 20.0, "time/update_s": 6.0, "engine/prompt_tokens": 300},
+        {"step": 2, "val/accuracy": 0.5, "time/update_s": 99.0},  # an evaluation record: not a step
+    ]
+    assert step_means(history) == {"time/step_s": 15.0, "time/update_s": 5.0, "engine/prompt_tokens": 200.0}
+    assert step_means(history, keys=("val/accuracy",)) == {}

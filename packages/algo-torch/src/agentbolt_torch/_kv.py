@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 
 def cache_layers(cache: Any) -> list[Any]:
+    """The initialised layers of a ``DynamicCache`` (each with ``keys`` / ``values``)."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise RuntimeError(
@@ -23,18 +24,21 @@ def cache_layers(cache: Any) -> list[Any]:
 
 
 def cache_select(cache: Any, index: torch.Tensor) -> None:
+    """Keep (or repeat) the batch rows ``index`` of every layer."""
     for layer in cache_layers(cache):
         layer.keys = layer.keys.index_select(0, index)
         layer.values = layer.values.index_select(0, index)
 
 
 def cache_trim_left(cache: Any, start: int) -> None:
+    """Drop the first ``start`` sequence columns of every layer."""
     for layer in cache_layers(cache):
         layer.keys = layer.keys[:, :, start:, :]
         layer.values = layer.values[:, :, start:, :]
 
 
 def pad_seq_left(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Left-pad a ``[batch, heads, seq, dim]`` tensor with zeros to ``length`` columns."""
     import torch
 
     missing = length - x.shape[2]
@@ -45,6 +49,7 @@ def pad_seq_left(x: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Left-pad a ``[batch, seq]`` attention mask with zeros to ``length`` columns."""
     import torch
 
     missing = length - mask.shape[1]
@@ -53,7 +58,8 @@ def pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
-def cache_concat(a: Any, len_a: int, b: Any, len_b: int, length: int) -> Any:
+def cache_concat(a: Any, b: Any, length: int) -> Any:
+    """Stack ``b``'s rows under ``a``'s (both left-padded to ``length`` columns), into ``a``."""
     import torch
 
     for la, lb in zip(cache_layers(a), cache_layers(b), strict=True):

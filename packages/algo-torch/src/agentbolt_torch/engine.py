@@ -725,7 +725,7 @@ class GenerationEngine:
             return
         assert self._mask is not None and self._next is not None
         length = max(self._mask.shape[1], mask.shape[1])
-        self._cache = cache_concat(self._cache, self._mask.shape[1], cache, mask.shape[1], length)
+        self._cache = cache_concat(self._cache, cache, length)
         self._mask = torch.cat([pad_left(self._mask, length), pad_left(mask, length)], dim=0)
         self._next = torch.cat([self._next, next_tokens])
         self._rows = self._rows + rows

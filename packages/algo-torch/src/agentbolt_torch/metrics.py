@@ -35,6 +35,7 @@ __all__ = [
     "format_metrics",
     "plot_curves",
     "read_metrics",
+    "step_means",
 ]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +181,34 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 except orjson.JSONDecodeError:
                     logger.warning("skipping a malformed line in %s", path)
     return records
+
+
+STEP_KEYS = (
+    "time/step_s",
+    "time/rollouts_s",
+    "time/update_s",
+    "engine/prompt_tokens",
+    "engine/cached_prompt_tokens",
+    "engine/busy_s",
+    "update/prompt_len_mean",
+    "update/response_len_mean",
+)
+"""What :func:`step_means` averages by default: where a training step's time goes."""
+
+
+def step_means(records: Iterable[Mapping[str, Any]], keys: Sequence[str] = STEP_KEYS) -> dict[str, float]:
+    """Means of ``keys`` over the training steps (records with ``time/step_s``) of a run.
+
+    ``records`` are :func:`read_metrics` records or a result's ``history``; a key no step
+    recorded is left out.
+    """
+    steps = [r for r in records if _is_number(r.get("time/step_s"))]
+    means = {}
+    for key in keys:
+        values = [float(r[key]) for r in steps if _is_number(r.get(key))]
+        if values:
+            means[key] = sum(values) / len(values)
+    return means
 
 
 _DEFAULT_KEYS = ("train/reward", "loss", "kl", "entropy", "clip_frac", "seconds")

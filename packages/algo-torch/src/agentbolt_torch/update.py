@@ -582,16 +582,16 @@ class PolicyUpdater:
                     input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=R + 1, use_cache=False
                 )
             return out.logits[:, :-1, :], targets, int(attn.sum())
-        return self._shared_prompt_logits(model, micro, rows, len(groups))
+        return self._shared_prompt_logits(model, micro, list(groups), rows)
 
     def _shared_prompt_logits(
-        self, model: Any, micro: list[_Item], rows: list[int], n_prompts: int
+        self, model: Any, micro: list[_Item], prompts: list[tuple[int, ...]], rows: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Like the plain pass, but each distinct prompt runs once and responses use its KV cache.
 
-        Pass 1: the ``n_prompts`` distinct prompts, left-padded to P, with a fresh cache; the
-        last position's logits predict every response's first token. The cache rows are then
-        repeated to one per transition (``rows[i]`` is transition i's prompt). Pass 2: the
+        Pass 1: the distinct ``prompts``, left-padded to P, with a fresh cache; the last
+        position's logits predict every response's first token. The cache rows are then
+        repeated to one per transition (``prompts[rows[i]]`` is transition i's prompt). Pass 2: the
         responses minus their last token, right-padded, attend to their prompt's cache rows
         (mask = prompt mask + response mask, positions continue from each prompt's length).
         """
@@ -600,10 +600,7 @@ class PolicyUpdater:
 
         device = self.policy.device
         pad = self.policy.tokenizer.pad_token_id or 0
-        firsts: dict[int, _Item] = {}
-        for it, row in zip(micro, rows, strict=True):
-            firsts.setdefault(row, it)
-        prompts = [firsts[g].prompt for g in range(n_prompts)]
+        n_prompts = len(prompts)
         P = max(len(p) for p in prompts)
         R = max(max(len(it.response) for it in micro), 1)
         prompt_ids = torch.full((n_prompts, P), pad, dtype=torch.long)

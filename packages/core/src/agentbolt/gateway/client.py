@@ -67,12 +67,14 @@ class GatewayClient:
         await self._http.aclose()
 
     async def _call(self, route: str, body: Mapping[str, Any] | None = None, *, wait: float | None = 0.0) -> Any:
+        """POST ``body`` to ``/gateway/{route}`` (GET when there is no body to send, for the
+        read-only routes); ``wait`` is extra time the gateway may take (``None``: unbounded)."""
         try:
-            if body is None and route in ("health", "stats"):
+            if body is None:
                 response = await self._http.get(f"/gateway/{route}")
             else:
                 response = await self._http.post(
-                    f"/gateway/{route}", json=dict(body or {}), timeout=None if wait is None else self._timeout + wait
+                    f"/gateway/{route}", json=dict(body), timeout=None if wait is None else self._timeout + wait
                 )
         except httpx.HTTPError as exc:
             raise GatewayControlError(
@@ -102,10 +104,10 @@ class GatewayClient:
 
     async def pause(self) -> None:
         """New calls wait (bounded, then 503 with Retry-After) until :meth:`resume`."""
-        await self._call("pause")
+        await self._call("pause", {})
 
     async def resume(self) -> None:
-        await self._call("resume")
+        await self._call("resume", {})
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Wait until no call is in flight upstream; ``True`` if that happened within ``timeout``."""
@@ -114,7 +116,7 @@ class GatewayClient:
 
     async def flush(self) -> None:
         """Write the spans the gateway still buffers to its store."""
-        await self._call("flush")
+        await self._call("flush", {})
 
     async def set_policy(
         self,
