@@ -40,6 +40,10 @@ class TorchGRPOResult:
     steps: int
     accuracy_before: float | None
     accuracy_after: float | None
+    val_reward_before: float | None
+    """Mean final reward on the held-out tasks before training (``None`` without ``val``)."""
+    val_reward_after: float | None
+    """Mean final reward on the held-out tasks after training."""
     reward_first: float | None
     """Mean reward of the first training step."""
     reward_last: float | None
@@ -174,7 +178,7 @@ class TorchGRPO(Algorithm):
             metrics.log(values, step=step)
             ctx.log_metrics(step, values)
 
-        accuracy_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
+        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
         step_times: list[float] = []
         rewards: list[float] = []
         epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
@@ -218,10 +222,10 @@ class TorchGRPO(Algorithm):
                 await self._evaluate(ctx, policy, val, step=step, log_step=log_step)
             if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
                 await asyncio.to_thread(updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
-        accuracy_after = (
+        accuracy_after, val_reward_after = (
             await self._evaluate(ctx, policy, val, step=self.steps, log_step=log_step)
             if self.steps
-            else accuracy_before
+            else (accuracy_before, val_reward_before)
         )
         checkpoint = None
         if self.checkpoint_every:
@@ -238,6 +242,8 @@ class TorchGRPO(Algorithm):
             steps=len(step_times),
             accuracy_before=accuracy_before,
             accuracy_after=accuracy_after,
+            val_reward_before=val_reward_before,
+            val_reward_after=val_reward_after,
             reward_first=rewards[0] if rewards else None,
             reward_last=rewards[-1] if rewards else None,
             seconds_per_step=statistics.fmean(step_times) if step_times else 0.0,
@@ -304,9 +310,10 @@ class TorchGRPO(Algorithm):
 
     async def _evaluate(
         self, ctx: AlgorithmContext, policy: Any, val: Sequence[t.Task], *, step: int, log_step: Any
-    ) -> float | None:
+    ) -> tuple[float | None, float | None]:
+        """Held-out accuracy and mean reward (``(None, None)`` without held-out tasks)."""
         if not val:
-            return None
+            return None, None
         await self._publish(ctx, policy, self.val_sampling)
         rollouts = await ctx.run_rollouts(
             val,
@@ -315,9 +322,9 @@ class TorchGRPO(Algorithm):
             tag=f"val{step}",
             description=f"held-out ({len(val)} tasks)",
         )
-        accuracy = self._accuracy(rollouts)
-        log_step(step, {"val/accuracy": accuracy, "val/reward": _mean_reward(rollouts)})
-        return accuracy
+        accuracy, reward = self._accuracy(rollouts), _mean_reward(rollouts)
+        log_step(step, {"val/accuracy": accuracy, "val/reward": reward})
+        return accuracy, reward
 
 
 _ENGINE_COUNTERS = (
