@@ -115,7 +115,9 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
         "tiny", steps=1, batch_size=2, group_size=2, max_tokens=8, val_every=None, out_dir=tmp_path / "out", plot=False
     )
     url = f"sqlite:///{tmp_path}/runs.db"
-    Trainer(parity_agent, algorithm, store=url, n_runners=0, progress=False, run_name="parity").fit(tasks[:2], tasks[2:])
+    Trainer(parity_agent, algorithm, store=url, n_runners=0, progress=False, run_name="parity").fit(
+        tasks[:2], tasks[2:]
+    )
 
     async def read() -> tuple[Any, ...]:
         store = open_store(url)

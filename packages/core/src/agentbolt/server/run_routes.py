@@ -91,7 +91,11 @@ def add_run_routes(app: FastAPI, store: Store, docs: dict[str, Any]) -> None:
         return _ok(await store.add_run_metrics(run_id, body.step, body.values))
 
     @app.get(
-        "/v1/runs/{run_id}/metrics", response_model=RunMetricsResponse, operation_id="get_run_metrics", tags=tags, **docs
+        "/v1/runs/{run_id}/metrics",
+        response_model=RunMetricsResponse,
+        operation_id="get_run_metrics",
+        tags=tags,
+        **docs,
     )
     async def get_run_metrics(
         run_id: str, after_seq: Annotated[int | None, Query(description="Only metrics after this seq.")] = None

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from .. import types as t
-from ..runs import Run, RunMetrics
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
+from ..runs import Run, RunMetrics
 from . import lifecycle
 from .base import Notifier, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin

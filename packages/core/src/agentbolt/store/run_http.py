@@ -9,7 +9,16 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from ..runs import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, RunStatus, StoreHealth, check_metric_values
+from ..runs import (
+    RolloutSearch,
+    RolloutSearchPage,
+    Run,
+    RunMetrics,
+    RunSpec,
+    RunStatus,
+    StoreHealth,
+    check_metric_values,
+)
 
 __all__ = ["HttpRunsMixin"]
 

@@ -446,9 +446,7 @@ class SqlStore(SqlRunsMixin):
             # The version check comes first: an older layout lacks columns that new indexes name.
             found = None
             if sa.inspect(conn).has_table("store_meta"):
-                found = conn.execute(
-                    sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")
-                ).scalar()
+                found = conn.execute(sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
             if found is not None and int(found) != SCHEMA_VERSION:
                 raise UserError(
                     f"store {self.url} has table layout version {found}; this agentbolt uses "

@@ -127,7 +127,9 @@ class SqlRunsMixin:
 
     async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
         def tx(conn: Connection) -> Run:
-            run = run_common.finished_run(_run_from(self._load_run(conn, run_id, lock=True)), status, error, self._now())
+            run = run_common.finished_run(
+                _run_from(self._load_run(conn, run_id, lock=True)), status, error, self._now()
+            )
             conn.execute(
                 runs.update()
                 .where(runs.c.run_id == run_id)
@@ -207,9 +209,7 @@ class SqlRunsMixin:
 
         def tx(conn: Connection) -> RolloutSearchPage:
             total = conn.execute(sa.select(sa.func.count()).select_from(rollouts).where(*where)).scalar_one()
-            ids = (
-                sa.select(c.id).where(*where).order_by(c.id.desc()).limit(query.limit).offset(query.offset)
-            )
+            ids = sa.select(c.id).where(*where).order_by(c.id.desc()).limit(query.limit).offset(query.offset)
             keys = [row[0] for row in conn.execute(ids)]
             items: list[t.Rollout] = []
             if keys:

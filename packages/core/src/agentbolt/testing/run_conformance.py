@@ -89,7 +89,9 @@ class RunStoreConformance:
 
     async def test_search_rollouts(self, store: Store) -> None:
         specs = [
-            t.RolloutSpec(rollout_id=f"a{i}", task_id=f"add-{i}", input={"question": f"What is {i}+1?"}, run_id="A", step=i % 2)
+            t.RolloutSpec(
+                rollout_id=f"a{i}", task_id=f"add-{i}", input={"question": f"What is {i}+1?"}, run_id="A", step=i % 2
+            )
             for i in range(6)
         ] + [t.RolloutSpec(rollout_id="b0", task_id="other", input={"question": "Capital?"}, run_id="B", step=0)]
         await store.enqueue(specs)
