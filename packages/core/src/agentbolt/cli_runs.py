@@ -111,7 +111,7 @@ def _time(ts: float | None) -> str:
 
 
 def _num(x: Any) -> str:
-    return "–" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
+    return "-" if x is None else (f"{x:.4g}" if isinstance(x, float) else str(x))
 
 
 # -- runs ------------------------------------------------------------------------------------------
@@ -169,8 +169,8 @@ def runs_show(
     run, metrics, n_rollouts = _run(store, store_token, work)
     console = Console()
     console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]")
-    console.print(f"algorithm {run.algorithm}  model {run.model or '–'}  steps {run.steps}  rollouts {n_rollouts}")
-    console.print(f"started {_time(run.started_at)}  ended {_time(run.ended_at) or '–'}")
+    console.print(f"algorithm {run.algorithm}  model {run.model or '-'}  steps {run.steps}  rollouts {n_rollouts}")
+    console.print(f"started {_time(run.started_at)}  ended {_time(run.ended_at) or '-'}")
     if run.error:
         console.print(f"[red]error: {run.error}[/red]")
     console.print_json(orjson.dumps(run.config).decode())
@@ -229,8 +229,8 @@ def rollouts_show(
     r = v.rollout
     console = Console()
     console.print(
-        f"[bold]{r.rollout_id}[/bold] [{r.status.value}] task {r.task_id} run {r.run_id or '–'} step "
-        f"{'–' if r.step is None else r.step} reward {_num(v.final_reward)}"
+        f"[bold]{r.rollout_id}[/bold] [{r.status.value}] task {r.task_id} run {r.run_id or '-'} step "
+        f"{'-' if r.step is None else r.step} reward {_num(v.final_reward)}"
     )
     if r.error:
         console.print(f"[red]{r.error.kind.value}: {r.error.type}: {r.error.message}[/red]")
@@ -252,15 +252,15 @@ def rollouts_show(
     for c in v.calls:
         x = c.transition
         table.add_row(
-            "–" if c.index is None else str(c.index),
-            c.agent_name or "–",
+            "-" if c.index is None else str(c.index),
+            c.agent_name or "-",
             c.span.span_id,
             str(len(c.prompt_ids)),
             str(len(c.tokens)),
-            _num(x.reward) if x else "–",
-            _num(x.advantage) if x else "–",
+            _num(x.reward) if x else "-",
+            _num(x.advantage) if x else "-",
             c.token_source,
-            "yes" if x else f"excluded: {c.exclusion}" if c.exclusion else "–",
+            "yes" if x else f"excluded: {c.exclusion}" if c.exclusion else "-",
         )
     console.print(table)
     if v.lightningrl_error:

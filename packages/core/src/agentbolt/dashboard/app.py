@@ -51,7 +51,7 @@ def _fmt_time(ts: float | None) -> str:
 
 def _fmt_num(value: Any, digits: int = 4) -> str:
     if value is None:
-        return "–"
+        return "\u2013"  # en dash
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
