@@ -102,7 +102,9 @@ class DashboardThread:
 
     def __exit__(self, *exc: Any) -> None:
         import asyncio
+        import concurrent.futures
 
         self._server.should_exit = True
         self._thread.join(timeout=10)
-        asyncio.run(self._store.close())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # any loop of this thread may be busy
+            pool.submit(asyncio.run, self._store.close()).result()

@@ -40,6 +40,7 @@ class Chart {
     const steps = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
     const data = [steps, ...maps.map((m) => steps.map((x) => (m.has(x) ? m.get(x) : null)))];
     const key = metric + "|" + series.map((s) => s.runId).join(",");
+    this.el.dataset.points = String(steps.length);
     if (this.plot && this.key === key) { this.plot.setData(data); return; }
     if (this.plot) this.plot.destroy();
     this.key = key;
@@ -53,7 +54,6 @@ class Chart {
         points: { show: true, size: 6 }, value: (u, v) => fmt(v),
       }))],
     }, data, this.el);
-    this.el.dataset.points = String(steps.length);
   }
 }
 
