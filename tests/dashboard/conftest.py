@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dashboard_helpers import DashboardThread, train_tiny_runs  # noqa: E402
+from dashboard_helpers import DashboardThread, train_tiny_runs
 
 CHROMIUM = Path("/usr/bin/chromium")
 

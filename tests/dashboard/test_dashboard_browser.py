@@ -36,7 +36,9 @@ def test_every_page_loads(dashboard: DashboardThread, page: Any, store_db: Path)
     assert response.status == 200
     page.wait_for_selector("#run-chart .uplot")
     steps = page.locator("#steps-table tbody tr")
-    assert steps.count() == len(sql(store_db, "SELECT 1 FROM run_metrics JOIN runs ON runs.id = run_key WHERE run_id = ?", run_id))
+    assert steps.count() == len(
+        sql(store_db, "SELECT 1 FROM run_metrics JOIN runs ON runs.id = run_key WHERE run_id = ?", run_id)
+    )
     for path, marker in [
         ("/rollouts", "#rollouts-table"),
         (f"/runs/{run_id}/rewards", "#top-advantages"),
@@ -48,7 +50,7 @@ def test_every_page_loads(dashboard: DashboardThread, page: Any, store_db: Path)
     (total,) = sql(store_db, "SELECT COUNT(*) FROM rollouts")[0]
     page.goto(f"{dashboard.url}/health")
     assert page.locator("#fidelity").inner_text().split()[1] == str(
-        sql(store_db, "SELECT COUNT(*) FROM spans WHERE body LIKE '%\"agentbolt.llm.token_source\":\"exact\"%'")[0][0]
+        sql(store_db, 'SELECT COUNT(*) FROM spans WHERE body LIKE \'%"agentbolt.llm.token_source":"exact"%\'')[0][0]
     )
     assert total == 2 * (2 * 2 * 4 + 3 * 2)  # per run: 2 steps x 2 tasks x 4 samples + 3 held-out evaluations x 2 tasks
 
@@ -73,7 +75,11 @@ def test_rollouts_filter(dashboard: DashboardThread, page: Any, store_db: Path) 
     page.wait_for_url(re.compile(r"q=add-1"))
     tasks = {page.locator("#rollouts-table tbody tr td:nth-child(2)").nth(i).inner_text() for i in range(rows.count())}
     assert tasks <= {"add-1"} and rows.count() == len(
-        sql(store_db, "SELECT 1 FROM rollouts WHERE run_id = ? AND step = 2 AND mode = 'train' AND task_id = 'add-1'", run_id)
+        sql(
+            store_db,
+            "SELECT 1 FROM rollouts WHERE run_id = ? AND step = 2 AND mode = 'train' AND task_id = 'add-1'",
+            run_id,
+        )
     )
 
     page.goto(f"{dashboard.url}/rollouts?reward_min=0.75")

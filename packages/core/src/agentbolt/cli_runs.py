@@ -383,30 +383,33 @@ def dashboard(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     app = create_app(opened, token=token)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(code=2) from None
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    hint = "  (open it once with ?token=<token>)" if token else ""
+    typer.echo(f"agentbolt dashboard of {opened.url} at http://{shown}:{bound}/{hint}  (Ctrl-C to stop)", err=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
 
     async def serve() -> None:
-        await server.startup()
-        if server.should_exit:
-            raise OSError(f"cannot listen on {host}:{port}")
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        hint = "  (open it once with ?token=<token>)" if token else ""
-        typer.echo(f"agentbolt dashboard of {opened.url} at http://{shown}:{bound}/{hint}  (Ctrl-C to stop)", err=True)
         try:
-            await server.main_loop()
+            await uvicorn.Server(config).serve(sockets=[sock])
         finally:
-            await server.shutdown()
             await opened.close()
 
     try:
         asyncio.run(serve())
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
 
 
 def register(app: typer.Typer) -> None:
