@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 TOKEN_COOKIE = "agentbolt_dashboard_token"
 PAGE_SIZE = 50
+FIDELITY_SAMPLE = 50
+"""The Health page counts captured-call fidelity over this many latest succeeded rollouts."""
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -190,7 +192,7 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
 
     async def health_page(request: Request) -> Response:
         health = await store.store_health()
-        recent = await store.search_rollouts(RolloutSearch(status=[t.RolloutStatus.SUCCEEDED], limit=200))
+        recent = await store.search_rollouts(RolloutSearch(status=[t.RolloutStatus.SUCCEEDED], limit=FIDELITY_SAMPLE))
         fidelity = await views.fidelity(store, [r.rollout_id for r in recent.items])
         return page("health.html", request, h=health, fidelity=fidelity, sampled=len(recent.items), nav="health")
 

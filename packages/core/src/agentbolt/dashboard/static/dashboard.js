@@ -132,7 +132,7 @@ function runPage() {
       document.getElementById("run-steps").textContent = Math.max(...series.rows.map((r) => r.step));
     }
     if (!select.value && select.options.length) select.value = select.options[0].value;
-    if (select.value) chart.draw(select.value, [series], [runId]);
+    if (select.value) chart.draw(select.value, [series], [window.AGENTBOLT_RUN_LABEL || runId]);
   }
 
   select.addEventListener("change", () => { chart.key = ""; tick(); });
