@@ -445,7 +445,8 @@ class SqlStore(SqlRunsMixin):
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7254100)")
             # The version check comes first: an older layout lacks columns that new indexes name.
             found = None
-            if sa.inspect(conn).has_table("store_meta"):
+            in_schema = self._schema if self.dialect == "postgresql" else None
+            if sa.inspect(conn).has_table("store_meta", schema=in_schema):
                 found = conn.execute(sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
             if found is not None and int(found) != SCHEMA_VERSION:
                 raise UserError(
