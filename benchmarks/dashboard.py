@@ -222,6 +222,7 @@ async def measure(db: Path, run_id: str, rollout_id: str, repeat: int) -> None:
         ("rollouts page (task text search, all runs)", "/rollouts?q=task-7"),
         ("trajectory", f"/rollouts/{rollout_id}"),
         ("run page", f"/runs/{run_id}"),
+        ("reward debugger (LightningRL on 400 rollouts)", f"/runs/{run_id}/rewards"),
         ("health", "/health"),
     ]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dashboard") as client:
@@ -247,6 +248,7 @@ def main() -> None:
     parser.add_argument("--db", type=Path, help="where to write the store (default: a temporary folder)")
     args = parser.parse_args()
     db = args.db or Path(tempfile.mkdtemp(prefix="agentbolt-dash-bench-")) / "store.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
     if db.exists():
         raise SystemExit(f"{db} exists; pass a new --db path")
     run_id, rollout_id = fill(db, args.rollouts, args.spans_per_rollout)
