@@ -152,9 +152,12 @@ class AlgorithmContext:
     metrics_path: Path | None = None
     """JSONL file that :meth:`log_metrics` appends to, if set."""
     run_id: str = field(default_factory=lambda: t.new_id("run-"))
-    """Prefix of this run's rollout ids."""
+    """The run (``Trainer`` records it in the store); prefix of its rollout ids, which carry it."""
     resources_version: int | None = None
     """The latest version :meth:`publish` stored."""
+    record_metrics: bool = True
+    """Record :meth:`log_metrics` in the store under ``run_id`` (the run must exist there)."""
+    _metrics_write: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def gateway_url(self) -> str:
@@ -183,12 +186,14 @@ class AlgorithmContext:
         tag: str = "",
         timeout: float | None = None,
         description: str | None = None,
+        step: int | None = None,
     ) -> list[t.Rollout]:
         """Run every task ``group_size`` times and wait for all to be final.
 
-        Rollouts of the same task share a ``group_id`` (``{run}:{tag}:{task_id}``). Their spans are
-        in the store when this returns (the gateway is flushed). Returns the final rollouts in
-        task order; ``timeout`` leaves unfinished ones as they are (check their status).
+        Rollouts of the same task share a ``group_id`` (``{run}:{tag}:{task_id}``); every rollout
+        carries ``run_id`` and ``step`` (the dashboard filters by them). Their spans are in the
+        store when this returns (the gateway is flushed). Returns the final rollouts in task
+        order; ``timeout`` leaves unfinished ones as they are (check their status).
         """
         if group_size < 1:
             raise UserError(f"group_size must be at least 1, got {group_size}")
@@ -208,6 +213,8 @@ class AlgorithmContext:
                         max_attempts=self.max_attempts,
                         timeout_s=self.timeout_s,
                         metadata=dict(task.metadata),
+                        run_id=self.run_id,
+                        step=step,
                     )
                 )
         rollouts = await self.store.enqueue(specs)
@@ -238,12 +245,39 @@ class AlgorithmContext:
         return out
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Show metrics and append them to ``metrics_path`` (JSONL) when set."""
+        """Show metrics, append them to ``metrics_path`` (JSONL) when set, and record the finite
+        ones in the store under the run (in the background, in call order; :meth:`flush_metrics`
+        waits for them). Call it from the algorithm's event loop."""
         self.progress.metrics(step, metrics)
         if self.metrics_path is not None:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        if not self.record_metrics:
+            return
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise UserError("log_metrics records into the store: call it from the algorithm's event loop") from None
+        self._metrics_write = loop.create_task(self._record_metrics(self._metrics_write, step, values))
+
+    async def _record_metrics(self, previous: asyncio.Task[None] | None, step: int, values: dict[str, float]) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)
+        try:
+            await self.store.add_run_metrics(self.run_id, step, values)
+        except Exception as exc:  # metrics must not stop training; the JSONL file still has them
+            log.warning("could not record step %d metrics of run %s in the store: %s", step, self.run_id, exc)
+
+    async def flush_metrics(self) -> None:
+        """Wait until every :meth:`log_metrics` call so far is recorded in the store."""
+        if self._metrics_write is not None:
+            await asyncio.shield(self._metrics_write)
 
 
 class Algorithm(abc.ABC):
@@ -251,6 +285,21 @@ class Algorithm(abc.ABC):
     ``agentbolt_register_algorithms`` (or pass an instance to :class:`~agentbolt.trainer.Trainer`)."""
 
     name: ClassVar[str] = "algorithm"
+
+    def run_config(self) -> dict[str, Any]:
+        """Settings recorded with the run (JSON): the public attributes, by default, leaving out
+        credentials (names with ``key``, ``token``, ``secret`` or ``password``); values JSON cannot
+        hold are recorded as their ``str``."""
+        secret = ("key", "token", "secret", "password")
+        public = {
+            k: v for k, v in vars(self).items() if not k.startswith("_") and not any(s in k.lower() for s in secret)
+        }
+        return json.loads(json.dumps(public, default=str))
+
+    def run_model(self) -> str | None:
+        """The policy model recorded with the run: the ``model`` attribute when it is a string."""
+        model = getattr(self, "model", None)
+        return model if isinstance(model, str) else None
 
     @abc.abstractmethod
     async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> Any:
@@ -384,7 +433,7 @@ class Evaluate(Algorithm):
         )
         started = time.monotonic()
         rollouts = await ctx.run_rollouts(
-            tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate"
+            tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate", step=0
         )
         result = summarize(rollouts, await ctx.spans(rollouts), time.monotonic() - started)
         if result.reward_mean is not None:

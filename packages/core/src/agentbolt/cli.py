@@ -3,6 +3,7 @@
 agentbolt --version
 agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
+agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli_runs)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from .cli_runs import register as _register_run_commands
 
 app = typer.Typer(
     name="agentbolt",
@@ -241,6 +243,9 @@ def runner(
     while not stop and any(pool.alive()):
         time.sleep(0.5)
     pool.stop()
+
+
+_register_run_commands(app)  # runs, rollouts, export, dashboard
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from . import types as t
 from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
 from .errors import UserError
 from .gateway import GatewayThread, Upstream
+from .run_recorder import RunRecorder
 from .runner import Runner, RunnerConfig, RunnerPool
 from .store import DEFAULT_STORE_URL, Store, open_store
 
@@ -94,6 +95,7 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
+        run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Trainer:
         metrics_path: str | Path | None = None,
         progress: bool = True,
         adapters: list[str] | None = None,
+        run_name: str | None = None,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -137,6 +140,7 @@ class Trainer:
         self.timeout_s = timeout_s
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
+        self.run_name = run_name
         self.console = Console(stderr=True)
         if n_runners > 0 and not isinstance(store, str):
             raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
@@ -234,7 +238,9 @@ class Trainer:
                 metrics_path=self.metrics_path,
             )
             stack.push_async_callback(algorithm.close)
-            algo_task = asyncio.ensure_future(algorithm.run(ctx, train, val))
+            recorder = RunRecorder(store, ctx, algorithm, name=self.run_name)
+            await recorder.start()
+            algo_task = asyncio.ensure_future(recorder.watch(algorithm.run(ctx, train, val)))
             try:
                 if runner_tasks:  # an in-process runner dying is fatal to the run
                     await asyncio.wait([algo_task, *runner_tasks], return_when=asyncio.FIRST_COMPLETED)

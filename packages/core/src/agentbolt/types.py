@@ -271,6 +271,10 @@ class RolloutSpec(BaseModel):
     """Wall-clock limit of each attempt, enforced by the store; ``None`` means no limit."""
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     """Free-form data kept with the rollout."""
+    run_id: str | None = None
+    """The training/evaluation run that enqueued it (see :mod:`agentbolt.runs`), if any."""
+    step: int | None = None
+    """The run's step the rollout belongs to, if any."""
 
     @classmethod
     def from_task(cls, task: Task, **kwargs: Any) -> RolloutSpec:
@@ -319,6 +323,10 @@ class Rollout(BaseModel):
     """Last change."""
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     """Free-form data given at enqueue."""
+    run_id: str | None = None
+    """The run that enqueued it, if any."""
+    step: int | None = None
+    """The run's step the rollout belongs to, if any."""
 
     def matches_spec(self, spec: RolloutSpec) -> bool:
         """True when ``spec`` describes this rollout (used for idempotent enqueue)."""
@@ -329,6 +337,8 @@ class Rollout(BaseModel):
             and self.group_id == spec.group_id
             and self.max_attempts == spec.max_attempts
             and self.timeout_s == spec.timeout_s
+            and self.run_id == spec.run_id
+            and self.step == spec.step
         )
 
 

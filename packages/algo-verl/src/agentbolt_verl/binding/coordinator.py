@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -132,6 +133,38 @@ class WeightSyncCoordinator:
         self.state = "init"
         self.resources: Resources | None = None
         self.drain_timeouts = 0
+        self.run_id: str | None = None
+
+    # -- the run in the store (the dashboard's Runs page, `agentbolt runs`) -------------------------
+
+    async def start_run(self, config: Mapping[str, Any]) -> None:
+        """Record a running ``verl`` run with the binding's settings."""
+        if self.store is not None:
+            from agentbolt.runs import RunSpec
+
+            run = await self.store.start_run(RunSpec(algorithm="verl", model=self.model_name, config=dict(config)))
+            self.run_id = run.run_id
+
+    async def record_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record verl's step metrics (the finite numbers among them) under the run."""
+        if self.store is None or self.run_id is None:
+            return
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        try:
+            await self.store.add_run_metrics(self.run_id, step, values)
+        except Exception as exc:  # never stop verl's training for the dashboard
+            logger.warning("could not record step %d metrics in the store: %s", step, exc)
+
+    async def finish_run(self, status: str = "succeeded") -> None:
+        """Give the run its final status."""
+        if self.store is not None and self.run_id is not None:
+            from agentbolt.runs import RunStatus
+
+            await self.store.finish_run(self.run_id, RunStatus(status))
 
     async def replicas_awake(self, addresses: Sequence[str], weights_version: int) -> Resources | None:
         """The replicas serve ``weights_version``: route to them, publish, resume the gateway."""
@@ -226,11 +259,13 @@ class AgentboltTrainerMixin:
             async def build() -> WeightSyncCoordinator:
                 from agentbolt.store import open_store
 
-                return WeightSyncCoordinator.from_settings(
+                coordinator = WeightSyncCoordinator.from_settings(
                     settings,
                     self.config,  # type: ignore[attr-defined]
                     store=open_store(settings.store_url),
                 )
+                await coordinator.start_run(settings.model_dump(mode="json"))
+                return coordinator
 
             self._agentbolt_coordinator = self._agentbolt_run(build())
         return self._agentbolt_coordinator
@@ -264,6 +299,7 @@ class AgentboltTrainerMixin:
         coordinator, bridge = self._agentbolt_coordinator, self._agentbolt_bridge
         if bridge is not None:
             if coordinator is not None and coordinator.store is not None:
+                bridge.run(coordinator.finish_run())
                 bridge.run(coordinator.store.close())
             bridge.close()
 
@@ -292,4 +328,6 @@ class AgentboltTrainerMixin:
             metrics.update(self._agentbolt_sink.drain())
         if self._agentbolt_coordinator is not None:
             metrics["agentbolt/gateway/drain_timeouts"] = float(self._agentbolt_coordinator.drain_timeouts)
+            step = int(self.global_steps)  # type: ignore[attr-defined]
+            self._agentbolt_run(self._agentbolt_coordinator.record_metrics(step, metrics))
         return out
