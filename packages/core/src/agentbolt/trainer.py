@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -94,6 +94,14 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
+        token_ids: ``"exact"`` (the backend's own ids; calls without them are recorded as
+            ``missing``) or ``"retokenize"``: calls whose backend returns no ids get ids rebuilt
+            with ``tokenizer`` and checked for drift (see :mod:`agentbolt.retokenize`).
+        tokenizer: the policy's tokenizer for ``token_ids="retokenize"``: a Hugging Face name or
+            path, or a tokenizer object.
+        agent_names: name agents from what calls carry, without changing the agent: a mapping
+            agent name -> system-prompt substring or ``re.compile(...)`` pattern, an
+            :class:`~agentbolt.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.roles`).
     """
 
     def __init__(
@@ -115,6 +123,9 @@ class Trainer:
         metrics_path: str | Path | None = None,
         progress: bool = True,
         adapters: list[str] | None = None,
+        token_ids: Literal["exact", "retokenize"] = "exact",
+        tokenizer: Any = None,
+        agent_names: Any = None,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -138,6 +149,7 @@ class Trainer:
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.console = Console(stderr=True)
+        self._capture = _capture_options(token_ids, tokenizer, agent_names)
         if n_runners > 0 and not isinstance(store, str):
             raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
         if n_runners > 0 and isinstance(store, str) and store.startswith("memory:"):
@@ -216,6 +228,7 @@ class Trainer:
                 host=self.gateway_host,
                 port=self.gateway_port,
                 token=self.gateway_token,
+                **self._capture,
             )
             await asyncio.to_thread(gateway.start)
             stack.callback(gateway.stop)
@@ -295,6 +308,29 @@ class Trainer:
             f"capture {status}: {result.calls_with_exact_ids}/{result.llm_calls} LLM calls with exact token ids "
             f"({result.calls_retokenized} retokenized, {result.calls_missing_ids} missing)"
         )
+
+
+def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[str, Any]:
+    """Gateway options for ``token_ids``, ``tokenizer`` and ``agent_names`` (validated up front)."""
+    from .roles import as_agent_namer
+
+    options: dict[str, Any] = {"agent_names": as_agent_namer(agent_names)}
+    if token_ids == "retokenize":
+        if tokenizer is None:
+            raise UserError(
+                "token_ids='retokenize' needs the policy's tokenizer: Trainer(..., tokenizer='org/model') "
+                "(a Hugging Face name or path) or a tokenizer object"
+            )
+        from .retokenize import ChatTemplateRetokenizer
+
+        options["retokenize"] = (
+            ChatTemplateRetokenizer.from_pretrained(tokenizer)
+            if isinstance(tokenizer, str)
+            else ChatTemplateRetokenizer(tokenizer)
+        )
+    elif token_ids != "exact":
+        raise UserError(f"token_ids must be 'exact' or 'retokenize', got {token_ids!r}")
+    return options
 
 
 def _run(coro: Any) -> Any:
