@@ -309,12 +309,15 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def instrument_adapters(names: Iterable[str] | None = None, *, plugins: Any = None) -> list[Adapter]:
+def instrument_adapters(
+    names: Iterable[str] | None = None, *, plugins: Any = None, failures: list[str] | None = None
+) -> list[Adapter]:
     """Instrument installed adapter plugins; returns the ones now active.
 
     ``names=None`` instruments every registered adapter whose framework is installed (others
     are skipped quietly); a list instruments exactly those (an error if one is missing).
-    Failures of individual adapters are logged, never raised, when ``names`` is ``None``.
+    Failures of individual adapters are logged, never raised, when ``names`` is ``None``, and
+    appended to ``failures`` (as ``"name: why"``) when given: runners record them for ``agentbolt doctor``.
     """
     if plugins is None:
         from .plugins import default_plugins
@@ -337,6 +340,8 @@ def instrument_adapters(names: Iterable[str] | None = None, *, plugins: Any = No
             if wanted is not None:
                 raise
             log.warning("adapter %s could not be instrumented: %s", entry.name, exc)
+            if failures is not None:
+                failures.append(f"{entry.name}: {exc}")
     if wanted is not None:
         missing = set(wanted) - {a.name for a in active}
         if missing:

@@ -3,6 +3,7 @@
 agentbolt --version
 agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
+agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
 """
 
 from __future__ import annotations
@@ -241,6 +242,37 @@ def runner(
     while not stop and any(pool.alive()):
         time.sleep(0.5)
     pool.stop()
+
+
+@app.command()
+def doctor(
+    store: Annotated[str, typer.Option(help="Store URL (sqlite:///runs.db, postgresql://..., http://host:port).")],
+    run: Annotated[
+        str | None, typer.Option(help="Only this run: a rollout id prefix such as run-3f2a (Trainer run ids).")
+    ] = None,
+    rollout: Annotated[list[str] | None, typer.Option(help="Only these rollout ids (repeatable).")] = None,
+    since_s: Annotated[float | None, typer.Option(help="Only rollouts created in the last N seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
+    template rewrites, adapters, agent names, group sizes) and what to fix. Exit 1 if not ok."""
+    import asyncio
+    import time
+
+    from .doctor import doctor as run_doctor
+    from .store import open_store
+
+    async def go() -> object:
+        opened = open_store(store)
+        try:
+            since = time.time() - since_s if since_s is not None else None
+            return await run_doctor(opened, run=run, rollout_ids=rollout or None, since=since)
+        finally:
+            await opened.close()
+
+    report = asyncio.run(go())
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
+    raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from . import semconv
 from . import types as t
 from .emit import emit_exception, emit_reward
 from .errors import StaleAttemptError, StoreUnavailableError, UserError
@@ -222,6 +223,8 @@ class Runner:
         self._sink: SpanSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapters: list[Any] = []
+        self.adapter_failures: list[str] = []
+        """``"name: why"`` of adapters that failed to instrument (recorded on every attempt)."""
 
     def request_stop(self) -> None:
         """Stop claiming; running rollouts get ``drain_timeout_s`` to finish. Thread-safe."""
@@ -241,7 +244,8 @@ class Runner:
         if self.config.adapters is None or self.config.adapters:
             from .adapters import instrument_adapters
 
-            self.adapters = instrument_adapters(self.config.adapters)
+            self.adapter_failures = []
+            self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
         self._sink = SpanSink(self.store)
         self._sink.start()
         if not self.is_async:  # sync agents: one thread per slot, plus spares for abandoned ones
@@ -367,6 +371,7 @@ class Runner:
         try:
             resources = scope_resources(await self._resources_for(rollout.resources_version), rid, aid)
             with rollout_context(ctx):
+                self._record_capture(ctx)
                 result = await self._call_agent(rollout.input, resources)
                 reward = _as_reward(result)
                 if reward is not None:
@@ -404,6 +409,17 @@ class Runner:
                 log.info("%s", stale)
             except Exception as report_exc:
                 log.warning("could not report the failure of attempt %s: %s", aid, report_exc)
+
+    def _record_capture(self, ctx: RolloutContext) -> None:
+        """One ``agentbolt.capture`` span per attempt: which adapters record it, which failed."""
+        if not self.adapters and not self.adapter_failures:
+            return
+        attrs = {
+            semconv.SPAN_KIND_ATTR: "capture",
+            semconv.CAPTURE_ADAPTERS: [str(a.name) for a in self.adapters],
+            semconv.CAPTURE_ADAPTER_FAILURES: list(self.adapter_failures),
+        }
+        ctx.record(t.Span.create(semconv.SPAN_CAPTURE, attributes=attrs))
 
     async def _drain(self) -> None:
         if not self._running:

@@ -292,22 +292,29 @@ class Trainer:
         for status, n in counts.items():
             if n:
                 table.add_row(f"rollouts {status.value}", str(n))
+        shown = {"rollouts", *(status.value for status in t.RolloutStatus)}  # the status rows above
         summary = getattr(result, "to_dict", None)
         if callable(summary):
             for key, value in summary().items():
-                if isinstance(value, int | float | str) and value is not None:
-                    table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+                if key in shown or isinstance(value, bool) or not isinstance(value, int | float | str):
+                    continue
+                label = "seconds running rollouts" if key == "seconds" else key
+                table.add_row(label, f"{value:.4g}" if isinstance(value, float) else str(value))
         self.console.print(table)
 
     def _print_evaluate(self, result: EvaluateResult) -> None:
         if result.failures:
             for kind, n in sorted(result.failures.items()):
                 self.console.print(f"  failed: {kind} x{n}")
-        status = "[green]ok[/green]" if result.capture_ok() else "[red]incomplete[/red]"
+        status = "[green]ok[/green]" if result.capture_ok() else "[red]NOT ok[/red]"
         self.console.print(
-            f"capture {status}: {result.calls_with_exact_ids}/{result.llm_calls} LLM calls with exact token ids "
-            f"({result.calls_retokenized} retokenized, {result.calls_missing_ids} missing)"
+            f"capture {status}: {result.llm_calls} LLM calls in the store: {result.calls_with_exact_ids} with exact "
+            f"token ids, {result.calls_retokenized} retokenized, {result.calls_missing_ids} missing, "
+            f"{result.calls_failed} failed upstream"
         )
+        if result.report is not None:
+            for line in result.report.render().splitlines()[:-1]:
+                self.console.print(f"  {line}", markup=False, highlight=False)
 
 
 def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[str, Any]:
