@@ -67,7 +67,9 @@ def test_default_responses_model_calls_have_exact_ids_and_agent_names(agent: Any
         gateway = run.gateway_spans(rollout.rollout_id)
         assert [s.attributes[semconv.LLM_API] for s in gateway] == ["responses"] * 3
         assert all(s.attributes[semconv.GEN_AI_RESPONSE_ID].startswith("resp_") for s in gateway)
-        transitions = sorted((tr for tr in run.transitions if tr.rollout_id == rollout.rollout_id), key=lambda x: x.index)
+        transitions = sorted(
+            (tr for tr in run.transitions if tr.rollout_id == rollout.rollout_id), key=lambda x: x.index
+        )
         assert [tr.agent_name for tr in transitions] == ["retriever", "retriever", "answerer"]
         by_span = {s.span_id: s for s in gateway}
         for tr in transitions:
