@@ -170,24 +170,32 @@ class Trainer:
         api_key: str | None = None,
         n_samples: int = 1,
         sampling: Mapping[str, Any] | None = None,
+        in_process: bool = True,
     ) -> EvaluateResult:
         """Evaluate the agent on ``dataset`` through the gateway, learning nothing, and report
-        rewards and what was captured (LLM calls with exact token ids, retokenized, missing).
+        rewards and what was captured: the :mod:`agentbolt.doctor` report of the run (token
+        sources, drift, failed vs missing calls, adapters, agent names, group sizes).
 
         ``llm`` is any OpenAI-compatible endpoint (defaults to the trainer's ``upstream``).
+        ``in_process`` (default) runs the rollouts on one runner inside this process, where the
+        agent's framework is already imported, instead of starting ``n_runners`` processes that
+        each import it again (``benchmarks/dev_startup.py`` measures the difference).
         """
         upstreams = list(self.upstreams)
         if llm is not None:
             upstreams = [Upstream(base_url=llm, api_key=api_key, model=model) if isinstance(llm, str) else llm]
         if not upstreams:
             raise UserError("dev() needs an endpoint: pass llm='http://host:port/v1' (any OpenAI-compatible server)")
-        saved, self.upstreams = self.upstreams, upstreams
+        saved = self.upstreams, self.n_runners
+        self.upstreams = upstreams
+        if in_process:
+            self.n_runners = 0
         try:
             result = _run(
                 self._run_algorithm(Evaluate(n_samples, model=model, sampling=sampling), [], as_tasks(dataset))
             )
         finally:
-            self.upstreams = saved
+            self.upstreams, self.n_runners = saved
         if self.show_progress:
             self._print_evaluate(result)
         return result
