@@ -178,3 +178,57 @@ def test_retokenize_needs_a_tokenizer() -> None:
         Trainer(two_roles, store="memory://", n_runners=0, token_ids="retokenize")
     with pytest.raises(UserError, match="'exact' or 'retokenize'"):
         Trainer(two_roles, store="memory://", n_runners=0, token_ids="approx")  # type: ignore[arg-type]
+
+
+def test_gateway_serve_names_agents_from_the_command_line(tmp_path: Any) -> None:
+    """`agentbolt gateway serve --agent-name planner=... --agent-name solver=re:...`, a real process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"sqlite:///{tmp_path / 'gw.db'}"
+
+    async def attempt() -> tuple[str, str]:
+        from agentbolt.store import open_store
+
+        store = open_store(url)
+        await store.enqueue([t.RolloutSpec(rollout_id="r")])
+        (claim,) = await store.dequeue("w")
+        await store.close()
+        return "r", claim.attempt.attempt_id
+
+    rid, aid = asyncio.run(attempt())
+    with FakeLLMServer(FakeLLM(default_reply="The answer is 42.")) as server:
+        args = ["gateway", "serve", "--store", url, "--upstream", server.base_url, "--port", str(port)]
+        args += ["--agent-name", "planner=You are the planner", "--agent-name", r"solver=re:^You are the solver\."]
+        proc = subprocess.Popen([sys.executable, "-m", "agentbolt.cli", *args], stderr=subprocess.PIPE, env=os.environ)
+        try:
+            assert proc.stderr is not None and "listening" in proc.stderr.readline().decode()
+
+            async def calls() -> None:
+                base = f"http://127.0.0.1:{port}/rollouts/{rid}/attempts/{aid}/v1"
+                async with AsyncOpenAI(base_url=base, api_key="x", max_retries=0) as client:
+                    for system in (PLANNER, SOLVER, CRITIC):
+                        await client.chat.completions.create(
+                            model="m",
+                            messages=[{"role": "system", "content": system}, {"role": "user", "content": "q"}],
+                        )
+
+            asyncio.run(calls())
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    async def names() -> list[Any]:
+        from agentbolt.store import open_store
+
+        store = open_store(url)
+        spans = (await store.query_spans([rid]))[rid]
+        await store.close()
+        return [s.attributes.get(semconv.GEN_AI_AGENT_NAME) for s in spans if semconv.TOKEN_SOURCE in s.attributes]
+
+    assert asyncio.run(names()) == ["planner", "solver", None]

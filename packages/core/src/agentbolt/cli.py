@@ -157,14 +157,47 @@ def gateway_serve(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name forced into every request.")] = None,
     request_timeout: Annotated[float, typer.Option(help="Seconds to wait for an upstream answer.")] = 600.0,
+    retokenize: Annotated[
+        str | None,
+        typer.Option(
+            help="Hugging Face tokenizer (name or path) of the served model: calls whose upstream returns no token "
+            "ids get ids rebuilt from text and checked for drift (token_source=retokenized)."
+        ),
+    ] = None,
+    agent_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=TEXT: calls whose system prompt contains TEXT are recorded as agent NAME (repeatable; "
+            "NAME=re:PATTERN searches a regex)."
+        ),
+    ] = None,
 ) -> None:
-    """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1."""
+    """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
+    (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
     import asyncio
+    import re
     import signal
 
     from .errors import UserError
     from .gateway import Gateway, Upstream
     from .store import open_store
+
+    rules: dict[str, str | re.Pattern[str]] = {}
+    for spec in agent_name or []:
+        name, sep, text = spec.partition("=")
+        if not sep or not name or not text:
+            typer.echo(f"error: --agent-name takes NAME=TEXT or NAME=re:PATTERN, got {spec!r}", err=True)
+            raise typer.Exit(code=2)
+        rules[name] = re.compile(text[3:]) if text.startswith("re:") else text
+    options: dict[str, object] = {}
+    if rules:
+        from .roles import AgentRoles
+
+        options["agent_names"] = AgentRoles(system_prompt=rules)
+    if retokenize:
+        from .retokenize import ChatTemplateRetokenizer
+
+        options["retokenize"] = ChatTemplateRetokenizer.from_pretrained(retokenize)
 
     async def run() -> None:
         opened = open_store(store)
@@ -174,6 +207,7 @@ def gateway_serve(
             token=token,
             served_model=model,
             request_timeout_s=request_timeout,
+            **options,  # type: ignore[arg-type]
         )
         await gateway.start(host, port)
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
