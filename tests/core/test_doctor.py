@@ -197,3 +197,20 @@ def test_cli_doctor_reads_a_store_and_exits_1_when_not_ok(tmp_path: Any) -> None
     assert json.loads(out.output)["counts"]["rollouts"] == 0
     store = open_store(url)
     asyncio.run(store.close())
+
+
+def test_dev_prints_the_report_and_a_summary_without_repeated_rows(capsys: Any) -> None:
+    with FakeLLMServer(backend(token_ids=False)) as server:
+        trainer = Trainer(tool_agent(), store=MemoryStore(), n_runners=0, progress=True, adapters=[])
+        trainer.console.width = 200
+        trainer.dev(TASKS, llm=server.base_url, model="m", n_samples=2)
+    err = capsys.readouterr().err
+    assert "capture NOT ok: 8 LLM calls in the store: 0 with exact token ids, 0 retokenized, 8 missing" in err
+    assert "ERROR missing_token_ids (8)" in err and "Fix: use a backend that returns token ids" in err
+    rows = [line.strip("│ ").split()[0:2] for line in err.splitlines() if line.startswith("│")]
+    labels = [" ".join(r) for r in rows]
+    assert labels.count("rollouts succeeded") == 1
+    assert not any(
+        label.startswith(("succeeded", "failed", "rollouts ")) and label != "rollouts succeeded" for label in labels
+    )
+    assert any("seconds running rollouts" in line for line in err.splitlines())

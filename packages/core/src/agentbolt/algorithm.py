@@ -400,6 +400,7 @@ class Evaluate(Algorithm):
             )
         )
         started = time.monotonic()
+        before = await asyncio.to_thread(ctx.gateway.stats)
         rollouts = await ctx.run_rollouts(
             tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate"
         )
@@ -407,7 +408,10 @@ class Evaluate(Algorithm):
         ids = [r.rollout_id for r in rollouts]
         for i in range(0, len(ids), 200):  # every attempt: calls of timed-out attempts count too
             all_spans.update(await ctx.store.query_spans(ids[i : i + 200]))
-        stats = await asyncio.to_thread(ctx.gateway.stats)
+        after = await asyncio.to_thread(ctx.gateway.stats)
+        stats = {  # this evaluation's share of the gateway's counters
+            key: int(after.get(key) or 0) - int(before.get(key) or 0) for key in ("forwarded", "spans_dropped")
+        }
         result = summarize(rollouts, all_spans, time.monotonic() - started, gateway_stats=stats)
         if result.reward_mean is not None:
             ctx.log_metrics(0, {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0})
