@@ -41,6 +41,7 @@ __all__ = [
     "Adapter",
     "SpanRecorder",
     "UnitRecord",
+    "capture_span",
     "instrument_adapters",
 ]
 
@@ -307,6 +308,17 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[k] = json.dumps(v, default=str)[:65536]
     return out
+
+
+def capture_span(adapters: Iterable[Adapter], failures: Iterable[str]) -> t.Span:
+    """The ``agentbolt.capture`` span a runner records on each attempt: which adapters record it
+    and which failed to instrument (``agentbolt doctor`` reports both)."""
+    attrs = {
+        semconv.SPAN_KIND_ATTR: "capture",
+        semconv.CAPTURE_ADAPTERS: [str(a.name) for a in adapters],
+        semconv.CAPTURE_ADAPTER_FAILURES: list(failures),
+    }
+    return t.Span.create(semconv.SPAN_CAPTURE, attributes=attrs)
 
 
 def instrument_adapters(

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from . import semconv
 from . import types as t
 from .emit import emit_exception, emit_reward
 from .errors import StaleAttemptError, StoreUnavailableError, UserError
@@ -371,7 +370,10 @@ class Runner:
         try:
             resources = scope_resources(await self._resources_for(rollout.resources_version), rid, aid)
             with rollout_context(ctx):
-                self._record_capture(ctx)
+                if self.adapters or self.adapter_failures:  # for agentbolt doctor
+                    from .adapters import capture_span
+
+                    ctx.record(capture_span(self.adapters, self.adapter_failures))
                 result = await self._call_agent(rollout.input, resources)
                 reward = _as_reward(result)
                 if reward is not None:
@@ -409,17 +411,6 @@ class Runner:
                 log.info("%s", stale)
             except Exception as report_exc:
                 log.warning("could not report the failure of attempt %s: %s", aid, report_exc)
-
-    def _record_capture(self, ctx: RolloutContext) -> None:
-        """One ``agentbolt.capture`` span per attempt: which adapters record it, which failed."""
-        if not self.adapters and not self.adapter_failures:
-            return
-        attrs = {
-            semconv.SPAN_KIND_ATTR: "capture",
-            semconv.CAPTURE_ADAPTERS: [str(a.name) for a in self.adapters],
-            semconv.CAPTURE_ADAPTER_FAILURES: list(self.adapter_failures),
-        }
-        ctx.record(t.Span.create(semconv.SPAN_CAPTURE, attributes=attrs))
 
     async def _drain(self) -> None:
         if not self._running:
