@@ -238,3 +238,23 @@ def test_translations_of_instructions_and_developer_messages() -> None:
     assert chat["tool_choice"] == "required" and chat["parallel_tool_calls"] is False and chat["stop"] == ["END"]
     with pytest.raises(TranslationError, match="document"):
         messages_to_chat({"messages": [{"role": "user", "content": [{"type": "document"}]}]})
+
+
+async def test_anthropic_clients_authenticate_with_x_api_key() -> None:
+    store = open_store("memory://")
+    await store.enqueue([t.RolloutSpec(rollout_id="r1")])
+    (claim,) = await store.dequeue("w")
+    async with FakeLLMServer(FakeLLM(default_reply="ok")) as server:
+        gateway = Gateway(store, [server.base_url], token="secret")
+        await gateway.start()
+        base = gateway.base_url_for("r1", claim.attempt.attempt_id).removesuffix("/v1")
+        try:
+            ok = anthropic.AsyncAnthropic(base_url=base, api_key="secret", max_retries=0)
+            msg = await ok.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+            assert msg.content[0].text == "ok"
+            wrong = anthropic.AsyncAnthropic(base_url=base, api_key="nope", max_retries=0)
+            with pytest.raises(anthropic.AuthenticationError):
+                await wrong.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        finally:
+            await gateway.stop()
+    await store.close()
