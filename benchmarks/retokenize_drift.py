@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -62,26 +63,32 @@ def call(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def conversations(client: httpx.Client, model: str, per_kind: int) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(kind, request, response) for each call."""
-    out = []
+    """(kind, request, response) for each call; independent calls run at once (the engine batches them)."""
     system = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
-    for q in QUESTIONS[:per_kind]:
-        req = {"model": model, "messages": [system, {"role": "user", "content": q}]}
-        out.append(("one turn", req, call(client, req)))
-    for q in QUESTIONS[:per_kind]:
-        first = {"model": model, "messages": [system, {"role": "user", "content": q}]}
-        reply = call(client, first)["choices"][0]["message"]
-        messages = [*first["messages"], {"role": "assistant", "content": reply.get("content") or ""}]
-        req = {"model": model, "messages": [*messages, {"role": "user", "content": "Explain in one sentence."}]}
-        out.append(("two turns", req, call(client, req)))
-    for city in CITIES[:per_kind]:
-        req = {
-            "model": model,
-            "messages": [{"role": "user", "content": f"What is the weather in {city}?"}],
-            "tools": TOOLS,
-        }
-        out.append(("tools", req, call(client, req)))
-    return out
+    with ThreadPoolExecutor(max_workers=3 * per_kind) as pool:
+
+        def run(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return list(pool.map(lambda body: call(client, body), requests))
+
+        one = [{"model": model, "messages": [system, {"role": "user", "content": q}]} for q in QUESTIONS[:per_kind]]
+        tools = [
+            {"model": model, "messages": [{"role": "user", "content": f"What is the weather in {c}?"}], "tools": TOOLS}
+            for c in CITIES[:per_kind]
+        ]
+        first = run(one + tools)
+        two = []
+        for req, resp in zip(one, first, strict=False):
+            reply = resp["choices"][0]["message"].get("content") or ""
+            messages = [*req["messages"], {"role": "assistant", "content": reply}]
+            two.append(
+                {"model": model, "messages": [*messages, {"role": "user", "content": "Explain in one sentence."}]}
+            )
+        second = run(two)
+    return (
+        [("one turn", r, a) for r, a in zip(one, first[:per_kind], strict=True)]
+        + [("two turns", r, a) for r, a in zip(two, second, strict=True)]
+        + [("tools", r, a) for r, a in zip(tools, first[per_kind:], strict=True)]
+    )
 
 
 def main() -> None:
