@@ -22,7 +22,6 @@ Each line is one question: ``id``, ``paragraphs`` ([{``idx``, ``title``, ``parag
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Iterable, Iterator
@@ -287,14 +286,3 @@ def write_bundled(folder: Path, seed: int = 11) -> Path:
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(path)
     return folder
-
-
-def corpus_hash(paragraphs: Iterable[tuple[str, str]]) -> str:
-    """SHA-256 over the corpus (titles and texts, in order): the index is rebuilt when it changes."""
-    h = hashlib.sha256()
-    for title, text in paragraphs:
-        h.update(title.encode())
-        h.update(b"\x00")
-        h.update(text.encode())
-        h.update(b"\x01")
-    return h.hexdigest()

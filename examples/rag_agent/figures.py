@@ -87,7 +87,9 @@ async def run_figures(store_url: str, steps: int) -> dict[str, Any]:
         train = [r for tag, rs in by_tag.items() if tag.startswith("step") for r in rs]
         if train:
             summary = summarize(train, await store.query_spans([r.rollout_id for r in train], latest_attempt_only=True))
-            out["exact_token_id_share"] = summary.calls_with_exact_ids / summary.llm_calls if summary.llm_calls else None
+            out["exact_token_id_share"] = (
+                summary.calls_with_exact_ids / summary.llm_calls if summary.llm_calls else None
+            )
             out["train_llm_calls"] = summary.llm_calls
         else:
             out["exact_token_id_share"] = None

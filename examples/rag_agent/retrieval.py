@@ -8,15 +8,15 @@ opens it read-only and ranks paragraphs with FTS5's ``bm25()`` (title hits weigh
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sqlite3
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from data import corpus_hash
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOPWORDS = frozenset(
@@ -24,6 +24,17 @@ _STOPWORDS = frozenset(
     "which who whom whose why with".split()
 )
 TITLE_WEIGHT = 2.0
+
+
+def corpus_hash(paragraphs: Iterable[tuple[str, str]]) -> str:
+    """SHA-256 over the corpus (titles and texts, in order): the index is rebuilt when it changes."""
+    h = hashlib.sha256()
+    for title, text in paragraphs:
+        h.update(title.encode())
+        h.update(b"\x00")
+        h.update(text.encode())
+        h.update(b"\x01")
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
