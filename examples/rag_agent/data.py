@@ -133,20 +133,92 @@ def to_tasks(questions: Iterable[Question], index_path: Path) -> list[dict[str, 
 
 # -- the bundled world -------------------------------------------------------------------------------
 
-_SYLLABLES = (
-    "ka vel mor tha ri lo zen dra quil bar sen tor mi na os ul fer gan bri co "
-    "da el fa ho ist ja ker lun mav nor pel ras sul tev var wen yor zal"
-).split()
+_SYLLABLES = [
+    "ka",
+    "vel",
+    "mor",
+    "tha",
+    "ri",
+    "lo",
+    "zen",
+    "dra",
+    "quil",
+    "bar",
+    "sen",
+    "tor",
+    "mi",
+    "na",
+    "os",
+    "ul",
+    "fer",
+    "gan",
+    "bri",
+    "co",
+    "da",
+    "el",
+    "fa",
+    "ho",
+    "ist",
+    "ja",
+    "ker",
+    "lun",
+    "mav",
+    "nor",
+    "pel",
+    "ras",
+    "sul",
+    "tev",
+    "var",
+    "wen",
+    "yor",
+    "zal",
+]
 _CITY_PREFIX = ("Port", "New", "East", "Lake", "Fort")
-_ADJECTIVES = (
-    "Amber Silver Hollow Silent Crimson Distant Broken Golden Quiet Winter Iron Paper Glass Northern Bitter "
-    "Velvet Burning Hidden Wandering Lonely"
-).split()
-_NOUNS = (
-    "Lantern Harbor Garden Mirror River Tower Orchard Compass Bridge Forest Letter Island Crown Signal Engine "
-    "Meadow Voyage Archive Window Storm"
-).split()
-_INDUSTRIES = "Systems Foods Motors Textiles Labs Shipping Energy Pharma Records Optics".split()
+_ADJECTIVES = [
+    "Amber",
+    "Silver",
+    "Hollow",
+    "Silent",
+    "Crimson",
+    "Distant",
+    "Broken",
+    "Golden",
+    "Quiet",
+    "Winter",
+    "Iron",
+    "Paper",
+    "Glass",
+    "Northern",
+    "Bitter",
+    "Velvet",
+    "Burning",
+    "Hidden",
+    "Wandering",
+    "Lonely",
+]
+_NOUNS = [
+    "Lantern",
+    "Harbor",
+    "Garden",
+    "Mirror",
+    "River",
+    "Tower",
+    "Orchard",
+    "Compass",
+    "Bridge",
+    "Forest",
+    "Letter",
+    "Island",
+    "Crown",
+    "Signal",
+    "Engine",
+    "Meadow",
+    "Voyage",
+    "Archive",
+    "Window",
+    "Storm",
+]
+_INDUSTRIES = ["Systems", "Foods", "Motors", "Textiles", "Labs", "Shipping", "Energy", "Pharma", "Records", "Optics"]
 _KINDS = (
     # kind, role, what the work is, how the person relates to it
     ("novel", "author", "a novel", "wrote"),

@@ -17,11 +17,44 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOPWORDS = frozenset(
-    "a an and are as at be by did do does for from has have in is it of on or the to was were what when where "
-    "which who whom whose why with".split()
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "in",
+        "is",
+        "it",
+        "of",
+        "on",
+        "or",
+        "the",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "why",
+        "with",
+    ]
 )
 TITLE_WEIGHT = 2.0
 
