@@ -33,6 +33,7 @@ from figures import per_rollout_means, run_figures  # noqa: E402
 from retrieval import build_index  # noqa: E402
 
 from agentbolt.trainer import Trainer  # noqa: E402
+from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import step_means  # noqa: E402
 
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/rag_agent", help="metrics, curve and checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="log lines instead of progress bars")
+    p.add_argument("--export-tasks", type=Path, help="write train.jsonl/val.jsonl (agentbolt tasks, for verl) and exit")
     return p.parse_args(argv)
 
 
@@ -76,6 +78,15 @@ def prepare(data: Path | None, cache_dir: Path, n_val: int) -> tuple[list[dict],
     return to_tasks(train, index_path), to_tasks(dev[:n_val], index_path), index_path
 
 
+def export_tasks(folder: Path, train: list[dict], val: list[dict]) -> None:
+    """The tasks as JSON Lines of :class:`agentbolt.types.Task` (what agentbolt-verl's ``data.train`` reads)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, tasks in (("train", train), ("val", val)):
+        lines = [Task(task_id=task["task_id"], input=task).model_dump_json() + "\n" for task in tasks]
+        (folder / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
+        print(f"wrote {len(lines)} tasks to {folder / f'{name}.jsonl'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -84,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.store.startswith("sqlite:///"):
         Path(args.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     train, val, _ = prepare(args.data, args.cache_dir, args.val)
+    if args.export_tasks:
+        export_tasks(args.export_tasks, train, val)
+        return 0
     algorithm = TorchGRPO(
         args.model,
         steps=args.steps,

@@ -207,3 +207,14 @@ def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
             await store.close()
 
     asyncio.run(check())
+
+
+def test_verl_config_composes() -> None:
+    pytest.importorskip("agentbolt_verl")
+    from agentbolt_verl import config as c
+
+    cfg = c.compose_verl_config(EXAMPLE / "verl.yaml", extra=["trainer.total_training_steps=2"])
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert cfg.actor_rollout_ref.rollout.n == 4 and cfg.data.train_batch_size == 32
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1.0e-6
+    assert c.settings_from_verl_config(cfg).data.val.endswith("val.jsonl")
