@@ -5,9 +5,9 @@ Nothing in it knows about training: it reads the model's base URL and name from
 (token F1 of the ``<answer>`` against ``task["answers"]`` plus a format term, ``reward.py``).
 ``task["index"]`` is the SQLite FTS5 file built by ``train.py`` (``retrieval.py``).
 
-The few-shot turns (passed as the run's input items, as any SDK user would) show one question
-solved through ``search`` and end on a direct answer: a 135M model only calls a tool when an
-example shows it, and imitates the turn just before the question.
+The few-shot turns (passed as the run's input items, as any SDK user would) show two questions
+solved through ``search``: a 135M model only calls a tool when an example shows it (with a
+direct answer as the last example, as in the quickstart, SmolLM2-135M never searched here).
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, Runner, function_tool
+from agents import Agent, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
 from openai import AsyncOpenAI
 from retrieval import SearchIndex
 from reward import reward
 
 INSTRUCTIONS = "Answer the question. Search for facts you do not know. Give the answer inside <answer>...</answer>."
 MAX_TURNS = 3
-TOP_K = 3
+TOOL_CHOICE: str | None = "search"
+"""``"search"``: the first reply must call ``search`` (the SDK resets it to ``auto`` after the call)."""
+TOP_K = 2
 
 
 def format_hits(index: SearchIndex, query: str) -> str:
@@ -37,7 +39,7 @@ def make_search_tool(index_path: str) -> Any:
 
     @function_tool
     def search(query: str) -> str:
-        """Search the encyclopedia. Returns the best matching paragraphs."""
+        """Search the encyclopedia."""
         return format_hits(index, query)
 
     return search
@@ -59,11 +61,18 @@ FEW_SHOT: list[dict[str, Any]] = [
         "author of The Copper Kettle",
         "The Copper Kettle is a novel from 1954. Lina Dorwick wrote it.\n"
         "Lina Dorwick is the author of The Copper Kettle. Lina Dorwick was born in Harrowgate and studied at "
-        "Belmont University.\nThe Copper Mill is a film from 1990. Tom Ashby directed it.",
+        "Belmont University.",
         "Harrowgate",
     ),
-    {"role": "user", "content": "What is the capital of France?"},
-    {"role": "assistant", "content": "<answer>Paris</answer>"},
+    *_search_example(
+        "call_1",
+        "Which university did the founder of Dalton Foods attend?",
+        "founder of Dalton Foods",
+        "Dalton Foods is a company from 1931. Ada Merrow founded it.\n"
+        "Ada Merrow is the founder of Dalton Foods. Ada Merrow was born in Kestrel Bay and studied at "
+        "Orland University.",
+        "Orland University",
+    ),
 ]
 
 
@@ -76,7 +85,11 @@ async def rag_agent(task: dict[str, Any], resources: Any) -> float:
         # Chat Completions for now: the gateway does not serve /v1/responses yet (being added).
         model = OpenAIChatCompletionsModel(model=resources.llm.model, openai_client=client)
         agent = Agent(
-            name="researcher", instructions=INSTRUCTIONS, model=model, tools=[make_search_tool(task["index"])]
+            name="researcher",
+            instructions=INSTRUCTIONS,
+            model=model,
+            tools=[make_search_tool(task["index"])],
+            model_settings=ModelSettings(tool_choice=TOOL_CHOICE),
         )
         question = [*FEW_SHOT, {"role": "user", "content": task["question"]}]
         try:

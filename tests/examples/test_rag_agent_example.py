@@ -156,14 +156,23 @@ def test_agent_searches_and_answers_through_the_gateway(tmp_path: Path) -> None:
 
 
 def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
-    """The README's command, shrunk: every LLM call of a training rollout is a transition or an exclusion."""
+    """The README's command, shrunk: every LLM call of a training rollout is a transition or an exclusion.
+
+    The random tiny model, saved as a model directory with room for the few-shot prompt (its
+    byte-level tokenizer makes the prompt twice as long as SmolLM2's; ``--model tiny`` has 1,024).
+    """
+    from agentbolt_torch.models import tiny_model
+
+    model, tokenizer = tiny_model(max_position_embeddings=4096)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
     store_url = f"sqlite:///{tmp_path}/rag.db"
     out = tmp_path / "out"
     proc = subprocess.run(
         [
             sys.executable,
             str(EXAMPLE / "train.py"),
-            *("--model", "tiny", "--steps", "2", "--val", "4", "--batch-size", "2", "--no-progress"),
+            *("--model", str(tmp_path / "tiny"), "--steps", "2", "--val", "4", "--batch-size", "2", "--no-progress"),
             *("--store", store_url, "--out", str(out), "--cache-dir", str(tmp_path / "cache")),
         ],
         capture_output=True,
