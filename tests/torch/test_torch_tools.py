@@ -227,10 +227,10 @@ def test_tool_choice_forces_a_call_on_the_prompt_side(scripted_server: tuple[Any
     client, scripted, tokenizer = scripted_server
     messages = CONVERSATION[:2]
     named = {"type": "function", "function": {"name": "calculator"}}
-    forced = '<tool_call>\n{"name": "calculator", "arguments": '
+    forced = '<tool_call>\n{"name": "calculator", "arguments":'
     rendered = render_chat(tokenizer, messages, TOOLS) + forced
     prompt_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    scripted.script = tokenizer('{"expression": "3 + 5"}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+    scripted.script = tokenizer(' {"expression": "3 + 5"}}\n</tool_call>', add_special_tokens=False)["input_ids"]
     scripted.prompt_len = len(prompt_ids)
     r = client.chat.completions.create(
         model="scripted",
@@ -256,10 +256,10 @@ def test_tool_choice_forces_a_call_on_the_prompt_side(scripted_server: tuple[Any
     assert [c.function.name for c in calls] == ["calculator"]
     # "required" opens a call and lets the model name the tool
     scripted.script = tokenizer(
-        'calculator", "arguments": {"expression": "1"}}\n</tool_call>', add_special_tokens=False
+        ' "calculator", "arguments": {"expression": "1"}}\n</tool_call>', add_special_tokens=False
     )["input_ids"]
     scripted.prompt_len = len(
-        tokenizer(render_chat(tokenizer, messages, TOOLS) + '<tool_call>\n{"name": "', add_special_tokens=False)[
+        tokenizer(render_chat(tokenizer, messages, TOOLS) + '<tool_call>\n{"name":', add_special_tokens=False)[
             "input_ids"
         ]
     )
