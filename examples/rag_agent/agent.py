@@ -6,8 +6,9 @@ Nothing in it knows about training: it reads the model's base URL and name from
 ``task["index"]`` is the SQLite FTS5 file built by ``train.py`` (``retrieval.py``).
 
 The few-shot turns (passed as the run's input items, as any SDK user would) show two questions
-solved through ``search``: a 135M model only calls a tool when an example shows it (with a
-direct answer as the last example, as in the quickstart, SmolLM2-135M never searched here).
+solved through ``search``, and ``ModelSettings(tool_choice="search")`` makes the first reply a
+``search`` call (the SDK resets it to ``auto`` once the tool ran): left to itself,
+SmolLM2-135M-Instruct answered at once, from nothing, and never searched (README, "Design").
 """
 
 from __future__ import annotations

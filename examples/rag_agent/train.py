@@ -43,11 +43,13 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
-    p.add_argument("--steps", type=int, default=24, help="training steps (default 24)")
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=100, help="held-out questions (default 100)")
-    p.add_argument("--val-every", type=int, default=12, help="evaluate every N steps (default 12)")
+    p.add_argument(
+        "--val-every", type=int, default=10, help="evaluate every N steps (default 10; 0: before/after only)"
+    )
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--data", type=Path, help="a MuSiQue data folder (musique_ans_v1.0_{train,dev}.jsonl)")
