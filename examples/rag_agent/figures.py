@@ -77,7 +77,10 @@ async def run_figures(store_url: str, steps: int) -> dict[str, Any]:
             by_tag.setdefault(_run_and_tag(r)[1], []).append(r)
         out: dict[str, Any] = {}
         for when, tag in (("before", "val0"), ("after", f"val{steps}")):
-            val = by_tag.get(tag, [])
+            # rollouts that failed (e.g. timed out on a loaded machine) have no answer to score:
+            # they are counted apart, not as F1 0, so a slow evaluation cannot fake a gain
+            val = [r for r in by_tag.get(tag, []) if r.status is t.RolloutStatus.SUCCEEDED]
+            out[f"n_val_failed_{when}"] = len(by_tag.get(tag, [])) - len(val)
             f1s = [f1_from_reward(r.final_reward or 0.0) for r in val]
             out[f"metric_{when}"], out[f"metric_stderr_{when}"] = mean_and_stderr(f1s)
             spans = await store.query_spans([r.rollout_id for r in val], latest_attempt_only=True) if val else {}
@@ -98,6 +101,14 @@ async def run_figures(store_url: str, steps: int) -> dict[str, Any]:
         await store.close()
 
 
+def main() -> None:
+    """Print the figures of the latest run in a store: ``python figures.py STORE_URL STEPS``."""
+    import asyncio
+    import sys
+
+    print(json.dumps(asyncio.run(run_figures(sys.argv[1], int(sys.argv[2]))), indent=2))
+
+
 def per_rollout_means(history: Sequence[dict[str, float]]) -> tuple[float | None, float | None]:
     """LLM calls and transitions per training rollout, from the steps' ``lightningrl/*`` metrics."""
     rollouts = sum(h.get("lightningrl/rollouts", 0.0) for h in history)
@@ -106,3 +117,7 @@ def per_rollout_means(history: Sequence[dict[str, float]]) -> tuple[float | None
     calls = sum(h.get("lightningrl/calls", 0.0) for h in history)
     transitions = sum(h.get("lightningrl/transitions", 0.0) for h in history)
     return calls / rollouts, transitions / rollouts
+
+
+if __name__ == "__main__":
+    main()

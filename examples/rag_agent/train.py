@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         "metric_stderr_before": figures["metric_stderr_before"],
         "metric_stderr_after": figures["metric_stderr_after"],
         "n_val": len(val),
+        "n_val_failed_before": figures["n_val_failed_before"],
+        "n_val_failed_after": figures["n_val_failed_after"],
         "seconds_per_step": result.seconds_per_step,
         "train_minutes": result.seconds_per_step * result.steps / 60,
         "calls_per_rollout": calls,
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"held-out answer F1 {fmt(summary['metric_before'])} ± {fmt(summary['metric_stderr_before'])} -> "
-        f"{fmt(summary['metric_after'])} ± {fmt(summary['metric_stderr_after'])} (n={len(val)}); exact match "
+        f"{fmt(summary['metric_after'])} ± {fmt(summary['metric_stderr_after'])} (n={len(val)}, failed rollouts "
+        f"{figures['n_val_failed_before']} / {figures['n_val_failed_after']}); exact match "
         f"{fmt(result.accuracy_before)} -> {fmt(result.accuracy_after)}; over {result.steps} steps "
         f"({result.seconds_per_step:.1f} s/step, {summary['train_minutes']:.1f} min); curve: {result.curve_png}",
         flush=True,
