@@ -42,7 +42,11 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)")
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)",
+    )
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
