@@ -32,13 +32,16 @@ MAX_ROWS = 1000
 MAX_SQLITE_STEPS = 200_000
 """SQLite VM steps (in units of 1000) before a query is aborted: a cross join must not hang a rollout."""
 CORRECT = "THE QUERY IS CORRECT"
+"""What the checker is asked to say about a good query. Routing: a query that failed to execute
+is always rewritten; an executed one only when the checker's reply starts with WRONG or INCORRECT
+(a 135M checker that rambles does not send a good query to the rewriter)."""
 PREFILL = "<sql>SELECT"
 """The writer's and rewriter's reply starts here (``continue_final_message``): the model writes the rest."""
 
 SYSTEM = "You write SQLite queries for this database:\n{schema}"
 CHECK = (
     "Question: {question}\nQuery: {query}\nResult: {result}\n"
-    f"Does the query answer the question? If yes, reply {CORRECT}. If not, name the mistake in one line."
+    f"Reply {CORRECT} if the query answers the question, else reply WRONG: and the mistake."
 )
 REWRITE = "Question: {question}\nWrong query: {query}\nProblem: {problem}\nWrite the corrected query."
 
@@ -107,31 +110,36 @@ def extract_sql(prefill: str, reply: str) -> str:
 # -- the prompts ---------------------------------------------------------------------------------
 
 
-def _example_columns(schema: str) -> tuple[str, str, str]:
-    """(table, text column, number column) of the first table that has both, for the worked example."""
+def _generic_examples(schema: str) -> list[dict[str, str]]:
+    """Two examples from the schema alone (for databases without training questions)."""
     for line in schema.splitlines():
         m = re.match(r"CREATE TABLE (\w+) \((.*)\);", line)
         if not m:
             continue
         cols = [c.strip().split(" ") for c in m.group(2).split(",")]
         text = [c[0] for c in cols if len(c) > 1 and c[1] == "text"]
-        nums = [c[0] for c in cols if len(c) > 1 and c[1] == "number" and c[0] != "id"]
+        nums = [c[0] for c in cols if len(c) > 1 and c[1] == "number" and c[0].lower() != "id"]
         if text and nums:
-            return m.group(1), text[0], nums[0]
-    table = re.search(r"CREATE TABLE (\w+)", schema)
-    return (table.group(1) if table else "t"), "*", "1"
+            t = m.group(1)
+            return [
+                {
+                    "question": f"How many {t} rows have {nums[0]} above 10?",
+                    "query": f"SELECT count(*) FROM {t} WHERE {nums[0]} > 10",
+                },
+                {
+                    "question": f"Show the {text[0]} of {t} rows whose {nums[0]} is 5.",
+                    "query": f"SELECT {text[0]} FROM {t} WHERE {nums[0]} = 5",
+                },
+            ]
+    return []
 
 
-def few_shot(schema: str) -> list[BaseMessage]:
-    """The schema and two worked examples on the task's own database (a count and a filter)."""
-    table, text, num = _example_columns(schema)
-    return [
-        SystemMessage(SYSTEM.format(schema=schema)),
-        HumanMessage(f"How many {table} rows are there?"),
-        AIMessage(f"<sql>SELECT count(*) FROM {table}</sql>"),
-        HumanMessage(f"Show the {text} of {table} rows whose {num} is 5."),
-        AIMessage(f"<sql>SELECT {text} FROM {table} WHERE {num} = 5</sql>"),
-    ]
+def few_shot(task: dict[str, Any]) -> list[BaseMessage]:
+    """The schema and the worked examples on the task's own database (``task["examples"]``)."""
+    messages: list[BaseMessage] = [SystemMessage(SYSTEM.format(schema=task["schema"]))]
+    for example in task.get("examples") or _generic_examples(task["schema"]):
+        messages += [HumanMessage(example["question"]), AIMessage(f"<sql>{example['query']}</sql>")]
+    return messages
 
 
 # -- the graph -----------------------------------------------------------------------------------
@@ -139,9 +147,11 @@ def few_shot(schema: str) -> list[BaseMessage]:
 
 def build_graph(llm: ChatOpenAI, task: dict[str, Any]) -> Any:
     """The write -> execute -> check -> rewrite graph for one task (its database and schema)."""
-    shots = few_shot(task["schema"])
-    writer = llm.bind(stop=["</sql>"], extra_body={"continue_final_message": True, "add_generation_prompt": False})
-    checker = llm.bind(stop=["\n"])
+    shots = few_shot(task)
+    writer = llm.bind(
+        stop=["</sql>", ";", "\n"], extra_body={"continue_final_message": True, "add_generation_prompt": False}
+    )
+    checker = llm.bind(stop=["\n", "."])
 
     async def write_query(state: SqlState) -> SqlState:
         reply = await writer.ainvoke([*shots, HumanMessage(state["question"]), AIMessage(PREFILL)])
@@ -169,8 +179,8 @@ def build_graph(llm: ChatOpenAI, task: dict[str, Any]) -> Any:
         return END if state["rewrites"] >= MAX_REWRITES else "check_query"
 
     def after_check(state: SqlState) -> str:
-        ok = state["error"] is None and CORRECT in state["verdict"].upper()
-        return END if ok else "rewrite_query"
+        flagged = state["verdict"].upper().startswith(("WRONG", "INCORRECT"))
+        return "rewrite_query" if state["error"] is not None or flagged else END
 
     graph = StateGraph(SqlState)
     graph.add_node("write_query", write_query)

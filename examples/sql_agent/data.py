@@ -89,11 +89,15 @@ def load_tables(folder: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def load_split(folder: str | Path, split: str, *, prefix: str | None = None) -> list[dict[str, Any]]:
+def load_split(
+    folder: str | Path, split: str, *, prefix: str | None = None, with_examples: bool = True
+) -> list[dict[str, Any]]:
     """The tasks of ``split`` (``train`` or ``dev``) of a Spider folder, ready for the agent.
 
     Each task: ``task_id``, ``db_id``, ``question``, ``query`` (gold), ``db_path`` (absolute) and
-    ``schema`` (``CREATE TABLE`` lines from ``tables.json``). Errors name the file and row.
+    ``schema`` (``CREATE TABLE`` lines from ``tables.json``) and ``examples`` (up to three worked
+    question/query pairs on the same database from the training split, see
+    :func:`example_pairs`; held-out questions never appear there). Errors name the file and row.
     """
     if split not in SPLITS:
         raise SpiderDataError(f"unknown split {split!r}; use one of {sorted(SPLITS)}")
@@ -102,6 +106,7 @@ def load_split(folder: str | Path, split: str, *, prefix: str | None = None) -> 
         raise SpiderDataError(f"{folder}: no such folder. Download Spider from {SPIDER_URL} and pass its folder.")
     tables = load_tables(folder)
     path = folder / SPLITS[split]
+    shots = example_pairs(folder, tables) if with_examples else {}
     tasks = []
     for i, row in enumerate(_read_json_array(path)):
         where = f"{path}, row {i}"
@@ -113,6 +118,8 @@ def load_split(folder: str | Path, split: str, *, prefix: str | None = None) -> 
         db_id = row["db_id"]
         if db_id not in tables:
             raise SpiderDataError(f"{where}: db_id {db_id!r} is not described in {folder / 'tables.json'}")
+        if any(row["question"] == e["question"] for e in shots.get(db_id, ())):
+            continue  # a worked example of the prompt: not a task
         db_path = folder / "database" / db_id / f"{db_id}.sqlite"
         if not db_path.is_file():
             raise SpiderDataError(f"{where}: database file {db_path} not found (db_id {db_id!r})")
@@ -124,9 +131,43 @@ def load_split(folder: str | Path, split: str, *, prefix: str | None = None) -> 
                 "query": row["query"],
                 "db_path": str(db_path),
                 "schema": tables[db_id]["schema"],
+                "examples": shots.get(db_id, []),
             }
         )
     return tasks
+
+
+def _pairs_of(path: Path) -> list[tuple[str, str, str]]:
+    """(db_id, question, query) of a split file, unchecked (the loader checks the rows it returns)."""
+    rows = _read_json_array(path)
+    return [
+        (r["db_id"], r["question"], r["query"])
+        for r in rows
+        if isinstance(r, dict) and all(isinstance(r.get(k), str) for k in REQUIRED_FIELDS)
+    ]
+
+
+def example_pairs(folder: Path, tables: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, str]]]:
+    """Up to three worked examples per database from the TRAINING split: a filtered count, a
+    filtered select and an ``ORDER BY`` query.
+
+    The shortest such pairs, so the prompt stays short. Databases with no training questions
+    (Spider's dev databases are not in its train set) get none; the agent then uses generic
+    examples built from the schema.
+    """
+    by_db: dict[str, list[tuple[str, str]]] = {}
+    for db_id, question, query in _pairs_of(folder / SPLITS["train"]):
+        if db_id in tables:
+            by_db.setdefault(db_id, []).append((question, query))
+    out = {}
+    for db_id, pairs in by_db.items():
+        pairs = sorted(set(pairs), key=lambda qq: (len(qq[1]), qq))
+        count = [p for p in pairs if " WHERE " in p[1] and "count(" in p[1].lower()]
+        select = [p for p in pairs if " WHERE " in p[1] and "count(" not in p[1].lower() and " JOIN " not in p[1]]
+        ordered = [p for p in pairs if " ORDER BY " in p[1] and " JOIN " not in p[1]]
+        chosen = list(dict.fromkeys([*(count[:1] or pairs[:1]), *(select[:1] or pairs[1:2]), *ordered[:1]]))
+        out[db_id] = [{"question": q, "query": s} for q, s in chosen]
+    return out
 
 
 # -- the bundled mini-Spider ------------------------------------------------------------------------
@@ -489,7 +530,29 @@ def ensure_bundled(folder: str | Path | None = None) -> Path:
     return target
 
 
-if __name__ == "__main__":
-    folder = ensure_bundled()
+def write_jsonl(tasks: list[dict[str, Any]], path: Path) -> None:
+    """Tasks as JSON Lines of agentbolt ``Task`` objects (``task_id``, ``input``), e.g. for agentbolt-verl."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for task in tasks:
+            f.write(json.dumps({"task_id": task["task_id"], "input": task}) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write the bundled mini-Spider (or check a Spider folder).")
+    p.add_argument("--data", default=None, help="a Spider folder (default: the bundled copy, written on first use)")
+    p.add_argument("--jsonl", default=None, help="also write train.jsonl and dev.jsonl of agentbolt tasks here")
+    args = p.parse_args(argv)
+    folder = Path(args.data) if args.data else ensure_bundled()
     for split in SPLITS:
-        print(f"{split}: {len(load_split(folder, split))} questions in {folder / SPLITS[split]}")
+        tasks = load_split(folder, split)
+        print(f"{split}: {len(tasks)} questions in {folder / SPLITS[split]}")
+        if args.jsonl:
+            write_jsonl(tasks, Path(args.jsonl) / f"{split}.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -50,10 +50,14 @@ def spider(tmp_path: Path) -> Path:
 def test_loads_spider_format_fixtures() -> None:
     train = data.load_split(FIXTURES, "train")
     dev = data.load_split(FIXTURES, "dev")
-    assert [t["question"] for t in train] == [
+    # worked examples come from train_spider.json (same database) and are no training tasks themselves
+    assert [e["question"] for e in dev[0]["examples"]] == [
         "How many singers do we have?",
         "What are the names of singers from France?",
+        "What is the name of the oldest singer?",
     ]
+    assert [t["question"] for t in train] == ["What is the total capacity of all stadiums?"]
+    assert train[0]["examples"] == dev[0]["examples"]
     assert len(dev) == 2 and dev[1]["query"] == "SELECT Name , Capacity FROM stadium"
     task = dev[0]
     assert task["db_id"] == "concert_singer" and Path(task["db_path"]).is_file()
@@ -203,3 +207,22 @@ def test_two_training_steps_on_the_tiny_model(tmp_path: Path) -> None:
 
 def result_history(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_verl_config_composes_with_the_published_setup() -> None:
+    from agentbolt_verl import config as verl_config
+
+    cfg = verl_config.compose_verl_config(EXAMPLE / "verl.yaml", extra=["trainer.default_local_dir=/tmp/unused"])
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert cfg.data.train_batch_size == 32 and cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert cfg.agentbolt.transitions_options["agent_match"] == "^(write_query|rewrite_query)$"
+
+
+def test_jsonl_export_is_agentbolt_tasks(tmp_path: Path) -> None:
+    from agentbolt.types import Task
+
+    data.main(["--data", str(FIXTURES), "--jsonl", str(tmp_path)])
+    lines = (tmp_path / "dev.jsonl").read_text().splitlines()
+    tasks = [Task.model_validate_json(line) for line in lines]
+    assert tasks[0].input["question"] == "What is the average age of all singers from France?"
