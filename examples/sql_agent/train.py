@@ -43,7 +43,7 @@ AGENT_SETS = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
-    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    p.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=0, help="held-out questions, the first N of dev.json (default 0: all)")
