@@ -118,7 +118,7 @@ def _generic_examples(schema: str) -> list[dict[str, str]]:
             continue
         cols = [c.strip().split(" ") for c in m.group(2).split(",")]
         text = [c[0] for c in cols if len(c) > 1 and c[1] == "text"]
-        nums = [c[0] for c in cols if len(c) > 1 and c[1] == "number" and c[0].lower() != "id"]
+        nums = [c[0] for c in cols if len(c) > 1 and c[1] == "number" and not c[0].lower().endswith("id")]
         if text and nums:
             t = m.group(1)
             return [

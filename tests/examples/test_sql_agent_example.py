@@ -226,3 +226,17 @@ def test_jsonl_export_is_agentbolt_tasks(tmp_path: Path) -> None:
     lines = (tmp_path / "dev.jsonl").read_text().splitlines()
     tasks = [Task.model_validate_json(line) for line in lines]
     assert tasks[0].input["question"] == "What is the average age of all singers from France?"
+
+
+def test_prompt_uses_same_db_examples_or_generic_ones_from_the_schema() -> None:
+    agent = _load("agent")
+    task = data.load_split(FIXTURES, "dev")[0]
+    messages = agent.few_shot(task)
+    assert "CREATE TABLE singer" in messages[0].content
+    assert messages[2].content == "<sql>SELECT count(*) FROM singer</sql>"
+    unseen = {**task, "examples": []}  # a Spider dev database has no training questions
+    generic = agent.few_shot(unseen)
+    assert [m.content for m in generic[1:3]] == [
+        "How many stadium rows have Capacity above 10?",
+        "<sql>SELECT count(*) FROM stadium WHERE Capacity > 10</sql>",
+    ]
