@@ -240,3 +240,61 @@ def test_prompt_uses_same_db_examples_or_generic_ones_from_the_schema() -> None:
         "How many stadium rows have Capacity above 10?",
         "<sql>SELECT count(*) FROM stadium WHERE Capacity > 10</sql>",
     ]
+
+
+# -- the graph's routing, against the fake OpenAI backend ------------------------------------------
+
+
+def _run_graph(writer: str, rewriter: str, checker: str) -> tuple[dict, list[str]]:
+    """Run the real graph on a fixture task; the fake backend answers by node (the last user turn)."""
+    from langchain_openai import ChatOpenAI
+
+    from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule
+
+    agent = _load("agent")
+
+    def turn(request) -> str:
+        return str(request.messages[-2]["content"] if request.messages[-1]["role"] == "assistant" else "")
+
+    backend = FakeLLM(
+        rules=[
+            Rule(match=lambda r: turn(r).startswith("Question:"), reply=rewriter),  # rewrite_query
+            Rule(match=lambda r: r.messages[-1]["role"] == "assistant", reply=writer),  # write_query
+            Rule(match=None, reply=checker),  # check_query
+        ]
+    )
+    task = data.load_split(FIXTURES, "dev")[0]
+    task = {**task, "question": "What are the names of singers from France?"}
+    with FakeLLMServer(backend) as server:
+        llm = ChatOpenAI(base_url=server.base_url, api_key="x", model="fake-model", max_retries=0)
+        state = asyncio.run(agent.build_graph(llm, task).ainvoke({"question": task["question"]}))
+    kinds = []
+    for r in backend.requests:
+        if not r.path.endswith("/chat/completions"):
+            continue
+        body = r.body
+        last = body["messages"][-1]
+        if last["role"] == "assistant":
+            kinds.append("rewrite" if body["messages"][-2]["content"].startswith("Question:") else "write")
+            assert body["continue_final_message"] is True and last["content"] == "<sql>SELECT"
+        else:
+            kinds.append("check")
+    return state, kinds
+
+
+def test_graph_rewrites_a_query_that_fails_then_stops_when_the_checker_agrees() -> None:
+    state, kinds = _run_graph(
+        writer=" nme FROM singer", rewriter=" Name FROM singer WHERE Country = 'France'", checker=_CORRECT
+    )
+    assert kinds == ["write", "check", "rewrite", "check"]
+    assert state["query"] == "SELECT Name FROM singer WHERE Country = 'France'" and state["rewrites"] == 1
+
+
+def test_graph_stops_after_two_rewrites_and_ignores_a_rambling_checker() -> None:
+    _, kinds = _run_graph(writer=" Name FROM singer", rewriter=" Name FROM singer", checker="WRONG: no filter")
+    assert kinds == ["write", "check", "rewrite", "check", "rewrite"]
+    state, kinds = _run_graph(writer=" Name FROM singer", rewriter="-", checker="The query is wrong, maybe")
+    assert kinds == ["write", "check"] and state["rewrites"] == 0
+
+
+_CORRECT = "THE QUERY IS CORRECT"
