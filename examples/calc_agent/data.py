@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 CALC_X_URL = "https://huggingface.co/datasets/MU-NLPC/Calc-X"
 CACHE = Path.home() / ".cache" / "agentbolt" / "examples" / "calc_agent"
-BUNDLED_VERSION = "v2"
+BUNDLED_VERSION = "v3"
 REQUIRED = ("id", "question", "result")
 SPLIT_NAMES = {"train": ("train",), "heldout": ("test", "validation")}
 
@@ -50,28 +50,28 @@ def _chain(steps: list[tuple[str, int]], result: int) -> str:
 def _problem(rng: random.Random) -> tuple[str, list[tuple[str, int]], int]:
     """One word problem with small numbers: its text, calculator steps and integer answer.
 
-    Mostly one operation; one problem in eight takes two.
+    Mostly one operation on numbers below 20; one problem in eight takes two.
     """
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     kind = rng.choices(["add", "sub", "mul", "div", "add_sub"], weights=[2, 2, 2, 1, 1])[0]
     if kind == "add":
-        a, b = rng.randint(3, 30), rng.randint(2, 20)
+        a, b = rng.randint(2, 12), rng.randint(2, 9)
         q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
         return q, [(f"{a} + {b}", a + b)], a + b
     if kind == "sub":
-        a = rng.randint(10, 40)
-        b = rng.randint(2, a - 2)
+        a = rng.randint(6, 19)
+        b = rng.randint(2, a - 1)
         q = f"{name} had {a} {item} and gave {b} of them away. How many {item} are left?"
         return q, [(f"{a} - {b}", a - b)], a - b
     if kind == "mul":
-        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        a, b = rng.randint(2, 5), rng.randint(2, 5)
         q = f"{name} buys {a} bags with {b} {item} in each bag. How many {item} is that?"
         return q, [(f"{a} * {b}", a * b)], a * b
     if kind == "div":
-        b, each = rng.randint(2, 6), rng.randint(2, 9)
+        b, each = rng.randint(2, 4), rng.randint(2, 5)
         q = f"{name} shares {b * each} {item} equally among {b} friends. How many {item} does each friend get?"
         return q, [(f"{b * each} / {b}", each)], each
-    a, b = rng.randint(5, 20), rng.randint(2, 10)
+    a, b = rng.randint(3, 9), rng.randint(2, 6)
     c = rng.randint(1, a + b - 1)
     q = f"{name} has {a} {item}, finds {b} more and then loses {c}. How many {item} does {name} have now?"
     return q, [(f"{a} + {b}", a + b), (f"{a + b} - {c}", a + b - c)], a + b - c

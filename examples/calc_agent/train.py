@@ -45,12 +45,13 @@ for _events in ("autogen_core.events", "autogen_agentchat.events"):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
-    p.add_argument("--steps", type=int, default=24, help="training steps (default 24)")
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=100, help="held-out questions (default 100)")
-    p.add_argument("--val-every", type=int, default=12, help="evaluate every N steps (default 12)")
+    p.add_argument("--val-every", type=int, default=10, help="evaluate every N steps (default 10)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and held-out (0.7)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument(
         "--data", default=None, help="a Calc-X folder (train*/test* as .parquet or .jsonl); default: bundled"
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        temperature=1.0,
+        temperature=args.temperature,
         max_tokens=args.max_tokens,
         val_every=args.val_every,
         update={"lr": args.lr, "seed": args.seed},
