@@ -105,7 +105,9 @@ async def run(args: argparse.Namespace, url: str, worker_url: str) -> None:
         )
         for k in range(args.kills):
             target = n * (k + 1) // (args.kills + 1)
-            while (await store.count_rollouts())[t.RolloutStatus.SUCCEEDED] < target:
+            while True:  # poll the store: the figure the kills are timed on
+                if (await store.count_rollouts())[t.RolloutStatus.SUCCEEDED] >= target:
+                    break
                 await asyncio.sleep(0.05)
             statuses = await asyncio.to_thread(pool.status)
             held = await holders(store)

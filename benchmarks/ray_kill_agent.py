@@ -15,7 +15,10 @@ async def two_call_agent(task: dict[str, Any], resources: t.Resources) -> float:
     client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="k", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": f"question {task['i']}"}]
     first = await client.chat.completions.create(model=resources.llm.model, messages=messages)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "more"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "more"},
+    ]
     stream = await client.chat.completions.create(model=resources.llm.model, messages=messages, stream=True)
     async for _ in stream:
         pass

@@ -213,7 +213,7 @@ def runner(
         typer.Option(
             "--ray",
             help="Run the runners as Ray actors on the cluster at ADDRESS (HOST:6379, 'auto', or 'local' for a "
-            "new local cluster); --processes is then the number of actors. Needs agentbolt[ray].",
+            "new local cluster); --processes is then the number of actors. Needs agentbolt\\[ray].",
         ),
     ] = None,
     num_cpus: Annotated[float, typer.Option("--num-cpus", help="With --ray: CPUs reserved per actor.")] = 1.0,
