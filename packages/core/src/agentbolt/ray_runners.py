@@ -354,11 +354,16 @@ class RayRunnerPool:
 
     @staticmethod
     def cluster_is_local() -> bool:
-        """True when every live node of the connected Ray cluster is this process's node."""
+        """True when every live node of the connected Ray cluster is on this machine: this
+        process's node, or a node on a loopback address (several nodes on one machine)."""
         import ray
 
         here = ray.get_runtime_context().get_node_id()
-        return all(node["NodeID"] == here for node in ray.nodes() if node.get("Alive"))
+        return all(
+            node["NodeID"] == here or is_loopback(str(node.get("NodeManagerAddress", "")))
+            for node in ray.nodes()
+            if node.get("Alive")
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
