@@ -13,9 +13,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quickstart"))
 
-from agent import math_agent  # noqa: E402  (examples/quickstart/agent.py)
+from agent import math_agent
 
-from agentbolt import types as t  # noqa: E402
+from agentbolt import types as t
 
 
 async def gated_math_agent(task: dict[str, Any], resources: t.Resources) -> float:

@@ -25,7 +25,7 @@ MODEL="${MODEL:-tiny}"
 MODE="${MODE:-netns}"
 ID="abmn$$"                       # namespace / directory prefix, unique per run
 WORK="$(mktemp -d "/tmp/$ID-XXXX")"
-PIDS=()
+PIDS=()                           # each server runs in its own process group (setsid): its group is ended
 NAMESPACES=()
 
 log() { printf '[multinode] %s\n' "$*" >&2; }
@@ -48,11 +48,18 @@ on() {  # on MACHINE CMD...: run CMD on that "machine"
     if [[ "$MODE" == netns ]]; then ip netns exec "$ID-$machine" "$@"; else "$@"; fi
 }
 
+serve() {  # serve MACHINE LOG CMD...: run a server on that "machine" in its own process group
+    local machine="$1" logfile="$2"; shift 2
+    setsid bash -c "$(declare -f on); MODE=$MODE ID=$ID; on $machine \"\$@\"" _ "$@" > "$logfile" 2>&1 &
+    PIDS+=($!)
+}
+
 cleanup() {
     set +e
     log "cleaning up"
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+    for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+    sleep 3
+    for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
     if [[ -n "${PGBIN:-}" && -d "$WORK/pg/data" ]]; then
         on main runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -m fast stop >/dev/null 2>&1
     fi
@@ -102,37 +109,44 @@ PG_URL="postgresql://postgres@127.0.0.1:5432/postgres"
 
 # -- 2. the store server on the main machine, beyond loopback, with a token ---------------------
 log "2. store server on $MAIN_IP:4747 (bearer token)"
-on main env AGENTBOLT_STORE_TOKEN="$STORE_TOKEN" "$BIN/agentbolt" store serve --store "$PG_URL" \
-    --host "$MAIN_IP" --port 4747 > "$WORK/store.log" 2>&1 &
-PIDS+=($!)
+serve main "$WORK/store.log" env AGENTBOLT_STORE_TOKEN="$STORE_TOKEN" "$BIN/agentbolt" store serve --store "$PG_URL" \
+    --host "$MAIN_IP" --port 4747
 wait_port main "$MAIN_IP" 4747
 
 # -- 3. the Ray cluster: head, two worker nodes, and the algorithm machine as a 0-CPU node -------
 RAY_DIR="$WORK/ray"; mkdir -p "$RAY_DIR"
 log "3. Ray head on $HEAD_IP:6379 (token auth), worker nodes $W1_IP and $W2_IP (1 CPU, runner_node=1 each)"
-on head env "${RAY_ENV[@]}" "$BIN/ray" start --head --block --node-ip-address "$HEAD_IP" --port 6379 \
-    --num-cpus 0 --include-dashboard false --temp-dir "$RAY_DIR" > "$WORK/ray-head.log" 2>&1 &
-PIDS+=($!)
+serve head "$WORK/ray-head.log" env "${RAY_ENV[@]}" "$BIN/ray" start --head --block --node-ip-address "$HEAD_IP" \
+    --port 6379 --num-cpus 0 --include-dashboard false --temp-dir "$RAY_DIR"
 wait_port head "$HEAD_IP" 6379
+
+wait_nodes() {  # wait_nodes N: until the cluster has N live nodes (one driver on the head polling)
+    on head env "${RAY_ENV[@]}" "$BIN/python" - "$HEAD_IP:6379" "$1" <<'PY'
+import sys, time
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + 240
+while (alive := sum(n["Alive"] for n in ray.nodes())) < int(sys.argv[2]):
+    if time.monotonic() > deadline:
+        sys.exit(f"only {alive} of {sys.argv[2]} Ray nodes joined")
+    time.sleep(1)
+print(f"{alive} Ray nodes")
+PY
+}
+
+# nodes join one at a time (node start-up is CPU-heavy)
+n=1
 for w in w1 w2; do
     ip_var="${w^^}_IP"
-    on "$w" env "${RAY_ENV[@]}" AGENTBOLT_GATEWAY_TOKEN="$GATEWAY_TOKEN" "$BIN/ray" start --block \
-        --address "$HEAD_IP:6379" --node-ip-address "${!ip_var}" --num-cpus 1 \
-        --resources '{"runner_node": 1}' > "$WORK/ray-$w.log" 2>&1 &
-    PIDS+=($!)
+    serve "$w" "$WORK/ray-$w.log" env "${RAY_ENV[@]}" AGENTBOLT_GATEWAY_TOKEN="$GATEWAY_TOKEN" "$BIN/ray" start \
+        --block --address "$HEAD_IP:6379" --node-ip-address "${!ip_var}" --num-cpus 1 --resources '{"runner_node": 1}'
+    n=$((n + 1))
+    wait_nodes "$n" >/dev/null || { tail -n 20 "$WORK/ray-$w.log"; exit 1; }
 done
-on main env "${RAY_ENV[@]}" "$BIN/ray" start --block --address "$HEAD_IP:6379" --node-ip-address "$MAIN_IP" \
-    --num-cpus 0 > "$WORK/ray-main.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 1 240); do
-    nodes="$(on main env "${RAY_ENV[@]}" "$BIN/python" -c "
-import ray; ray.init(address='$HEAD_IP:6379', logging_level='ERROR', log_to_driver=False)
-print(sum(n['Alive'] for n in ray.nodes()))" 2>/dev/null || echo 0)"
-    [[ "$nodes" == 4 ]] && break
-    sleep 1
-done
-log "   Ray cluster up: $nodes nodes"
-[[ "$nodes" == 4 ]] || { tail -20 "$WORK"/ray-*.log; exit 1; }
+serve main "$WORK/ray-main.log" env "${RAY_ENV[@]}" "$BIN/ray" start --block --address "$HEAD_IP:6379" \
+    --node-ip-address "$MAIN_IP" --num-cpus 0
+nodes="$(wait_nodes 4)" || { tail -n 20 "$WORK/ray-main.log"; exit 1; }
+log "   Ray cluster up: $nodes"
 
 # -- 4. the algorithm on the main machine: torch-grpo, runners as Ray actors on w1 and w2 --------
 log "4. training: $MODEL, $STEPS steps, gateway on $MAIN_IP (bearer token), store http://$MAIN_IP:4747"
