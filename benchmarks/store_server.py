@@ -144,7 +144,7 @@ async def runner_clients(url: str, n: int, clients: int, spans_per_rollout: int)
         async def client(k: int) -> None:
             while True:
                 t0 = time.perf_counter()
-                claims = await store.dequeue(f"client-{k}", limit=1, lease_s=120)
+                claims = await store.dequeue(f"client-{k}", limit=1, lease_s=3600)  # no heartbeats here
                 if not claims:
                     return
                 rid, aid = claims[0].rollout.rollout_id, claims[0].attempt.attempt_id
