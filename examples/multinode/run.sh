@@ -121,10 +121,10 @@ serve head "$WORK/ray-head.log" env "${RAY_ENV[@]}" "$BIN/ray" start --head --bl
 wait_port head "$HEAD_IP" 6379
 
 wait_nodes() {  # wait_nodes N: until the cluster has N live nodes (one driver on the head polling)
-    on head env "${RAY_ENV[@]}" "$BIN/python" - "$HEAD_IP:6379" "$1" <<'PY'
+    on head env "${RAY_ENV[@]}" "$BIN/python" - "$HEAD_IP" "$1" <<'PY'
 import sys, time
 import ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ray.init(address=f"{sys.argv[1]}:6379", _node_ip_address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 deadline = time.monotonic() + 240
 while (alive := sum(n["Alive"] for n in ray.nodes())) < int(sys.argv[2]):
     if time.monotonic() > deadline:

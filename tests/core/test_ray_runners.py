@@ -16,7 +16,14 @@ from test_runner import holds_rollouts, llm_spans, make_world
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
-from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions, RunnerWorker, check_urls_for_cluster
+from agentbolt.ray_runners import (
+    RayRunnerPool,
+    RayWorkerOptions,
+    RunnerWorker,
+    check_urls_for_cluster,
+    options_from_mapping,
+    parse_resources,
+)
 from agentbolt.runner import RunnerConfig
 from agentbolt.server import ServerThread
 from agentbolt.testing.fake_llm import FakeLLM
@@ -191,3 +198,12 @@ def test_worker_reports_a_store_it_cannot_open(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="failed"):
         worker.ready(30)
     assert worker.status()["running"] is False
+
+
+def test_worker_options_from_the_cli_and_config_forms() -> None:
+    assert parse_resources(["sandbox=1", "gpu_small=0.5"]) == {"sandbox": 1.0, "gpu_small": 0.5}
+    with pytest.raises(UserError, match="NAME=AMOUNT"):
+        parse_resources(["sandbox"])
+    assert options_from_mapping({"num_cpus": 2, "resources": {"sandbox": 1}}).resources == {"sandbox": 1}
+    with pytest.raises(UserError, match="valid"):
+        options_from_mapping({"cpus": 2})

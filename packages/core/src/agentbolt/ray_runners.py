@@ -80,6 +80,9 @@ class RayWorkerOptions:
     imported from a script's folder imports on the workers too (same paths on every node)."""
     local_num_cpus: int = 2
     """CPUs of the local cluster started when there is no ``address`` and no Ray connection."""
+    driver_node_ip: str | None = None
+    """With ``address``: the address of this machine's Ray node, where Ray cannot tell which of
+    the machine's addresses it is (several Ray nodes on one machine, on distinct addresses)."""
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0:
@@ -344,7 +347,7 @@ class RayRunnerPool:
             log.info("started a local Ray cluster (%d CPUs, 127.0.0.1)", self.options.local_num_cpus)
         else:
             try:
-                ray.init(address=self.address, log_to_driver=True)
+                ray.init(address=self.address, log_to_driver=True, _node_ip_address=self.options.driver_node_ip)
             except ConnectionError as exc:
                 raise UserError(
                     f"cannot connect to the Ray cluster at {self.address!r}: {exc}. Start it with "
