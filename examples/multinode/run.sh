@@ -100,12 +100,14 @@ wait_port() {  # wait_port MACHINE HOST PORT
 
 # -- 1. PostgreSQL on the main machine (as the postgres user; its loopback only) -----------------
 PGBIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+PG_PORT=5432   # the main namespace's own loopback; in loopback mode a free port of the shared one
+[[ "$MODE" == netns ]] || PG_PORT="$("$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 mkdir -p "$WORK/pg"; chown postgres "$WORK/pg"; chmod 755 "$WORK"
-log "1. PostgreSQL ($PGBIN) on main, 127.0.0.1:5432 of that machine only"
+log "1. PostgreSQL ($PGBIN) on main, 127.0.0.1:$PG_PORT of that machine only"
 on main runuser -u postgres -- "$PGBIN/initdb" -D "$WORK/pg/data" -A trust -U postgres -E UTF8 >/dev/null
 on main runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
-    -o "-p 5432 -k $WORK/pg -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
-PG_URL="postgresql://postgres@127.0.0.1:5432/postgres"
+    -o "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
+PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 
 # -- 2. the store server on the main machine, beyond loopback, with a token ---------------------
 log "2. store server on $MAIN_IP:4747 (bearer token)"
