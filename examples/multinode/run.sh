@@ -61,7 +61,7 @@ cleanup() {
     sleep 3
     for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
     if [[ -n "${PGBIN:-}" && -d "$WORK/pg/data" ]]; then
-        on main runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -m fast stop >/dev/null 2>&1
+        on main "${PG_AS[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -m fast stop >/dev/null 2>&1
     fi
     for ns in "${NAMESPACES[@]}"; do ip netns del "$ns" 2>/dev/null; done
     rm -rf "$WORK"
@@ -102,10 +102,11 @@ wait_port() {  # wait_port MACHINE HOST PORT
 PGBIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
 PG_PORT=5432   # the main namespace's own loopback; in loopback mode a free port of the shared one
 [[ "$MODE" == netns ]] || PG_PORT="$("$BIN/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-mkdir -p "$WORK/pg"; chown postgres "$WORK/pg"; chmod 755 "$WORK"
+PG_AS=(); [[ $EUID -ne 0 ]] || PG_AS=(runuser -u postgres --)   # PostgreSQL refuses to run as root
+mkdir -p "$WORK/pg"; chmod 755 "$WORK"; [[ $EUID -ne 0 ]] || chown postgres "$WORK/pg"
 log "1. PostgreSQL ($PGBIN) on main, 127.0.0.1:$PG_PORT of that machine only"
-on main runuser -u postgres -- "$PGBIN/initdb" -D "$WORK/pg/data" -A trust -U postgres -E UTF8 >/dev/null
-on main runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
+on main "${PG_AS[@]}" "$PGBIN/initdb" -D "$WORK/pg/data" -A trust -U postgres -E UTF8 >/dev/null
+on main "${PG_AS[@]}" "$PGBIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w \
     -o "-p $PG_PORT -k $WORK/pg -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
 PG_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres"
 
@@ -122,15 +123,25 @@ serve head "$WORK/ray-head.log" env "${RAY_ENV[@]}" "$BIN/ray" start --head --bl
     --port 6379 --num-cpus 0 --include-dashboard false --temp-dir "$RAY_DIR"
 wait_port head "$HEAD_IP" 6379
 
-wait_nodes() {  # wait_nodes N: until the cluster has N live nodes (one driver on the head polling)
-    on head env "${RAY_ENV[@]}" "$BIN/python" - "$HEAD_IP" "$1" <<'PY'
+wait_nodes() {  # wait_nodes N: until the cluster has N live nodes (a driver on the head polling)
+    on head env "${RAY_ENV[@]}" "$BIN/python" - "$HEAD_IP" "$1" "$MODE" <<'PY'
 import sys, time
 import ray
-ray.init(address=f"{sys.argv[1]}:6379", _node_ip_address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+head, want, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# on one network stack Ray cannot tell which local node is the head's: name it
+node_ip = head if mode == "loopback" else None
 deadline = time.monotonic() + 240
-while (alive := sum(n["Alive"] for n in ray.nodes())) < int(sys.argv[2]):
+while True:
+    try:
+        ray.init(address=f"{head}:6379", _node_ip_address=node_ip, logging_level="ERROR", log_to_driver=False)
+        break
+    except ConnectionError:  # the head's node not registered yet (slow start-up on a busy machine)
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(2)
+while (alive := sum(n["Alive"] for n in ray.nodes())) < want:
     if time.monotonic() > deadline:
-        sys.exit(f"only {alive} of {sys.argv[2]} Ray nodes joined")
+        sys.exit(f"only {alive} of {want} Ray nodes joined")
     time.sleep(1)
 print(f"{alive} Ray nodes")
 PY
@@ -155,7 +166,8 @@ log "4. training: $MODEL, $STEPS steps, gateway on $MAIN_IP (bearer token), stor
 cd "$REPO"
 on main env "${RAY_ENV[@]}" AGENTBOLT_STORE_TOKEN="$STORE_TOKEN" AGENTBOLT_GATEWAY_TOKEN="$GATEWAY_TOKEN" \
     "$BIN/python" "$HERE/train.py" --ray "$HEAD_IP:6379" --store "http://$MAIN_IP:4747" \
-    --gateway-host "$MAIN_IP" --model "$MODEL" --steps "$STEPS" --out "$WORK/out" 2>&1 \
+    --gateway-host "$MAIN_IP" $([[ "$MODE" == loopback ]] && echo "--node-ip $MAIN_IP") \
+    --model "$MODEL" --steps "$STEPS" --out "$WORK/out" 2>&1 \
     | grep -v -e "httpx" -e "^\s*$" | tee "$WORK/train.log"
 status=${PIPESTATUS[0]}
 

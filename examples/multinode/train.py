@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray", required=True, help="Ray cluster address (HEAD:6379)")
     p.add_argument("--store", required=True, help="store server URL (http://HOST:4747)")
     p.add_argument("--gateway-host", required=True, help="address of this machine the workers reach")
-    p.add_argument("--node-ip", help="this machine's Ray node address (default: the gateway host)")
+    p.add_argument(
+        "--node-ip", help="this machine's Ray node address, where Ray cannot tell (several nodes on one machine)"
+    )
     p.add_argument("--model", default="tiny", help="tiny (random, default) or smollm2")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_options={
             "num_cpus": 1,
             "resources": {"runner_node": 1},
-            "driver_node_ip": args.node_ip or args.gateway_host,
+            "driver_node_ip": args.node_ip,
         },
         gateway_host=args.gateway_host,
         gateway_token=token,
