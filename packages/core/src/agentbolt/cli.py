@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -245,9 +245,23 @@ def runner(
         str | None,
         typer.Option(envvar="AGENTBOLT_STORE_TOKEN", show_envvar=True, help="Bearer token of the store server."),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run the runners as Ray actors on the cluster at ADDRESS (HOST:6379, 'auto', or 'local' for a "
+            "new local cluster); --processes is then the number of actors. Needs agentbolt\\[ray].",
+        ),
+    ] = None,
+    num_cpus: Annotated[float, typer.Option("--num-cpus", help="With --ray: CPUs reserved per actor.")] = 1.0,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option("--resource", help="With --ray: a custom Ray resource per actor, NAME=AMOUNT (repeatable)."),
+    ] = None,
 ) -> None:
     """Attach runner processes to a store (e.g. a store server on another machine) and run the
-    agent on the rollouts it hands out, until Ctrl-C / SIGTERM."""
+    agent on the rollouts it hands out, until Ctrl-C / SIGTERM. With --ray, the runners are Ray
+    actors placed on a Ray cluster (restarted by Ray if they die)."""
     import os
     import signal
     import time
@@ -258,15 +272,30 @@ def runner(
 
     if token:
         os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it
+    pool: Any
     try:
         config = RunnerConfig(concurrency=concurrency, lease_s=lease, mode=t.RolloutMode(mode) if mode else None)
-        pool = RunnerPool(agent, store, processes=processes, config=config)
+        if ray is not None:
+            from .ray_runners import RayRunnerPool, RayWorkerOptions, parse_resources
+
+            pool = RayRunnerPool(
+                agent,
+                store,
+                workers=processes,
+                config=config,
+                address=None if ray == "local" else ray,
+                options=RayWorkerOptions(num_cpus=num_cpus, resources=parse_resources(resource or [])),
+                store_token=token,
+            )
+        else:
+            pool = RunnerPool(agent, store, processes=processes, config=config)
         pool.start()
         pool.wait_ready()
     except (UserError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(f"{processes} runner process(es) x {concurrency} working on {store}; Ctrl-C to stop", err=True)
+    where = f"Ray actor(s) on {ray}" if ray is not None else "runner process(es)"
+    typer.echo(f"{processes} {where} x {concurrency} working on {store}; Ctrl-C to stop", err=True)
     stop = False
 
     def on_signal(*_: object) -> None:
@@ -275,8 +304,14 @@ def runner(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    while not stop and any(pool.alive()):
+    last_check = time.monotonic()
+    while not stop:
         time.sleep(0.5)
+        if ray is None and not any(pool.alive()):
+            break
+        if ray is not None and time.monotonic() - last_check > 10:  # Ray restarts dead actors; log it
+            pool.status()
+            last_check = time.monotonic()
     pool.stop()
 
 

@@ -7,7 +7,9 @@
     report = Trainer(agent=my_agent).dev(dataset, llm="http://127.0.0.1:8000/v1", model="qwen")
 
 ``n_runners`` processes each run ``concurrency`` rollouts at once; ``n_runners=0`` runs one
-runner inside this process (handy with ``memory://`` or a debugger).
+runner inside this process (handy with ``memory://`` or a debugger). With ``runners="ray"`` the
+``n_runners`` workers are Ray actors on the cluster at ``ray_address`` (a local one when
+``None``); see :mod:`agentbolt.ray_runners`.
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ class Trainer:
         agent_names: name agents from what calls carry, without changing the agent: a mapping
             agent name -> system-prompt substring or ``re.compile(...)`` pattern, an
             :class:`~agentbolt.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.roles`).
+        runners: ``"processes"`` (runner processes on this machine) or ``"ray"`` (Ray actors,
+            :class:`~agentbolt.ray_runners.RayRunnerPool`; needs ``agentbolt[ray]``).
+        ray_address: the Ray cluster for ``runners="ray"`` (``None``: a local one).
+        ray_options: per-worker placement for ``runners="ray"``: a
+            :class:`~agentbolt.ray_runners.RayWorkerOptions` or its fields as a mapping.
     """
 
     def __init__(
@@ -129,6 +136,9 @@ class Trainer:
         token_ids: Literal["exact", "retokenize"] = "exact",
         tokenizer: Any = None,
         agent_names: Any = None,
+        runners: str = "processes",
+        ray_address: str | None = None,
+        ray_options: Any = None,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -154,6 +164,13 @@ class Trainer:
         self.run_name = run_name
         self.console = Console(stderr=True)
         self._capture = _capture_options(token_ids, tokenizer, agent_names)
+        if runners not in ("processes", "ray"):
+            raise UserError(f"runners must be 'processes' or 'ray', got {runners!r}")
+        if runners == "ray" and n_runners == 0:
+            raise UserError("runners='ray' needs n_runners >= 1 (the number of Ray runner workers)")
+        self.runners = runners
+        self.ray_address = ray_address
+        self.ray_options = ray_options
         if n_runners > 0 and not isinstance(store, str):
             raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
         if n_runners > 0 and isinstance(store, str) and store.startswith("memory:"):
@@ -291,7 +308,27 @@ class Trainer:
             stack.push_async_callback(stop_runner)
             return [task]
         assert isinstance(self.store_spec, str)
+        if self.runners == "ray":
+            return await self._start_ray_runners(stack)
         pool = RunnerPool(self.agent, self.store_spec, processes=self.n_runners, config=self.runner_config)
+        await asyncio.to_thread(pool.start)
+        stack.callback(pool.stop)
+        await asyncio.to_thread(pool.wait_ready)
+        return []
+
+    async def _start_ray_runners(self, stack: AsyncExitStack) -> list[asyncio.Task[Any]]:
+        from .ray_runners import RayRunnerPool, options_from_mapping
+
+        assert isinstance(self.store_spec, str)
+        pool = RayRunnerPool(
+            self.agent,
+            self.store_spec,
+            workers=self.n_runners,
+            config=self.runner_config,
+            address=self.ray_address,
+            options=options_from_mapping(self.ray_options),
+            gateway_host=self.gateway_host,
+        )
         await asyncio.to_thread(pool.start)
         stack.callback(pool.stop)
         await asyncio.to_thread(pool.wait_ready)
