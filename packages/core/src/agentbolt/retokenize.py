@@ -27,17 +27,11 @@ from typing import Any
 
 import orjson
 
+from .roles import content_text
+
 __all__ = ["ChatTemplateRetokenizer", "drift_reasons"]
 
 log = logging.getLogger(__name__)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text") or "") for p in content if isinstance(p, Mapping))
-    return ""
 
 
 def drift_reasons(
@@ -57,7 +51,7 @@ def drift_reasons(
     choices = response.get("choices") or []
     message = (choices[0].get("message") or {}) if choices else {}
     if decode is not None and message.get("content") and not message.get("tool_calls"):
-        text = _text(message["content"])
+        text = content_text(message["content"])
         back = decode(list(response_ids))
         if back.strip() != text.strip():
             reasons.append(f"text round trip: the ids decode to {back[:60]!r}, the reply was {text[:60]!r}")
@@ -125,7 +119,7 @@ class ChatTemplateRetokenizer:
         tools = request.get("tools")
         message = choice.get("message") or {}
         calls = message.get("tool_calls") or []
-        content = _text(message.get("content"))
+        content = content_text(message.get("content"))
         if not self._hf:
             prompt_ids = list(self.tokenizer.render_chat(messages, tools))
             response_ids = self._encode(content)

@@ -32,7 +32,8 @@ AgentNamer = Callable[[Mapping[str, Any]], "str | None"]
 """``(chat completions request) -> agent name or None``."""
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """The text of a chat message's ``content``: a string, or the joined ``text`` of its parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -43,7 +44,7 @@ def _text(content: Any) -> str:
 def system_prompt_of(request: Mapping[str, Any]) -> str:
     """The text of the request's system (or developer) messages, joined."""
     return "\n".join(
-        _text(m.get("content"))
+        content_text(m.get("content"))
         for m in request.get("messages") or ()
         if isinstance(m, Mapping) and m.get("role") in ("system", "developer")
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from .translate import Dialect, TranslationError, choice0, sse_event, stream_options, text_of
+from .translate import ChunkStream, Dialect, TranslationError, choice0, sse_event, stream_options, text_of
 
 __all__ = ["DIALECT", "MessagesStream", "from_chat", "response_id", "to_chat"]
 
@@ -204,21 +204,16 @@ def from_chat(chat: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any
     }
 
 
-class MessagesStream:
+class MessagesStream(ChunkStream):
     """Messages API streaming events for a Chat Completions chunk stream."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
-        self.body = body
-        self._started = False
+        super().__init__(body)
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
         self._calls: dict[int, int] = {}  # chat tool-call index -> block index
-        self._finish_reason: str | None = None
-        self._usage: Mapping[str, Any] = {}
-        self._closed = False
 
     def _start(self, chunk: Mapping[str, Any]) -> bytes:
-        self._started = True
         prompt_ids = chunk.get("prompt_token_ids")
         message = {
             "id": response_id(str(chunk.get("id") or "")),
@@ -246,46 +241,33 @@ class MessagesStream:
         self._block_kind = None
         return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
 
-    def feed(self, chunk: Mapping[str, Any]) -> bytes:
+    def _text_delta(self, text: str) -> bytes:
         out = b""
-        if not self._started:
-            out += self._start(chunk)
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if int(choice.get("index", 0)) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                if self._block_kind != "text":
-                    out += self._open({"type": "text", "text": ""}, "text")
-                out += sse_event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": self._block,
-                        "delta": {"type": "text_delta", "text": delta["content"]},
-                    },
-                )
-            for tc in delta.get("tool_calls") or ():
-                index = int(tc.get("index", 0))
-                fn = tc.get("function") or {}
-                if index not in self._calls:
-                    out += self._open(
-                        {"type": "tool_use", "id": tc.get("id"), "name": fn.get("name") or "", "input": {}}, "tool_use"
-                    )
-                    self._calls[index] = self._block
-                if fn.get("arguments"):
-                    out += sse_event(
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": self._calls[index],
-                            "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]},
-                        },
-                    )
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+        if self._block_kind != "text":
+            out += self._open({"type": "text", "text": ""}, "text")
+        return out + sse_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._block, "delta": {"type": "text_delta", "text": text}},
+        )
+
+    def _call_delta(self, tc: Mapping[str, Any]) -> bytes:
+        out = b""
+        index = int(tc.get("index", 0))
+        fn = tc.get("function") or {}
+        if index not in self._calls:
+            out += self._open(
+                {"type": "tool_use", "id": tc.get("id"), "name": fn.get("name") or "", "input": {}}, "tool_use"
+            )
+            self._calls[index] = self._block
+        if fn.get("arguments"):
+            out += sse_event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self._calls[index],
+                    "delta": {"type": "input_json_delta", "partial_json": fn["arguments"]},
+                },
+            )
         return out
 
     def close(self, error: str | None = None) -> bytes:
@@ -296,9 +278,10 @@ class MessagesStream:
         if error is not None:
             return out + sse_event("error", {"type": "error", "error": {"type": "api_error", "message": error}})
         out += self._close_block()
-        usage = {"output_tokens": int(self._usage.get("completion_tokens") or 0)}
-        if self._usage.get("prompt_tokens") is not None:
-            usage["input_tokens"] = int(self._usage["prompt_tokens"])
+        reported = self._usage or {}
+        usage = {"output_tokens": int(reported.get("completion_tokens") or 0)}
+        if reported.get("prompt_tokens") is not None:
+            usage["input_tokens"] = int(reported["prompt_tokens"])
         delta = {"stop_reason": _stop(self._finish_reason or "stop", self.body), "stop_sequence": None}
         out += sse_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         return out + sse_event("message_stop", {"type": "message_stop"})

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .translate import Dialect, TranslationError, choice0, sse_event, stream_options, text_of
+from .translate import ChunkStream, Dialect, TranslationError, choice0, sse_event, stream_options, text_of
 
 __all__ = ["DIALECT", "ResponsesStream", "from_chat", "response_id", "to_chat"]
 
@@ -240,22 +240,18 @@ def from_chat(chat: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-class ResponsesStream:
+class ResponsesStream(ChunkStream):
     """Responses API streaming events for a Chat Completions chunk stream (see the module docstring)."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
-        self.body = body
+        super().__init__(body)
         self._seq = 0
-        self._started = False
         self._rid = ""
         self._response: dict[str, Any] = {}
         self._text: list[str] = []
         self._text_index: int | None = None
         self._calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self._items: list[dict[str, Any]] = []  # output items in order
-        self._finish_reason: str | None = None
-        self._usage: Mapping[str, Any] | None = None
-        self._closed = False
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -263,7 +259,6 @@ class ResponsesStream:
         return sse_event(kind, data)
 
     def _start(self, chunk: Mapping[str, Any]) -> bytes:
-        self._started = True
         self._rid = response_id(str(chunk.get("id") or ""))
         model = str(chunk.get("model") or self.body.get("model") or "")
         self._response = _envelope(
@@ -272,24 +267,6 @@ class ResponsesStream:
         return self._event("response.created", response=dict(self._response)) + self._event(
             "response.in_progress", response=dict(self._response)
         )
-
-    def feed(self, chunk: Mapping[str, Any]) -> bytes:
-        out = b""
-        if not self._started:
-            out += self._start(chunk)
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if int(choice.get("index", 0)) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                out += self._text_delta(str(delta["content"]))
-            for tc in delta.get("tool_calls") or ():
-                out += self._call_delta(tc)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
-        return out
 
     def _text_delta(self, text: str) -> bytes:
         out = b""

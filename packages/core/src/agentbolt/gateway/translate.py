@@ -41,6 +41,50 @@ class StreamTranslator(Protocol):
         ...
 
 
+class ChunkStream:
+    """Base of the streaming translators: walks each Chat Completions chunk's first choice and
+    hands its text and tool-call deltas to the subclass, which writes its API's events."""
+
+    def __init__(self, body: Mapping[str, Any]) -> None:
+        self.body = body
+        self._started = False
+        self._usage: Mapping[str, Any] | None = None
+        self._finish_reason: str | None = None
+        self._closed = False
+
+    def feed(self, chunk: Mapping[str, Any]) -> bytes:
+        """Events for one parsed Chat Completions chunk (may be empty)."""
+        out = b""
+        if not self._started:
+            self._started = True
+            out += self._start(chunk)
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if int(choice.get("index", 0)) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                out += self._text_delta(str(delta["content"]))
+            for tc in delta.get("tool_calls") or ():
+                out += self._call_delta(tc)
+            if choice.get("finish_reason"):
+                self._finish_reason = choice["finish_reason"]
+        return out
+
+    def _start(self, chunk: Mapping[str, Any]) -> bytes:
+        """The opening events, from the first chunk."""
+        raise NotImplementedError
+
+    def _text_delta(self, text: str) -> bytes:
+        """Events for a piece of the reply's text."""
+        raise NotImplementedError
+
+    def _call_delta(self, tc: Mapping[str, Any]) -> bytes:
+        """Events for a piece of a tool call (a Chat Completions ``delta.tool_calls`` entry)."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Dialect:
     """One client API the gateway translates to Chat Completions."""
