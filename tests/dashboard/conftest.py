@@ -46,9 +46,11 @@ def dashboard(tiny_store: str) -> Iterator[DashboardThread]:
         yield dash
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium driven by Playwright (never a downloaded browser)."""
+    """Debian's Chromium driven by Playwright (never a downloaded browser). Module-scoped:
+    Playwright's sync API keeps an event loop running on the main thread while it is open,
+    which later async tests of the session must not inherit."""
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium not found (apt-get install chromium); browser tests skipped")
     sync_api = pytest.importorskip("playwright.sync_api")

@@ -170,3 +170,21 @@ def test_a_token_protects_the_dashboard(tiny_store: str, page: Any) -> None:
         response = page.goto(f"{dash.url}/runs?token=s3cret")  # sets a cookie, then plain URLs work
         assert response.status == 200 and page.url.endswith("/runs")
         assert page.goto(f"{dash.url}/health").status == 200
+
+
+def test_the_dashboard_reads_a_store_server(tiny_store: str, page: Any, store_db: Path) -> None:
+    from agentbolt.server import ServerThread
+
+    server = ServerThread(open_store(tiny_store, sweep_interval_s=0), close_store=True).start()
+    try:
+        with DashboardThread(server.url) as dash:
+            run_id, name = sql(store_db, "SELECT run_id, name FROM runs ORDER BY id LIMIT 1")[0]
+            page.goto(f"{dash.url}/runs")
+            assert name in page.locator(f'tr[data-run="{run_id}"]').inner_text()
+            page.goto(f"{dash.url}/rollouts?run={run_id}&mode=train&status=succeeded")
+            page.locator("#rollouts-table tbody tr td a").first.click()
+            page.wait_for_selector(".tokens .tok")
+            assert page.locator("#transitions table tbody tr").first.locator("td").last.inner_text() == "trained"
+            assert page.goto(f"{dash.url}/rollouts/ro-nope").status == 404
+    finally:
+        server.stop()

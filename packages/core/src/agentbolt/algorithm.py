@@ -327,27 +327,44 @@ class EvaluateResult:
     rewards_missing: int
     """Succeeded rollouts that reported no reward."""
     llm_calls: int
+    """Gateway call spans in the store, every attempt (failed calls included)."""
     calls_with_exact_ids: int
     calls_retokenized: int
     calls_missing_ids: int
+    """Answered calls without token ids (failed calls are in ``calls_failed``)."""
     prompt_tokens: int
     response_tokens: int
     failures: dict[str, int] = field(default_factory=dict)
     """Failed rollouts by ``kind: type`` (e.g. ``agent: ValueError``, ``timeout: timeout``)."""
     seconds: float = 0.0
+    """Time from enqueueing the rollouts to their end (the run's total is longer: start-up)."""
+    calls_failed: int = 0
+    """Calls the upstream failed (not counted as missing ids)."""
+    report: Any = field(default=None, repr=False)
+    """The :class:`~agentbolt.doctor.DoctorReport` of these rollouts (what ``agentbolt doctor`` prints)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "report"}
 
     def capture_ok(self) -> bool:
-        """True when every LLM call was recorded with exact token ids."""
+        """True when calls were captured and the doctor found no error or warning."""
+        if self.report is not None:
+            return self.llm_calls > 0 and bool(self.report.ok)
         return self.llm_calls > 0 and self.calls_with_exact_ids == self.llm_calls
 
 
 def summarize(
-    rollouts: Sequence[t.Rollout], spans: Mapping[str, Sequence[t.Span]], seconds: float = 0.0
+    rollouts: Sequence[t.Rollout],
+    spans: Mapping[str, Sequence[t.Span]],
+    seconds: float = 0.0,
+    *,
+    gateway_stats: Mapping[str, Any] | None = None,
 ) -> EvaluateResult:
-    """Counts, rewards and token usage of finished rollouts and their spans."""
+    """Counts, rewards and token usage of finished rollouts and their spans (of every attempt:
+    the call counts are :func:`agentbolt.doctor.diagnose`'s, the same ``agentbolt doctor`` prints)."""
+    from .doctor import diagnose
+
+    report = diagnose(rollouts, spans, gateway_stats=gateway_stats)
     rewards = [r.final_reward for r in rollouts if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None]
     failures: Counter[str] = Counter()
     for r in rollouts:
@@ -355,13 +372,11 @@ def summarize(
             failures[f"{r.error.kind.value}: {r.error.type}"] += 1
         elif r.status is not t.RolloutStatus.SUCCEEDED:
             failures[f"unfinished: {r.status.value}"] += 1
-    sources: Counter[str] = Counter()
     prompt_tokens = response_tokens = 0
     for span_list in spans.values():
         for s in span_list:
             if semconv.TOKEN_SOURCE not in s.attributes:  # only the gateway's spans are calls (adapters' join them)
                 continue
-            sources[str(s.attributes.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING))] += 1
             prompt_tokens += len(s.attributes.get(semconv.PROMPT_TOKEN_IDS, ())) or int(
                 s.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS, 0)
             )
@@ -377,10 +392,12 @@ def summarize(
         reward_mean=statistics.fmean(rewards) if rewards else None,
         reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
         rewards_missing=succeeded - len(rewards),
-        llm_calls=sum(sources.values()),
-        calls_with_exact_ids=sources[semconv.TOKEN_SOURCE_EXACT],
-        calls_retokenized=sources[semconv.TOKEN_SOURCE_RETOKENIZED],
-        calls_missing_ids=sources[semconv.TOKEN_SOURCE_MISSING],
+        llm_calls=report.counts.calls,
+        calls_with_exact_ids=report.counts.exact,
+        calls_retokenized=report.counts.retokenized,
+        calls_missing_ids=report.counts.missing,
+        calls_failed=report.counts.calls_failed,
+        report=report,
         prompt_tokens=prompt_tokens,
         response_tokens=response_tokens,
         failures=dict(failures),
@@ -432,17 +449,26 @@ class Evaluate(Algorithm):
             )
         )
         started = time.monotonic()
+        before = await asyncio.to_thread(ctx.gateway.stats)
         rollouts = await ctx.run_rollouts(
             tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate", step=0
         )
-        result = summarize(rollouts, await ctx.spans(rollouts), time.monotonic() - started)
+        all_spans: dict[str, list[t.Span]] = {}
+        ids = [r.rollout_id for r in rollouts]
+        for i in range(0, len(ids), 200):  # every attempt: calls of timed-out attempts count too
+            all_spans.update(await ctx.store.query_spans(ids[i : i + 200]))
+        after = await asyncio.to_thread(ctx.gateway.stats)
+        stats = {  # this evaluation's share of the gateway's counters
+            key: int(after.get(key) or 0) - int(before.get(key) or 0) for key in ("forwarded", "spans_dropped")
+        }
+        result = summarize(rollouts, all_spans, time.monotonic() - started, gateway_stats=stats)
         if result.reward_mean is not None:
             ctx.log_metrics(0, {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0})
-        if result.llm_calls and result.calls_with_exact_ids < result.llm_calls:
+        if result.calls_missing_ids or result.calls_retokenized:
             log.warning(
-                "%d of %d LLM calls have no exact token ids (%d retokenized, %d missing): they cannot be trained on",
-                result.llm_calls - result.calls_with_exact_ids,
-                result.llm_calls,
+                "%d of %d answered LLM calls have no exact token ids (%d retokenized, %d missing)",
+                result.calls_missing_ids + result.calls_retokenized,
+                result.llm_calls - result.calls_failed,
                 result.calls_retokenized,
                 result.calls_missing_ids,
             )

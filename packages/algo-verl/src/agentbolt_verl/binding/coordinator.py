@@ -235,6 +235,7 @@ class AgentboltTrainerMixin:
     _agentbolt_bridge: AsyncBridge | None = None
     _agentbolt_sink: MetricsSink | None = None
     _agentbolt_settings: AgentboltSettings | None = None
+    _agentbolt_runners: Any = None
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -270,6 +271,36 @@ class AgentboltTrainerMixin:
             self._agentbolt_coordinator = self._agentbolt_run(build())
         return self._agentbolt_coordinator
 
+    def _agentbolt_start_runners(self) -> None:
+        """With ``agentbolt.runners.ray``: the runner fleet as Ray actors in the cluster this
+        process is connected to (verl's), not a second fleet."""
+        runners = self._agentbolt_config().runners
+        if not runners.ray or self._agentbolt_runners is not None:
+            return
+        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
+        from agentbolt.runner import RunnerConfig
+
+        assert runners.agent is not None
+        pool = RayRunnerPool(
+            runners.agent,
+            self._agentbolt_config().store_url,
+            workers=runners.workers,
+            config=RunnerConfig(concurrency=runners.concurrency, lease_s=runners.lease_s),
+            options=RayWorkerOptions(
+                num_cpus=runners.num_cpus, resources=runners.resources, max_restarts=runners.max_restarts
+            ),
+            name="verl-runner",
+        )
+        pool.start()
+        self._agentbolt_runners = pool
+        statuses = pool.wait_ready()
+        logger.info("started %d agentbolt runner actors in verl's Ray cluster: %s", len(statuses), statuses)
+
+    def _agentbolt_stop_runners(self) -> None:
+        pool, self._agentbolt_runners = self._agentbolt_runners, None
+        if pool is not None:
+            pool.stop()
+
     def _agentbolt_awake(self) -> None:
         coordinator = self._agentbolt_get_coordinator()
         addresses = self.llm_server_manager.get_addresses()  # type: ignore[attr-defined]
@@ -284,6 +315,7 @@ class AgentboltTrainerMixin:
 
     def on_init_end(self) -> None:
         super().on_init_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        self._agentbolt_start_runners()
         self._agentbolt_awake()
 
     def on_sample_end(self) -> None:
@@ -296,6 +328,7 @@ class AgentboltTrainerMixin:
 
     def on_train_end(self) -> None:
         super().on_train_end()  # type: ignore[misc]
+        self._agentbolt_stop_runners()
         coordinator, bridge = self._agentbolt_coordinator, self._agentbolt_bridge
         if bridge is not None:
             if coordinator is not None and coordinator.store is not None:

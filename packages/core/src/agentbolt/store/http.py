@@ -56,7 +56,7 @@ from ..errors import (
     StoreUnavailableError,
     UserError,
 )
-from ..server import wire as w
+from . import wire as w
 from .base import check_span_batch, normalize_statuses
 from .run_http import HttpRunsMixin
 
