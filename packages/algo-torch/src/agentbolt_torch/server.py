@@ -39,7 +39,6 @@ import asyncio
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -49,6 +48,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentbolt.errors import UserError
+from agentbolt.server.uvicorn_thread import UvicornThread
 
 from .chat import ToolCallStreamFilter, forced_tool_call_prefix, parse_tool_calls, render_chat
 from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
@@ -698,8 +698,7 @@ class PolicyServer:
         self.port = port
         self.app = create_app(engine, served_model_name=served_model_name)
         self.log_level = log_level
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._thread: UvicornThread | None = None
         self._owns_engine = False
 
     @property
@@ -728,25 +727,15 @@ class PolicyServer:
         config = uvicorn.Config(
             self.app, log_level=self.log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="agentbolt-policy-server", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the policy server did not start on {self.url}")
-            time.sleep(0.01)
+        self._thread = UvicornThread(uvicorn.Server(config), sock, name="agentbolt-policy-server")
+        self._thread.start(timeout)
         logger.info("policy server on %s (model %r)", self.base_url, self.engine.policy.name)
         return self
 
     def stop(self) -> None:
         """Stop serving (and the engine, if :meth:`start` started it)."""
-        if self._server is not None:
-            self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.stop(10)
             self._thread = None
         if self._owns_engine:
             self.engine.stop()
