@@ -436,8 +436,13 @@ class Runner:
 def _as_reward(result: Any) -> float | None:
     if result is None:
         return None
-    if isinstance(result, bool | int | float) and not (isinstance(result, float) and not math.isfinite(result)):
-        return float(result)
+    if isinstance(result, bool | int | float):
+        try:
+            reward = float(result)
+        except OverflowError:
+            reward = math.inf
+        if math.isfinite(reward):
+            return reward
     raise UserError(f"the agent returned {result!r}; an agent returns a finite float reward or None")
 
 

@@ -57,6 +57,7 @@ from ..errors import (
     UserError,
 )
 from ..server import wire as w
+from . import lifecycle
 from .base import check_span_batch, normalize_statuses
 
 __all__ = ["HttpStore"]
@@ -297,6 +298,7 @@ class HttpStore:
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
     ) -> list[t.Claim]:
+        lifecycle.check_claim_args(limit, lease_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(wait_s, 0.0)
         while True:
@@ -317,6 +319,7 @@ class HttpStore:
                 return claims
 
     async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
+        lifecycle.check_lease(lease_s)
         body = w.HeartbeatRequest.model_construct(attempt_ids=list(attempt_ids), lease_s=lease_s)
         return (await self._post("/v1/attempts/heartbeat", body, w.AttemptsResponse)).attempts
 
@@ -329,6 +332,7 @@ class HttpStore:
         error: t.ErrorInfo | None = None,
     ) -> t.Rollout:
         status = t.AttemptStatus(status)
+        lifecycle.check_reward(reward)
         body = w.FinishRequest.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
         call = _Call()
         try:
@@ -365,6 +369,7 @@ class HttpStore:
         limit: int = 100,
         cursor: str | None = None,
     ) -> t.Page[t.Rollout]:
+        lifecycle.check_limit(limit)
         params: list[tuple[str, str | int]] = [("status", s.value) for s in normalize_statuses(status) or ()]
         if mode is not None:
             params.append(("mode", t.RolloutMode(mode).value))
@@ -392,6 +397,7 @@ class HttpStore:
                 return answer.rollouts
 
     async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
+        lifecycle.check_purge_args(rollout_ids, older_than_s)
         ids = None if rollout_ids is None else list(rollout_ids)
         body = w.PurgeRequest.model_construct(rollout_ids=ids, older_than_s=older_than_s)
         return (await self._post("/v1/rollouts/purge", body, w.PurgeResponse, idempotent=False)).purged
