@@ -94,6 +94,10 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
+        upstream_timeout_s: how long the gateway waits for an upstream answer (and between
+            streamed chunks) before the call fails as an infrastructure error (retried).
+        runner_restarts: runner processes that die are replaced this many times in all; when
+            none is left the run fails with a message saying so.
     """
 
     def __init__(
@@ -115,6 +119,8 @@ class Trainer:
         metrics_path: str | Path | None = None,
         progress: bool = True,
         adapters: list[str] | None = None,
+        upstream_timeout_s: float = 600.0,
+        runner_restarts: int = 10,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -135,6 +141,12 @@ class Trainer:
         self.gateway_token = gateway_token
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
+        if not (isinstance(upstream_timeout_s, int | float) and 0 < upstream_timeout_s < float("inf")):
+            raise UserError(f"upstream_timeout_s must be a positive number of seconds, got {upstream_timeout_s!r}")
+        if runner_restarts < 0:
+            raise UserError(f"runner_restarts must be 0 or more, got {runner_restarts}")
+        self.upstream_timeout_s = float(upstream_timeout_s)
+        self.runner_restarts = runner_restarts
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.console = Console(stderr=True)
@@ -216,6 +228,7 @@ class Trainer:
                 host=self.gateway_host,
                 port=self.gateway_port,
                 token=self.gateway_token,
+                request_timeout_s=self.upstream_timeout_s,
             )
             await asyncio.to_thread(gateway.start)
             stack.callback(gateway.stop)
@@ -264,11 +277,19 @@ class Trainer:
             stack.push_async_callback(stop_runner)
             return [task]
         assert isinstance(self.store_spec, str)
-        pool = RunnerPool(self.agent, self.store_spec, processes=self.n_runners, config=self.runner_config)
+        pool = RunnerPool(
+            self.agent,
+            self.store_spec,
+            processes=self.n_runners,
+            config=self.runner_config,
+            max_restarts=self.runner_restarts,
+        )
+        stack.callback(pool.stop)  # also stops processes started before a failure or a signal
         await asyncio.to_thread(pool.start)
-        stack.callback(pool.stop)
         await asyncio.to_thread(pool.wait_ready)
-        return []
+        watcher = asyncio.ensure_future(_watch_pool(pool))
+        stack.callback(watcher.cancel)
+        return [watcher]
 
     def _print_summary(
         self, algorithm: Algorithm, result: Any, counts: Mapping[t.RolloutStatus, int], seconds: float
@@ -295,6 +316,13 @@ class Trainer:
             f"capture {status}: {result.calls_with_exact_ids}/{result.llm_calls} LLM calls with exact token ids "
             f"({result.calls_retokenized} retokenized, {result.calls_missing_ids} missing)"
         )
+
+
+async def _watch_pool(pool: RunnerPool, period_s: float = 0.5) -> None:
+    """Replace runner processes that die; raise (ending the run) when none is left."""
+    while True:
+        await asyncio.sleep(period_s)
+        pool.watch()
 
 
 def _run(coro: Any) -> Any:
