@@ -16,8 +16,9 @@ import hmac
 import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .. import __version__
 from .. import types as t
@@ -51,12 +52,26 @@ class PolicyRequest(BaseModel):
     """Model name forced into every request (unchanged when omitted)."""
 
 
+def check_upstream_url(url: str) -> str:
+    """An ``http(s)://host[:port][/prefix]`` URL that parses (host and port included)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"upstream URL {url!r} does not parse: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"upstream URL must be http(s)://host[:port][/prefix], got {url!r}")
+    return url
+
+
 class UpstreamModel(BaseModel):
     """An OpenAI-compatible endpoint."""
 
     model_config = _BODY
 
-    base_url: Annotated[str, Field(pattern=r"^https?://[^/\s?#]+(/[^\s?#]*)?$", max_length=2048)]
+    base_url: Annotated[
+        str, Field(pattern=r"^https?://[^/\s?#]+(/[^\s?#]*)?$", max_length=2048), AfterValidator(check_upstream_url)
+    ]
     """Base URL including ``/v1``, e.g. ``http://127.0.0.1:8000/v1``."""
     api_key: Annotated[str, Field(max_length=4096)] | None = None
     """Sent as ``Authorization: Bearer`` to the upstream."""

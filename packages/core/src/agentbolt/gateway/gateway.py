@@ -232,6 +232,11 @@ class Gateway:
         """Replace the upstreams (e.g. new inference replicas); in-flight calls finish where they are."""
         new = [Upstream.of(u) for u in upstreams]
         for u in new:
+            try:
+                control.check_upstream_url(u.base_url)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        for u in new:
             if u.base_url not in self._pools:
                 self._pools[u.base_url] = UpstreamPool(u.base_url)
         for url in [url for url in self._pools if url not in {u.base_url for u in new}]:
