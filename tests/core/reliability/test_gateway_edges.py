@@ -15,8 +15,7 @@ from agentbolt import types as t
 from agentbolt.gateway import UPSTREAM_ERROR, Gateway
 from agentbolt.runner import Runner, RunnerConfig
 from agentbolt.store import Store, open_store
-
-from .upstreams import GarbageUpstream
+from agentbolt.testing.bad_upstream import GarbageUpstream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -167,6 +166,7 @@ async def setup() -> AsyncIterator[tuple[Store, GarbageUpstream, Gateway]]:
         ("not_json", False),
         ("wrong_shape", False),
         ("error_200", False),
+        ("status_500", False),
         ("slow", False),
         ("reset", True),
         ("no_done", True),

@@ -1,4 +1,9 @@
-"""A misbehaving OpenAI-compatible upstream (raw asyncio, so it can break HTTP on purpose)."""
+"""A misbehaving OpenAI-compatible upstream (raw asyncio, so it can break HTTP on purpose).
+
+The fake LLM (:mod:`agentbolt.testing.fake_llm`) injects well-formed failures (status codes,
+timeouts, dropped connections); this one sends what a broken proxy or server sends: HTML
+where JSON belongs, JSON that is not a completion, a stream cut by a TCP reset.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,11 @@ import socket
 import struct
 
 import orjson
+
+__all__ = ["MODES", "GarbageUpstream"]
+
+MODES = ("not_json", "wrong_shape", "error_200", "status_500", "slow", "reset", "reset_body", "no_done")
+"""Every way :class:`GarbageUpstream` can answer."""
 
 _CHUNK = orjson.dumps(
     {
@@ -21,7 +31,7 @@ _CHUNK = orjson.dumps(
 class GarbageUpstream:
     """Answers every request according to ``mode``:
 
-    ``not_json`` (200 with HTML), ``wrong_shape`` (200 with JSON that is not a completion),
+    ``not_json`` (200 with HTML), ``status_500`` (a 500), ``wrong_shape`` (200 with JSON that is not a completion),
     ``error_200`` (200 with an error object), ``slow`` (no answer), ``reset`` (a stream cut by a
     TCP reset mid-way), ``reset_body`` (a JSON body cut by a reset), ``no_done`` (a stream that
     ends without ``data: [DONE]``).
@@ -39,10 +49,12 @@ class GarbageUpstream:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def start(self) -> None:
+        """Listen on a free loopback port."""
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Stop listening and drop every connection."""
         if self._server is not None:
             self._server.close()
             for task in list(self._tasks):
@@ -73,6 +85,11 @@ class GarbageUpstream:
         if mode == "slow":
             await asyncio.sleep(30)
             return False
+        if mode == "status_500":
+            body = b'{"error": {"message": "boom", "type": "server_error"}}'
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            return True
         if mode in ("not_json", "wrong_shape", "error_200"):
             body, ctype = {
                 "not_json": (b"<html><body>502 Bad Gateway (nginx)</body></html>", b"text/html"),
