@@ -7,6 +7,10 @@ control plane). Rollouts go through the durable SQLite store (WAL, synchronous=N
 runner processes claiming them under leases, heartbeating, writing spans and reporting results.
 The figure is rollouts/s from the enqueue of all rollouts until the last one is final, with the
 runner processes already started and waiting.
+
+``--runners ray`` runs the same with runner workers as Ray actors (a local Ray cluster of 2 CPUs
+on 127.0.0.1, :mod:`agentbolt.ray_runners`) instead of runner processes; ``--processes`` is then
+the number of actors.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -28,12 +33,21 @@ from agentbolt.runner import RunnerConfig, RunnerPool
 from agentbolt.store import open_store
 
 
-async def measure(url: str, n: int, processes: int, concurrency: int) -> tuple[float, dict[str, int]]:
+async def measure(
+    url: str, n: int, processes: int, concurrency: int, runners: str = "processes"
+) -> tuple[float, dict[str, int]]:
     store = open_store(url)
-    pool = RunnerPool(
-        synthetic_agent, url, processes=processes, config=RunnerConfig(concurrency=concurrency, dequeue_wait_s=1.0)
-    )
-    pool.start()
+    config = RunnerConfig(concurrency=concurrency, dequeue_wait_s=1.0)
+    pool: Any
+    if runners == "ray":
+        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
+
+        pool = RayRunnerPool(
+            synthetic_agent, url, workers=processes, config=config, options=RayWorkerOptions(num_cpus=0)
+        )
+    else:
+        pool = RunnerPool(synthetic_agent, url, processes=processes, config=config)
+    await asyncio.to_thread(pool.start)
     try:
         await asyncio.to_thread(pool.wait_ready)  # imports done, claiming
         specs = [t.RolloutSpec(rollout_id=f"r{i}", input={"i": i}) for i in range(n)]
@@ -56,7 +70,13 @@ def main() -> None:
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--concurrency", type=int, default=32, help="rollouts each runner process runs at once")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--runners", choices=["processes", "ray"], default="processes", help="runner processes or Ray actors"
+    )
     args = ap.parse_args()
+    if args.runners == "ray":
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # workers run this interpreter, not `uv run`
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     print(
         f"control plane: {args.rollouts} rollouts x (3 turns x 4 spans + 5 ms sleep), SQLite store, "
         f"{args.concurrency} concurrent per runner process, best of {args.repeat}"
@@ -66,12 +86,11 @@ def main() -> None:
             best = 0.0
             for k in range(args.repeat):
                 url = f"sqlite:///{Path(tmp) / f'cp-{processes}-{k}.db'}"
-                rate, counts = asyncio.run(measure(url, args.rollouts, processes, args.concurrency))
+                rate, counts = asyncio.run(measure(url, args.rollouts, processes, args.concurrency, args.runners))
                 assert counts["succeeded"] == counts["total"], counts
                 best = max(best, rate)
-            print(
-                f"  {processes} runner process{'es' if processes > 1 else ''}: {best:,.0f} rollouts/s  ({os.cpu_count()} cores)"
-            )
+            what = "Ray runner actor(s)" if args.runners == "ray" else "runner process(es)"
+            print(f"  {processes} {what}: {best:,.0f} rollouts/s  ({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

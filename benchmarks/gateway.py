@@ -1,12 +1,15 @@
-"""Gateway overhead: added latency (p50/p99) at concurrency 1 and 64, and requests/s.
+"""Gateway overhead: added latency (p50/p99) at concurrency 1 and 64, and requests/s, per client API.
 
-Run:  uv run python benchmarks/gateway.py [--requests 3000] [--latency-ms 0 20 100]
+Run:  uv run python benchmarks/gateway.py [--requests 3000] [--latency-ms 0 20 100] [--api chat responses messages]
 
 Three processes on this machine: the fake OpenAI backend (``FakeLLMProcess``), the gateway
 (``agentbolt gateway serve``, SQLite store, spans written) and this load generator (a
 closed loop of C concurrent clients on a keep-alive pool). Each request is a non-streaming chat
 completion; through the gateway, the backend is asked for token ids and logprobs and one span
-per call goes to the store.
+per call goes to the store. ``--api responses`` / ``messages`` send the same question as an OpenAI
+Responses API / Anthropic Messages API request to the gateway, which translates it to Chat
+Completions upstream and the answer back; their added latency is still measured against calling
+the backend directly with Chat Completions (what the agent would otherwise pay).
 
 Added latency = percentile through the gateway - the same percentile calling the backend
 directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
@@ -42,12 +45,26 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def load(base_urls: list[str], n: int, concurrency: int) -> tuple[list[float], float]:
+QUESTION = "What is 6 times 7?"
+APIS = {
+    "chat": (
+        "/chat/completions",
+        {"model": "fake-model", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16},
+    ),
+    "responses": ("/responses", {"model": "fake-model", "input": QUESTION, "max_output_tokens": 16}),
+    "messages": (
+        "/messages",
+        {"model": "fake-model", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16},
+    ),
+}
+"""Client API -> (path under the base URL, request body)."""
+
+
+async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat") -> tuple[list[float], float]:
     """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len]. Returns latencies, req/s."""
     pools = {url: UpstreamPool(url, max_idle=512) for url in set(base_urls)}
-    body = orjson.dumps(
-        {"model": "fake-model", "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 16}
-    )
+    path, request = APIS[api]
+    body = orjson.dumps(request)
     headers = [("content-type", "application/json")]
     latencies: list[float] = []
     remaining = n
@@ -59,7 +76,7 @@ async def load(base_urls: list[str], n: int, concurrency: int) -> tuple[list[flo
         while remaining > 0:
             remaining -= 1
             start = time.perf_counter()
-            resp = await pool.request("POST", "/chat/completions", body, headers, timeout_s=60)
+            resp = await pool.request("POST", path, body, headers, timeout_s=60)
             data = await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"{url}: HTTP {resp.status}: {data[:300]!r}")
@@ -124,6 +141,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 50.0, 100.0])
     ap.add_argument("--repeat", type=int, default=3, help="direct/gateway pairs per row; medians are printed")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--api", nargs="+", choices=sorted(APIS), default=["chat", "responses", "messages"])
     args = ap.parse_args()
     try:
         import uvloop
@@ -135,7 +153,7 @@ def main() -> None:
         f"gateway benchmark: {args.requests} chat completions per row; backend, gateway and load generator on {os.cpu_count()} cores"
     )
     print(
-        f"{'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
+        f"{'api':>9} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
     )
     with tempfile.TemporaryDirectory(prefix="agentbolt-gw-") as tmp:
         store_url = f"sqlite:///{Path(tmp) / 'gateway.db'}"
@@ -147,7 +165,7 @@ def main() -> None:
                 try:
                     attempts = run(prepare_attempts(store_url, 64))
                     routes = [f"http://127.0.0.1:{port}/rollouts/{r}/attempts/{a}/v1" for r, a in attempts]
-                    for conc in args.concurrency:
+                    for api, conc in [(api, conc) for conc in args.concurrency for api in args.api]:
                         n = (
                             args.requests
                             if latency_ms == 0
@@ -156,7 +174,7 @@ def main() -> None:
                         rows = []
                         for _ in range(args.repeat):  # alternate, so both see the same machine conditions
                             direct, _ = run(load([server.base_url], n, conc))
-                            through, rate = run(load(routes, n, conc))
+                            through, rate = run(load(routes, n, conc, api))
                             rows.append(
                                 (
                                     percentile(direct, 0.5),
@@ -169,7 +187,7 @@ def main() -> None:
                         d50, d99, g50, g99, rate = (statistics.median(col) for col in zip(*rows, strict=True))
                         d50, d99, g50, g99 = d50 * 1e3, d99 * 1e3, g50 * 1e3, g99 * 1e3
                         print(
-                            f"{latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
+                            f"{api:>9} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
                             f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f}"
                         )
                 finally:

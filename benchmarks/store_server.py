@@ -13,6 +13,13 @@ and drives it with the ``http://`` store client from this process. Prints:
 - for reference, the same ingest into the SQLite store in this process (no HTTP).
 
 Client and server share this machine's cores, as they would on one training node.
+
+With ``--runner-clients 64 128 256 512`` it measures instead the store server under that many
+concurrent runner clients (coroutines of this process, each with its own pooled connection),
+each doing what a runner does per rollout: claim one (``dequeue``), write its spans in one batch
+(``--spans-per-rollout``, default 10), report it finished; ``--backend postgres`` puts a
+throwaway PostgreSQL behind the server instead of SQLite. Prints rollouts/s, spans/s, the p50 and
+p99 time of one claim-spans-finish round, and CPU per rollout of server and clients.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from store import make_spans
 
 from agentbolt import types as t
 from agentbolt.store import open_store
+from agentbolt.testing.postgres import throwaway_postgres
 
 
 @dataclass
@@ -65,9 +73,10 @@ class Figure:
 
 
 @contextmanager
-def server(db: Path) -> Iterator[Server]:
-    """``agentbolt store serve`` on a free port."""
-    cmd = [sys.executable, "-m", "agentbolt.cli", "store", "serve", "--store", f"sqlite:///{db}", "--port", "0"]
+def server(db: Path | str) -> Iterator[Server]:
+    """``agentbolt store serve`` on a free port, over a SQLite file or a store URL."""
+    url = db if isinstance(db, str) else f"sqlite:///{db}"
+    cmd = [sys.executable, "-m", "agentbolt.cli", "store", "serve", "--store", url, "--port", "0"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     found: list[str] = []
     ready = threading.Event()
@@ -121,6 +130,90 @@ async def lifecycle(url: str, n: int, workers: int, claim: int) -> float:
     return await store_lifecycle(url, n, workers, claim, store_options={})
 
 
+async def runner_clients(url: str, n: int, clients: int, spans_per_rollout: int) -> tuple[float, list[float]]:
+    """``clients`` concurrent runner clients, each looping claim -> spans -> finish until ``n``
+    rollouts are done; rollouts/s and the seconds of each round."""
+    store = open_store(url, max_connections=clients)
+    rounds: list[float] = []
+    try:
+        tag = secrets.token_hex(4)
+        for i in range(0, n, 100):
+            await store.enqueue([t.RolloutSpec(rollout_id=f"rc-{tag}-{j}") for j in range(i, min(n, i + 100))])
+        start = time.perf_counter()
+
+        async def client(k: int) -> None:
+            while True:
+                t0 = time.perf_counter()
+                claims = await store.dequeue(f"client-{k}", limit=1, lease_s=3600)  # no heartbeats here
+                if not claims:
+                    return
+                rid, aid = claims[0].rollout.rollout_id, claims[0].attempt.attempt_id
+                await store.add_spans(
+                    [
+                        t.Span.create("openai.chat.completions", rollout_id=rid, attempt_id=aid, attributes=ATTRS)
+                        for _ in range(spans_per_rollout)
+                    ]
+                )
+                await store.finish_attempt(aid, t.AttemptStatus.SUCCEEDED, reward=1.0)
+                rounds.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        elapsed = time.perf_counter() - start
+        assert len(rounds) == n, (len(rounds), n)
+        return n / elapsed, rounds
+    finally:
+        await store.close()
+
+
+ATTRS = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.request.model": "smollm2-135m",
+    "gen_ai.usage.input_tokens": 182,
+    "gen_ai.usage.output_tokens": 41,
+    "agentbolt.token.source": "exact",
+}
+
+
+def runner_client_rows(args: argparse.Namespace) -> None:
+    """The ``--runner-clients`` table (see the module docstring)."""
+
+    def rows(store_url: Callable[[], Path | str]) -> None:
+        for clients in args.runner_clients:
+            best = None
+            for _ in range(args.repeat):
+                with server(store_url()) as srv:
+                    cpu0, mine0 = srv.cpu_s(), time.process_time()
+                    rate, rounds = asyncio.run(runner_clients(srv.url, args.rollouts, clients, args.spans_per_rollout))
+                    server_ms = (srv.cpu_s() - cpu0) / args.rollouts * 1e3
+                    client_ms = (time.process_time() - mine0) / args.rollouts * 1e3
+                if best is None or rate > best[0]:
+                    best = (rate, rounds, server_ms, client_ms)
+            assert best is not None
+            rate, rounds, server_ms, client_ms = best
+            rounds.sort()
+            p50, p99 = rounds[len(rounds) // 2], rounds[min(len(rounds) - 1, int(0.99 * len(rounds)))]
+            print(
+                f"{args.backend:>8} {clients:>7} | {rate:>10,.0f} {rate * args.spans_per_rollout:>9,.0f} | "
+                f"{p50 * 1e3:>8.0f} {p99 * 1e3:>8.0f} | {server_ms:>9.2f} {client_ms:>9.2f}"
+            )
+
+    print(
+        f"store server under concurrent runner clients ({os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}): {args.rollouts} rollouts x (claim, {args.spans_per_rollout} spans, finish), "
+        f"best of {args.repeat}"
+    )
+    print(
+        f"{'backend':>8} {'clients':>7} | {'rollouts/s':>10} {'spans/s':>9} | {'p50 ms':>8} {'p99 ms':>8} | "
+        f"{'server ms':>9} {'client ms':>9}  (CPU per rollout)"
+    )
+    if args.backend == "postgres":
+        with throwaway_postgres() as pg:
+            rows(lambda: pg)
+    else:
+        with tempfile.TemporaryDirectory(prefix="agentbolt-bench-") as tmp:
+            rows(lambda: Path(tmp) / f"{secrets.token_hex(4)}.db")
+
+
 def measure(run: Callable[[str], float], units: int, repeat: int, db: Callable[[], Path]) -> Figure:
     """The best of ``repeat`` runs, each against a fresh server and database, with the CPU time
     server and client spent per unit (robust to other load on the machine, unlike the rate)."""
@@ -140,7 +233,13 @@ def main() -> None:
     ap.add_argument("--spans", type=int, default=50_000)
     ap.add_argument("--rollouts", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is printed")
+    ap.add_argument("--runner-clients", type=int, nargs="+", help="measure these numbers of concurrent runner clients")
+    ap.add_argument("--spans-per-rollout", type=int, default=10, help="with --runner-clients")
+    ap.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite", help="with --runner-clients")
     args = ap.parse_args()
+    if args.runner_clients:
+        runner_client_rows(args)
+        return
 
     rollout_ids = [f"sp-{secrets.token_hex(6)}" for _ in range(args.spans // 100 + 20)]
     spans = make_spans(args.spans, rollout_ids)

@@ -55,3 +55,13 @@ async def mixed_agent(task: dict[str, Any], resources: t.Resources) -> float:
 def slow_sync_agent(task: dict[str, Any], resources: t.Resources) -> float:
     time.sleep(task.get("sleep", 0.2))
     return 1.0
+
+
+async def parity_agent(task: dict[str, Any], resources: t.Resources) -> float:
+    """One call; reward is the parity of the reply's length (varies within a group on a random model)."""
+    assert resources.llm is not None
+    client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=resources.llm.model, messages=[{"role": "user", "content": task["question"]}]
+    )
+    return float(len(reply.choices[0].message.content or "") % 2)

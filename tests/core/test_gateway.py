@@ -273,10 +273,14 @@ async def test_pause_bound_gives_503_with_retry_after() -> None:
 
 
 async def test_drain_waits_for_in_flight_calls() -> None:
-    env, _ = await make_env(FakeLLM(latency_s=0.4))
+    env, _ = await make_env(FakeLLM(latency_s=1.0))
     try:
         call = asyncio.create_task(env.client().chat.completions.create(model="m", messages=MESSAGES))
-        await asyncio.sleep(0.1)
+        for _ in range(500):  # until the call is upstream (a fixed sleep races on a loaded machine)
+            if len(env.backend.requests):
+                break
+            await asyncio.sleep(0.01)
+        assert not call.done(), "the call finished before the gateway was paused; raise latency_s"
         env.gateway.pause()
         assert await env.gateway.drain(timeout=10) is True
         assert call.done() and call.result().choices[0].message.content

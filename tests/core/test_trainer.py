@@ -22,7 +22,9 @@ from agentbolt.trainer import Trainer
 def test_dev_reports_capture(tmp_path: Path) -> None:
     with FakeLLMServer(FakeLLM()) as server:
         trainer = Trainer(e2e_agents.plain_agent, store=f"sqlite:///{tmp_path}/dev.db", n_runners=1, progress=False)
-        result = trainer.dev([{"i": i} for i in range(10)], llm=server.base_url, model="fake-model", n_samples=2)
+        result = trainer.dev(
+            [{"i": i} for i in range(10)], llm=server.base_url, model="fake-model", n_samples=2, in_process=False
+        )
     assert isinstance(result, EvaluateResult)
     assert (result.rollouts, result.succeeded, result.failed) == (20, 20, 0)
     assert result.reward_mean == pytest.approx(sum(i / 100 for i in range(10)) / 10)

@@ -102,3 +102,36 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "out/result.json").read_text())
     assert result["steps"] == 2 and result["policy_version"] == 2
     assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/checkpoint-final").is_dir()
+
+
+def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> None:
+    import asyncio
+
+    from agentbolt.runs import RolloutSearch, RunStatus
+    from agentbolt.store import open_store
+
+    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
+    algorithm = TorchGRPO(
+        "tiny", steps=1, batch_size=2, group_size=2, max_tokens=8, val_every=None, out_dir=tmp_path / "out", plot=False
+    )
+    url = f"sqlite:///{tmp_path}/runs.db"
+    Trainer(parity_agent, algorithm, store=url, n_runners=0, progress=False, run_name="parity").fit(
+        tasks[:2], tasks[2:]
+    )
+
+    async def read() -> tuple[Any, ...]:
+        store = open_store(url)
+        try:
+            (run,) = await store.list_runs()
+            metrics = await store.get_run_metrics(run.run_id)
+            page = await store.search_rollouts(RolloutSearch(run_id=run.run_id, step=1, mode="train"))
+            return run, metrics, page
+        finally:
+            await store.close()
+
+    run, metrics, page = asyncio.run(read())
+    assert (run.name, run.algorithm, run.model, run.status) == ("parity", "torch-grpo", "tiny", RunStatus.SUCCEEDED)
+    assert run.config["steps"] == 1 and run.config["group_size"] == 2 and run.ended_at is not None
+    assert run.steps == 1 and "update/loss" in run.latest and "val/reward" in run.latest
+    assert [m.step for m in metrics] == [0, 1, 1]  # held-out before, the training step, held-out after
+    assert page.total == 4 and all(r.run_id == run.run_id and r.step == 1 for r in page.items)

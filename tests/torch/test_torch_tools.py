@@ -219,3 +219,56 @@ def test_server_returns_tool_calls(scripted_server: tuple[Any, ScriptedLM, Any])
     scripted.prompt_len = len(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
     r3 = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, tool_choice="none")
     assert r3.choices[0].finish_reason == "stop" and r3.choices[0].message.content == reply
+
+
+def test_tool_choice_forces_a_call_on_the_prompt_side(scripted_server: tuple[Any, ScriptedLM, Any]) -> None:
+    """A named tool_choice puts the call's opening into the prompt: the policy samples (and is trained
+    on) only the arguments that follow; the reply is parsed with the forced text in front."""
+    client, scripted, tokenizer = scripted_server
+    messages = CONVERSATION[:2]
+    named = {"type": "function", "function": {"name": "calculator"}}
+    forced = '<tool_call>\n{"name": "calculator", "arguments":'
+    rendered = render_chat(tokenizer, messages, TOOLS) + forced
+    prompt_ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    scripted.script = tokenizer(' {"expression": "3 + 5"}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+    scripted.prompt_len = len(prompt_ids)
+    r = client.chat.completions.create(
+        model="scripted",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice=named,
+        max_tokens=200,
+        extra_body={"return_token_ids": True},
+    )
+    body = r.model_dump()
+    assert body["prompt_token_ids"] == prompt_ids  # the forced text is prompt, not response
+    assert body["choices"][0]["token_ids"] == [*scripted.script, tokenizer.eos_token_id]
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "3 + 5"}
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    calls = []
+    for chunk in client.chat.completions.create(
+        model="scripted", messages=messages, tools=TOOLS, tool_choice=named, stream=True
+    ):
+        for c in chunk.choices:
+            assert not c.delta.content  # the forced opening never streams as text
+            calls += c.delta.tool_calls or []
+    assert [c.function.name for c in calls] == ["calculator"]
+    # "required" opens a call and lets the model name the tool
+    scripted.script = tokenizer(
+        ' "calculator", "arguments": {"expression": "1"}}\n</tool_call>', add_special_tokens=False
+    )["input_ids"]
+    scripted.prompt_len = len(
+        tokenizer(render_chat(tokenizer, messages, TOOLS) + '<tool_call>\n{"name":', add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
+    r2 = client.chat.completions.create(model="scripted", messages=messages, tools=TOOLS, tool_choice="required")
+    assert r2.choices[0].message.tool_calls[0].function.name == "calculator"
+    with pytest.raises(openai.BadRequestError, match="not one of the tools"):
+        client.chat.completions.create(
+            model="scripted",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )

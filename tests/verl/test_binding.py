@@ -368,6 +368,9 @@ def test_gateway_follows_verls_weight_syncs() -> None:
     metrics: dict = {}
     trainer._compute_metrics(None, metrics, {}, global_steps=1, epoch=0)
     assert metrics["agentbolt/gateway/drain_timeouts"] == 1.0 and metrics["verl/own"] == 1.0
+    run = trainer._agentbolt_run(coordinator.store.get_run(coordinator.run_id))  # recorded for the dashboard
+    assert (run.algorithm, run.steps, run.latest["verl/own"]) == ("verl", 1, 1.0)
+    assert run.config["store_url"] == "memory://"
     trainer.on_train_end()
     assert log[-1] == "train_end" and trainer._agentbolt_bridge._loop is None
 

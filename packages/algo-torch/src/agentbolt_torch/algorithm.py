@@ -189,7 +189,11 @@ class TorchGRPO(Algorithm):
             engine_before = self._engine.stats
             await self._publish(ctx, policy, self.sampling)
             rollouts = await ctx.run_rollouts(
-                batch, group_size=self.group_size, tag=f"step{step}", description=f"step {step}/{self.steps}"
+                batch,
+                group_size=self.group_size,
+                tag=f"step{step}",
+                description=f"step {step}/{self.steps}",
+                step=step,
             )
             generated = time.monotonic()
             engine = _engine_delta(engine_before, self._engine.stats)
@@ -321,6 +325,7 @@ class TorchGRPO(Algorithm):
             mode=t.RolloutMode.VAL,
             tag=f"val{step}",
             description=f"held-out ({len(val)} tasks)",
+            step=step,
         )
         accuracy, reward = self._accuracy(rollouts), _mean_reward(rollouts)
         log_step(step, {"val/accuracy": accuracy, "val/reward": reward})

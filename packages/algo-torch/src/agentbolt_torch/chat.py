@@ -35,6 +35,7 @@ __all__ = [
     "ParsedOutput",
     "TemplateCapabilities",
     "ToolCallStreamFilter",
+    "forced_tool_call_prefix",
     "normalize_messages",
     "parse_tool_calls",
     "render_chat",
@@ -243,6 +244,30 @@ def render_chat(
         )
     except Exception as exc:  # jinja errors: a message the template cannot render
         raise UserError(f"the chat template could not render these messages: {exc}") from exc
+
+
+def forced_tool_call_prefix(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> str:
+    """The start of the reply that ``tool_choice`` forces (``""`` for ``auto``, ``none`` or absent).
+
+    ``"required"`` opens a tool call, ``<tool_call>\n{"name":``; a named function
+    (``{"type": "function", "function": {"name": X}}``) also fixes the name,
+    ``<tool_call>\n{"name": "X", "arguments":``. The server appends this text to the rendered
+    prompt, so its tokens are **prompt** tokens (never sampled, never trained as the policy's
+    output); the model continues it, and the reply is parsed with it in front. The text stops
+    before a space: BPE tokenizers attach the space to the next token (`` {"``), so a forced
+    trailing space would leave the model at a token boundary it never saw.
+    """
+    if tool_choice in (None, "auto", "none"):
+        return ""
+    names = [str((t.get("function") or {}).get("name", "")) for t in tools]
+    if tool_choice == "required":
+        return TOOL_CALL_OPEN + '\n{"name":'
+    if isinstance(tool_choice, Mapping) and isinstance(tool_choice.get("function"), Mapping):
+        name = tool_choice["function"].get("name")
+        if name not in names:
+            raise UserError(f"tool_choice names {name!r}, which is not one of the tools {names}")
+        return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments":'
+    raise UserError(f"unsupported tool_choice {tool_choice!r}: use 'auto', 'none', 'required' or a named function")
 
 
 # --------------------------------------------------------------------------------------------

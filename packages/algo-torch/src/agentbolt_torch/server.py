@@ -6,7 +6,8 @@ Routes (ASGI app from :func:`create_app`; :class:`PolicyServer` runs it with uvi
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: ``n``, ``max_tokens``
   (``max_completion_tokens``), ``temperature`` (0 = greedy), ``top_p``, ``stop``, ``seed``,
   ``stream`` (SSE chunks in OpenAI's format, ``stream_options.include_usage``), ``logprobs``,
-  ``top_logprobs``, ``tools``/``tool_choice`` (chat), ``echo`` (completions), plus the vLLM
+  ``top_logprobs``, ``tools``/``tool_choice`` (chat; ``required`` or a named function forces
+  the start of a ``<tool_call>`` block, as prompt tokens), ``echo`` (completions), plus the vLLM
   extensions ``return_token_ids``, ``top_k``, ``stop_token_ids``, ``ignore_eos``,
   ``include_stop_str_in_output``, ``skip_special_tokens``, ``add_generation_prompt``,
   ``continue_final_message``, ``chat_template_kwargs``, ``add_special_tokens``.
@@ -49,7 +50,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentbolt.errors import UserError
 
-from .chat import ToolCallStreamFilter, parse_tool_calls, render_chat
+from .chat import ToolCallStreamFilter, forced_tool_call_prefix, parse_tool_calls, render_chat
 from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
 
 __all__ = ["POLICY_VERSION_HEADER", "PolicyServer", "create_app"]
@@ -348,13 +349,18 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
         if tools is not None and not isinstance(tools, list):
             raise _HTTPError(400, "'tools' must be a list", "tools")
         use_tools = bool(tools) and body.get("tool_choice") != "none"
-        prompt = render_chat(
-            tokenizer,
-            messages,
-            tools if use_tools else None,
-            add_generation_prompt=_get(body, "add_generation_prompt", bool, True),
-            continue_final_message=_get(body, "continue_final_message", bool, False),
-            chat_template_kwargs=_get(body, "chat_template_kwargs", dict, None),
+        # tool_choice "required" / a named function: the reply's forced start goes on the prompt side
+        forced = forced_tool_call_prefix(body.get("tool_choice"), tools) if use_tools and tools else ""
+        prompt = (
+            render_chat(
+                tokenizer,
+                messages,
+                tools if use_tools else None,
+                add_generation_prompt=_get(body, "add_generation_prompt", bool, True),
+                continue_final_message=_get(body, "continue_final_message", bool, False),
+                chat_template_kwargs=_get(body, "chat_template_kwargs", dict, None),
+            )
+            + forced
         )
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return_ids = _get(body, "return_token_ids", bool, False)
@@ -370,7 +376,7 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
         if _get(body, "stream", bool, False):
             include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
             stream = _chat_stream(
-                handle, response_id, version, prompt_ids, use_tools, want_logprobs, return_ids, include_usage
+                handle, response_id, version, prompt_ids, use_tools, want_logprobs, return_ids, include_usage, forced
             )
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         try:
@@ -384,7 +390,8 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
             tool_calls: list[dict[str, Any]] = []
             finish_reason = out.finish_reason
             if use_tools:
-                parsed = parse_tool_calls(out.text)
+                content = forced + out.text
+                parsed = parse_tool_calls(content)
                 if parsed.tool_calls:
                     content, tool_calls, finish_reason = parsed.content, parsed.tool_calls, "tool_calls"
             message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -432,10 +439,14 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
         want_logprobs: bool,
         return_ids: bool,
         include_usage: bool,
+        forced: str = "",
     ) -> AsyncIterator[bytes]:
         created_at = int(time.time())
         base = {"id": response_id, "object": "chat.completion.chunk", "created": created_at, "model": model_name}
         filters = [ToolCallStreamFilter() if use_tools else None for _ in range(handle.n)]
+        for filt in filters:
+            if filt is not None and forced:
+                filt.feed(forced)  # held back: it opens a tool call
         try:
             for i in range(handle.n):
                 first: dict[str, Any] = {
@@ -476,7 +487,7 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
                 finish_reason = out.finish_reason
                 if filt is not None:
                     filt.feed(event.text)
-                    rest, calls = filt.finish(out.text)
+                    rest, calls = filt.finish(forced + out.text)
                     if rest:
                         yield _sse({**base, "choices": [_empty_choice(event.choice, {"content": rest}, return_ids)]})
                     if calls:

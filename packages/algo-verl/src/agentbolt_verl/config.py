@@ -46,6 +46,7 @@ __all__ = [
     "GatewaySettings",
     "LossSettings",
     "RolloutSettings",
+    "RunnersSettings",
     "TrainConfig",
     "compose_verl_config",
     "derived_overrides",
@@ -164,6 +165,34 @@ class DataSettings(_Strict):
     """Where the parquet files verl's dataloader reads are written."""
 
 
+class RunnersSettings(_Strict):
+    """agentbolt runners the binding starts itself, as Ray actors in verl's own Ray cluster,
+    instead of a separately started runner fleet (``agentbolt runner ...``)."""
+
+    ray: bool = False
+    """Start the runners as Ray actors in verl's cluster (:class:`agentbolt.ray_runners.RayRunnerPool`)."""
+    agent: str | None = None
+    """The agent as ``module:attr`` (importable on every Ray node). Required with ``ray``."""
+    workers: int = Field(default=1, ge=1)
+    """Runner actors."""
+    concurrency: int = Field(default=8, ge=1)
+    """Rollouts each actor runs at once."""
+    lease_s: float = Field(default=30.0, gt=0)
+    """Runner lease; a dead actor's rollouts are handed out again this long after it died."""
+    num_cpus: float = Field(default=1.0, ge=0)
+    """CPUs Ray reserves per actor (verl's GPU workers are not touched: runners ask for no GPU)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per actor (e.g. ``{"sandbox": 1}``)."""
+    max_restarts: int = Field(default=-1, ge=-1)
+    """Ray restarts of a dead actor (``-1``: always)."""
+
+    @model_validator(mode="after")
+    def _agent_when_ray(self) -> RunnersSettings:
+        if self.ray and not self.agent:
+            raise ValueError("runners.ray=true needs runners.agent ('package.module:agent')")
+        return self
+
+
 class AgentboltSettings(_Strict):
     """The ``agentbolt`` section."""
 
@@ -186,6 +215,8 @@ class AgentboltSettings(_Strict):
     """Loss aggregation."""
     data: DataSettings = Field(default_factory=DataSettings)
     """Task files."""
+    runners: RunnersSettings = Field(default_factory=RunnersSettings)
+    """Runners the binding starts in verl's Ray cluster (off by default: runners run apart)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentboltSettings:

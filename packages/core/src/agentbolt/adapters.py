@@ -41,6 +41,7 @@ __all__ = [
     "Adapter",
     "SpanRecorder",
     "UnitRecord",
+    "capture_span",
     "instrument_adapters",
 ]
 
@@ -309,12 +310,26 @@ def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def instrument_adapters(names: Iterable[str] | None = None, *, plugins: Any = None) -> list[Adapter]:
+def capture_span(adapters: Iterable[Adapter], failures: Iterable[str]) -> t.Span:
+    """The ``agentbolt.capture`` span a runner records on each attempt: which adapters record it
+    and which failed to instrument (``agentbolt doctor`` reports both)."""
+    attrs = {
+        semconv.SPAN_KIND_ATTR: "capture",
+        semconv.CAPTURE_ADAPTERS: [str(a.name) for a in adapters],
+        semconv.CAPTURE_ADAPTER_FAILURES: list(failures),
+    }
+    return t.Span.create(semconv.SPAN_CAPTURE, attributes=attrs)
+
+
+def instrument_adapters(
+    names: Iterable[str] | None = None, *, plugins: Any = None, failures: list[str] | None = None
+) -> list[Adapter]:
     """Instrument installed adapter plugins; returns the ones now active.
 
     ``names=None`` instruments every registered adapter whose framework is installed (others
     are skipped quietly); a list instruments exactly those (an error if one is missing).
-    Failures of individual adapters are logged, never raised, when ``names`` is ``None``.
+    Failures of individual adapters are logged, never raised, when ``names`` is ``None``, and
+    appended to ``failures`` (as ``"name: why"``) when given: runners record them for ``agentbolt doctor``.
     """
     if plugins is None:
         from .plugins import default_plugins
@@ -337,6 +352,8 @@ def instrument_adapters(names: Iterable[str] | None = None, *, plugins: Any = No
             if wanted is not None:
                 raise
             log.warning("adapter %s could not be instrumented: %s", entry.name, exc)
+            if failures is not None:
+                failures.append(f"{entry.name}: {exc}")
     if wanted is not None:
         missing = set(wanted) - {a.name for a in active}
         if missing:

@@ -152,9 +152,12 @@ class AlgorithmContext:
     metrics_path: Path | None = None
     """JSONL file that :meth:`log_metrics` appends to, if set."""
     run_id: str = field(default_factory=lambda: t.new_id("run-"))
-    """Prefix of this run's rollout ids."""
+    """The run (``Trainer`` records it in the store); prefix of its rollout ids, which carry it."""
     resources_version: int | None = None
     """The latest version :meth:`publish` stored."""
+    record_metrics: bool = True
+    """Record :meth:`log_metrics` in the store under ``run_id`` (the run must exist there)."""
+    _metrics_write: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def gateway_url(self) -> str:
@@ -183,12 +186,14 @@ class AlgorithmContext:
         tag: str = "",
         timeout: float | None = None,
         description: str | None = None,
+        step: int | None = None,
     ) -> list[t.Rollout]:
         """Run every task ``group_size`` times and wait for all to be final.
 
-        Rollouts of the same task share a ``group_id`` (``{run}:{tag}:{task_id}``). Their spans are
-        in the store when this returns (the gateway is flushed). Returns the final rollouts in
-        task order; ``timeout`` leaves unfinished ones as they are (check their status).
+        Rollouts of the same task share a ``group_id`` (``{run}:{tag}:{task_id}``); every rollout
+        carries ``run_id`` and ``step`` (the dashboard filters by them). Their spans are in the
+        store when this returns (the gateway is flushed). Returns the final rollouts in task
+        order; ``timeout`` leaves unfinished ones as they are (check their status).
         """
         if group_size < 1:
             raise UserError(f"group_size must be at least 1, got {group_size}")
@@ -208,6 +213,8 @@ class AlgorithmContext:
                         max_attempts=self.max_attempts,
                         timeout_s=self.timeout_s,
                         metadata=dict(task.metadata),
+                        run_id=self.run_id,
+                        step=step,
                     )
                 )
         rollouts = await self.store.enqueue(specs)
@@ -238,12 +245,39 @@ class AlgorithmContext:
         return out
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Show metrics and append them to ``metrics_path`` (JSONL) when set."""
+        """Show metrics, append them to ``metrics_path`` (JSONL) when set, and record the finite
+        ones in the store under the run (in the background, in call order; :meth:`flush_metrics`
+        waits for them). Call it from the algorithm's event loop."""
         self.progress.metrics(step, metrics)
         if self.metrics_path is not None:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        if not self.record_metrics:
+            return
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise UserError("log_metrics records into the store: call it from the algorithm's event loop") from None
+        self._metrics_write = loop.create_task(self._record_metrics(self._metrics_write, step, values))
+
+    async def _record_metrics(self, previous: asyncio.Task[None] | None, step: int, values: dict[str, float]) -> None:
+        if previous is not None:
+            await asyncio.shield(previous)
+        try:
+            await self.store.add_run_metrics(self.run_id, step, values)
+        except Exception as exc:  # metrics must not stop training; the JSONL file still has them
+            log.warning("could not record step %d metrics of run %s in the store: %s", step, self.run_id, exc)
+
+    async def flush_metrics(self) -> None:
+        """Wait until every :meth:`log_metrics` call so far is recorded in the store."""
+        if self._metrics_write is not None:
+            await asyncio.shield(self._metrics_write)
 
 
 class Algorithm(abc.ABC):
@@ -251,6 +285,21 @@ class Algorithm(abc.ABC):
     ``agentbolt_register_algorithms`` (or pass an instance to :class:`~agentbolt.trainer.Trainer`)."""
 
     name: ClassVar[str] = "algorithm"
+
+    def run_config(self) -> dict[str, Any]:
+        """Settings recorded with the run (JSON): the public attributes, by default, leaving out
+        credentials (names with ``key``, ``token``, ``secret`` or ``password``); values JSON cannot
+        hold are recorded as their ``str``."""
+        secret = ("key", "token", "secret", "password")
+        public = {
+            k: v for k, v in vars(self).items() if not k.startswith("_") and not any(s in k.lower() for s in secret)
+        }
+        return json.loads(json.dumps(public, default=str))
+
+    def run_model(self) -> str | None:
+        """The policy model recorded with the run: the ``model`` attribute when it is a string."""
+        model = getattr(self, "model", None)
+        return model if isinstance(model, str) else None
 
     @abc.abstractmethod
     async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> Any:
@@ -278,27 +327,44 @@ class EvaluateResult:
     rewards_missing: int
     """Succeeded rollouts that reported no reward."""
     llm_calls: int
+    """Gateway call spans in the store, every attempt (failed calls included)."""
     calls_with_exact_ids: int
     calls_retokenized: int
     calls_missing_ids: int
+    """Answered calls without token ids (failed calls are in ``calls_failed``)."""
     prompt_tokens: int
     response_tokens: int
     failures: dict[str, int] = field(default_factory=dict)
     """Failed rollouts by ``kind: type`` (e.g. ``agent: ValueError``, ``timeout: timeout``)."""
     seconds: float = 0.0
+    """Time from enqueueing the rollouts to their end (the run's total is longer: start-up)."""
+    calls_failed: int = 0
+    """Calls the upstream failed (not counted as missing ids)."""
+    report: Any = field(default=None, repr=False)
+    """The :class:`~agentbolt.doctor.DoctorReport` of these rollouts (what ``agentbolt doctor`` prints)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "report"}
 
     def capture_ok(self) -> bool:
-        """True when every LLM call was recorded with exact token ids."""
+        """True when calls were captured and the doctor found no error or warning."""
+        if self.report is not None:
+            return self.llm_calls > 0 and bool(self.report.ok)
         return self.llm_calls > 0 and self.calls_with_exact_ids == self.llm_calls
 
 
 def summarize(
-    rollouts: Sequence[t.Rollout], spans: Mapping[str, Sequence[t.Span]], seconds: float = 0.0
+    rollouts: Sequence[t.Rollout],
+    spans: Mapping[str, Sequence[t.Span]],
+    seconds: float = 0.0,
+    *,
+    gateway_stats: Mapping[str, Any] | None = None,
 ) -> EvaluateResult:
-    """Counts, rewards and token usage of finished rollouts and their spans."""
+    """Counts, rewards and token usage of finished rollouts and their spans (of every attempt:
+    the call counts are :func:`agentbolt.doctor.diagnose`'s, the same ``agentbolt doctor`` prints)."""
+    from .doctor import diagnose
+
+    report = diagnose(rollouts, spans, gateway_stats=gateway_stats)
     rewards = [r.final_reward for r in rollouts if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None]
     failures: Counter[str] = Counter()
     for r in rollouts:
@@ -306,13 +372,11 @@ def summarize(
             failures[f"{r.error.kind.value}: {r.error.type}"] += 1
         elif r.status is not t.RolloutStatus.SUCCEEDED:
             failures[f"unfinished: {r.status.value}"] += 1
-    sources: Counter[str] = Counter()
     prompt_tokens = response_tokens = 0
     for span_list in spans.values():
         for s in span_list:
             if semconv.TOKEN_SOURCE not in s.attributes:  # only the gateway's spans are calls (adapters' join them)
                 continue
-            sources[str(s.attributes.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING))] += 1
             prompt_tokens += len(s.attributes.get(semconv.PROMPT_TOKEN_IDS, ())) or int(
                 s.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS, 0)
             )
@@ -328,10 +392,12 @@ def summarize(
         reward_mean=statistics.fmean(rewards) if rewards else None,
         reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else (0.0 if rewards else None),
         rewards_missing=succeeded - len(rewards),
-        llm_calls=sum(sources.values()),
-        calls_with_exact_ids=sources[semconv.TOKEN_SOURCE_EXACT],
-        calls_retokenized=sources[semconv.TOKEN_SOURCE_RETOKENIZED],
-        calls_missing_ids=sources[semconv.TOKEN_SOURCE_MISSING],
+        llm_calls=report.counts.calls,
+        calls_with_exact_ids=report.counts.exact,
+        calls_retokenized=report.counts.retokenized,
+        calls_missing_ids=report.counts.missing,
+        calls_failed=report.counts.calls_failed,
+        report=report,
         prompt_tokens=prompt_tokens,
         response_tokens=response_tokens,
         failures=dict(failures),
@@ -383,17 +449,26 @@ class Evaluate(Algorithm):
             )
         )
         started = time.monotonic()
+        before = await asyncio.to_thread(ctx.gateway.stats)
         rollouts = await ctx.run_rollouts(
-            tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate"
+            tasks, group_size=self.n_samples, mode=t.RolloutMode.VAL, tag="eval", description="evaluate", step=0
         )
-        result = summarize(rollouts, await ctx.spans(rollouts), time.monotonic() - started)
+        all_spans: dict[str, list[t.Span]] = {}
+        ids = [r.rollout_id for r in rollouts]
+        for i in range(0, len(ids), 200):  # every attempt: calls of timed-out attempts count too
+            all_spans.update(await ctx.store.query_spans(ids[i : i + 200]))
+        after = await asyncio.to_thread(ctx.gateway.stats)
+        stats = {  # this evaluation's share of the gateway's counters
+            key: int(after.get(key) or 0) - int(before.get(key) or 0) for key in ("forwarded", "spans_dropped")
+        }
+        result = summarize(rollouts, all_spans, time.monotonic() - started, gateway_stats=stats)
         if result.reward_mean is not None:
             ctx.log_metrics(0, {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0})
-        if result.llm_calls and result.calls_with_exact_ids < result.llm_calls:
+        if result.calls_missing_ids or result.calls_retokenized:
             log.warning(
-                "%d of %d LLM calls have no exact token ids (%d retokenized, %d missing): they cannot be trained on",
-                result.llm_calls - result.calls_with_exact_ids,
-                result.llm_calls,
+                "%d of %d answered LLM calls have no exact token ids (%d retokenized, %d missing)",
+                result.calls_missing_ids + result.calls_retokenized,
+                result.llm_calls - result.calls_failed,
                 result.calls_retokenized,
                 result.calls_missing_ids,
             )

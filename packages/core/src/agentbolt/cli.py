@@ -3,6 +3,8 @@
 agentbolt --version
 agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
+agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli_runs)
+agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
+from .cli_runs import register as _register_run_commands
 
 app = typer.Typer(
     name="agentbolt",
@@ -162,14 +165,47 @@ def gateway_serve(
         list[str] | None,
         typer.Option(help="Host name a tokenless gateway also answers (besides loopback); repeat for several."),
     ] = None,
+    retokenize: Annotated[
+        str | None,
+        typer.Option(
+            help="Hugging Face tokenizer (name or path) of the served model: calls whose upstream returns no token "
+            "ids get ids rebuilt from text and checked for drift (token_source=retokenized)."
+        ),
+    ] = None,
+    agent_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=TEXT: calls whose system prompt contains TEXT are recorded as agent NAME (repeatable; "
+            "NAME=re:PATTERN searches a regex)."
+        ),
+    ] = None,
 ) -> None:
-    """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1."""
+    """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
+    (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
     import asyncio
+    import re
     import signal
 
     from .errors import StoreUnavailableError, UserError
     from .gateway import Gateway, Upstream
     from .store import open_store
+
+    rules: dict[str, str | re.Pattern[str]] = {}
+    for spec in agent_name or []:
+        name, sep, text = spec.partition("=")
+        if not sep or not name or not text:
+            typer.echo(f"error: --agent-name takes NAME=TEXT or NAME=re:PATTERN, got {spec!r}", err=True)
+            raise typer.Exit(code=2)
+        rules[name] = re.compile(text[3:]) if text.startswith("re:") else text
+    options: dict[str, object] = {}
+    if rules:
+        from .roles import AgentRoles
+
+        options["agent_names"] = AgentRoles(system_prompt=rules)
+    if retokenize:
+        from .retokenize import ChatTemplateRetokenizer
+
+        options["retokenize"] = ChatTemplateRetokenizer.from_pretrained(retokenize)
 
     async def run() -> None:
         opened = open_store(store)
@@ -180,6 +216,7 @@ def gateway_serve(
             served_model=model,
             request_timeout_s=request_timeout,
             allowed_hosts=allowed_host or (),
+            **options,  # type: ignore[arg-type]
         )
         await gateway.start(host, port)
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
@@ -215,9 +252,23 @@ def runner(
         str | None,
         typer.Option(envvar="AGENTBOLT_STORE_TOKEN", show_envvar=True, help="Bearer token of the store server."),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run the runners as Ray actors on the cluster at ADDRESS (HOST:6379, 'auto', or 'local' for a "
+            "new local cluster); --processes is then the number of actors. Needs agentbolt\\[ray].",
+        ),
+    ] = None,
+    num_cpus: Annotated[float, typer.Option("--num-cpus", help="With --ray: CPUs reserved per actor.")] = 1.0,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option("--resource", help="With --ray: a custom Ray resource per actor, NAME=AMOUNT (repeatable)."),
+    ] = None,
 ) -> None:
     """Attach runner processes to a store (e.g. a store server on another machine) and run the
-    agent on the rollouts it hands out, until Ctrl-C / SIGTERM."""
+    agent on the rollouts it hands out, until Ctrl-C / SIGTERM. With --ray, the runners are Ray
+    actors placed on a Ray cluster (restarted by Ray if they die)."""
     import os
     import signal
     import time
@@ -230,11 +281,25 @@ def runner(
         os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it
     from .store.urls import check_store_url
 
+    pool: Any
     try:
         check_store_url(store)
         config = RunnerConfig(concurrency=concurrency, lease_s=lease, mode=t.RolloutMode(mode) if mode else None)
-        pool = RunnerPool(agent, store, processes=processes, config=config)
-    except (UserError, ValueError) as exc:
+        if ray is not None:
+            from .ray_runners import RayRunnerPool, RayWorkerOptions, parse_resources
+
+            pool = RayRunnerPool(
+                agent,
+                store,
+                workers=processes,
+                config=config,
+                address=None if ray == "local" else ray,
+                options=RayWorkerOptions(num_cpus=num_cpus, resources=parse_resources(resource or [])),
+                store_token=token,
+            )
+        else:
+            pool = RunnerPool(agent, store, processes=processes, config=config)
+    except (UserError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
 
@@ -258,7 +323,8 @@ def runner(
         pool.stop(timeout=10)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(f"{processes} runner process(es) x {concurrency} working on {store}; Ctrl-C to stop", err=True)
+    where = f"Ray actor(s) on {ray}" if ray is not None else "runner process(es)"
+    typer.echo(f"{processes} {where} x {concurrency} working on {store}; Ctrl-C to stop", err=True)
     stop = False
 
     def on_signal(*_: object) -> None:
@@ -268,19 +334,58 @@ def runner(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     failure = None
+    last_check = time.monotonic()
     while not stop:
-        try:
-            pool.watch()  # replace a runner process that died
-        except RuntimeError as exc:
-            failure = exc
-            break
-        if not any(pool.alive()):
-            break
+        if ray is None:
+            try:
+                pool.watch()  # replace a runner process that died
+            except RuntimeError as exc:
+                failure = exc
+                break
+            if not any(pool.alive()):
+                break
+        elif time.monotonic() - last_check > 10:  # Ray restarts dead actors; log it
+            pool.status()
+            last_check = time.monotonic()
         time.sleep(0.5)
     pool.stop()
     if failure is not None:
         typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(code=1)
+
+
+@app.command()
+def doctor(
+    store: Annotated[str, typer.Option(help="Store URL (sqlite:///runs.db, postgresql://..., http://host:port).")],
+    run: Annotated[
+        str | None, typer.Option(help="Only this run: a rollout id prefix such as run-3f2a (Trainer run ids).")
+    ] = None,
+    rollout: Annotated[list[str] | None, typer.Option(help="Only these rollout ids (repeatable).")] = None,
+    since_s: Annotated[float | None, typer.Option(help="Only rollouts created in the last N seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
+    template rewrites, adapters, agent names, group sizes) and what to fix. Exit 1 if not ok."""
+    import asyncio
+    import time
+
+    from .doctor import doctor as run_doctor
+    from .store import open_store
+
+    async def go() -> object:
+        opened = open_store(store)
+        try:
+            since = time.time() - since_s if since_s is not None else None
+            return await run_doctor(opened, run=run, rollout_ids=rollout or None, since=since)
+        finally:
+            await opened.close()
+
+    report = asyncio.run(go())
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
+    raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
+
+
+_register_run_commands(app)  # runs, rollouts, export, dashboard
 
 
 def main() -> None:

@@ -229,6 +229,8 @@ class Runner:
         self._sink: SpanSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapters: list[Any] = []
+        self.adapter_failures: list[str] = []
+        """``"name: why"`` of adapters that failed to instrument (recorded on every attempt)."""
 
     def request_stop(self) -> None:
         """Stop claiming; running rollouts get ``drain_timeout_s`` to finish. Thread-safe."""
@@ -248,7 +250,8 @@ class Runner:
         if self.config.adapters is None or self.config.adapters:
             from .adapters import instrument_adapters
 
-            self.adapters = instrument_adapters(self.config.adapters)
+            self.adapter_failures = []
+            self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
         self._sink = SpanSink(self.store)
         self._sink.start()
         self._workers = AgentWorkers(f"agentbolt-agent-{self.worker_id}", grace_s=self.config.cancel_grace_s)
@@ -370,6 +373,10 @@ class Runner:
         try:
             resources = scope_resources(await self._resources_for(rollout.resources_version), rid, aid)
             with rollout_context(ctx):
+                if self.adapters or self.adapter_failures:  # for agentbolt doctor
+                    from .adapters import capture_span
+
+                    ctx.record(capture_span(self.adapters, self.adapter_failures))
                 result = await self._call_agent(rollout.input, resources)
                 reward = _as_reward(result)
                 if reward is not None:

@@ -84,6 +84,18 @@ LLM_REQUEST: Final = "agentbolt.llm.request"
 LLM_RESPONSE: Final = "agentbolt.llm.response"
 """JSON of the response body as returned to the client (assembled for streams)."""
 
+LLM_API: Final = "agentbolt.llm.api"
+"""API the client spoke when the gateway translated it to Chat Completions (``responses``, ``messages``)."""
+TOKEN_DRIFT: Final = "agentbolt.llm.token_drift"
+"""On retokenized calls only: why the retokenized ids disagree with what the backend reported
+(token counts in ``usage``, the text round trip); absent when they agree. LightningRL excludes such calls."""
+CAPTURE_ADAPTERS: Final = "agentbolt.capture.adapters"
+"""On a runner's ``agentbolt.capture`` span: names of the adapters instrumented for the attempt."""
+CAPTURE_ADAPTER_FAILURES: Final = "agentbolt.capture.adapter_failures"
+"""On a runner's ``agentbolt.capture`` span: ``"name: why"`` of each adapter that failed to instrument."""
+SPAN_CAPTURE: Final = "agentbolt.capture"
+"""Span a runner writes once per attempt when adapters are installed: which ones record, which failed."""
+
 TOKEN_SOURCE_EXACT: Final = "exact"
 TOKEN_SOURCE_RETOKENIZED: Final = "retokenized"
 TOKEN_SOURCE_MISSING: Final = "missing"

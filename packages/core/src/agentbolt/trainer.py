@@ -7,7 +7,9 @@
     report = Trainer(agent=my_agent).dev(dataset, llm="http://127.0.0.1:8000/v1", model="qwen")
 
 ``n_runners`` processes each run ``concurrency`` rollouts at once; ``n_runners=0`` runs one
-runner inside this process (handy with ``memory://`` or a debugger).
+runner inside this process (handy with ``memory://`` or a debugger). With ``runners="ray"`` the
+``n_runners`` workers are Ray actors on the cluster at ``ray_address`` (a local one when
+``None``); see :mod:`agentbolt.ray_runners`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -28,6 +30,7 @@ from . import types as t
 from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
 from .errors import UserError
 from .gateway import GatewayThread, Upstream
+from .run_recorder import RunRecorder
 from .runner import Runner, RunnerConfig, RunnerPool
 from .store import DEFAULT_STORE_URL, Store, open_store
 
@@ -98,6 +101,20 @@ class Trainer:
             streamed chunks) before the call fails as an infrastructure error (retried).
         runner_restarts: runner processes that die are replaced this many times in all; when
             none is left the run fails with a message saying so.
+        run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
+        token_ids: ``"exact"`` (the backend's own ids; calls without them are recorded as
+            ``missing``) or ``"retokenize"``: calls whose backend returns no ids get ids rebuilt
+            with ``tokenizer`` and checked for drift (see :mod:`agentbolt.retokenize`).
+        tokenizer: the policy's tokenizer for ``token_ids="retokenize"``: a Hugging Face name or
+            path, or a tokenizer object.
+        agent_names: name agents from what calls carry, without changing the agent: a mapping
+            agent name -> system-prompt substring or ``re.compile(...)`` pattern, an
+            :class:`~agentbolt.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.roles`).
+        runners: ``"processes"`` (runner processes on this machine) or ``"ray"`` (Ray actors,
+            :class:`~agentbolt.ray_runners.RayRunnerPool`; needs ``agentbolt[ray]``).
+        ray_address: the Ray cluster for ``runners="ray"`` (``None``: a local one).
+        ray_options: per-worker placement for ``runners="ray"``: a
+            :class:`~agentbolt.ray_runners.RayWorkerOptions` or its fields as a mapping.
     """
 
     def __init__(
@@ -121,6 +138,13 @@ class Trainer:
         adapters: list[str] | None = None,
         upstream_timeout_s: float = 600.0,
         runner_restarts: int = 10,
+        run_name: str | None = None,
+        token_ids: Literal["exact", "retokenize"] = "exact",
+        tokenizer: Any = None,
+        agent_names: Any = None,
+        runners: str = "processes",
+        ray_address: str | None = None,
+        ray_options: Any = None,
     ) -> None:
         if n_runners < 0:
             raise UserError(f"n_runners must be 0 or more, got {n_runners}")
@@ -149,7 +173,16 @@ class Trainer:
         self.runner_restarts = runner_restarts
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
+        self.run_name = run_name
         self.console = Console(stderr=True)
+        self._capture = _capture_options(token_ids, tokenizer, agent_names)
+        if runners not in ("processes", "ray"):
+            raise UserError(f"runners must be 'processes' or 'ray', got {runners!r}")
+        if runners == "ray" and n_runners == 0:
+            raise UserError("runners='ray' needs n_runners >= 1 (the number of Ray runner workers)")
+        self.runners = runners
+        self.ray_address = ray_address
+        self.ray_options = ray_options
         if n_runners > 0 and not isinstance(store, str):
             raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
         if n_runners > 0 and isinstance(store, str) and store.startswith("memory:"):
@@ -170,24 +203,32 @@ class Trainer:
         api_key: str | None = None,
         n_samples: int = 1,
         sampling: Mapping[str, Any] | None = None,
+        in_process: bool = True,
     ) -> EvaluateResult:
         """Evaluate the agent on ``dataset`` through the gateway, learning nothing, and report
-        rewards and what was captured (LLM calls with exact token ids, retokenized, missing).
+        rewards and what was captured: the :mod:`agentbolt.doctor` report of the run (token
+        sources, drift, failed vs missing calls, adapters, agent names, group sizes).
 
         ``llm`` is any OpenAI-compatible endpoint (defaults to the trainer's ``upstream``).
+        ``in_process`` (default) runs the rollouts on one runner inside this process, where the
+        agent's framework is already imported, instead of starting ``n_runners`` processes that
+        each import it again (``benchmarks/dev_startup.py`` measures the difference).
         """
         upstreams = list(self.upstreams)
         if llm is not None:
             upstreams = [Upstream(base_url=llm, api_key=api_key, model=model) if isinstance(llm, str) else llm]
         if not upstreams:
             raise UserError("dev() needs an endpoint: pass llm='http://host:port/v1' (any OpenAI-compatible server)")
-        saved, self.upstreams = self.upstreams, upstreams
+        saved = self.upstreams, self.n_runners
+        self.upstreams = upstreams
+        if in_process:
+            self.n_runners = 0
         try:
             result = _run(
                 self._run_algorithm(Evaluate(n_samples, model=model, sampling=sampling), [], as_tasks(dataset))
             )
         finally:
-            self.upstreams = saved
+            self.upstreams, self.n_runners = saved
         if self.show_progress:
             self._print_evaluate(result)
         return result
@@ -229,6 +270,7 @@ class Trainer:
                 port=self.gateway_port,
                 token=self.gateway_token,
                 request_timeout_s=self.upstream_timeout_s,
+                **self._capture,
             )
             await asyncio.to_thread(gateway.start)
             stack.callback(gateway.stop)
@@ -247,7 +289,9 @@ class Trainer:
                 metrics_path=self.metrics_path,
             )
             stack.push_async_callback(algorithm.close)
-            algo_task = asyncio.ensure_future(algorithm.run(ctx, train, val))
+            recorder = RunRecorder(store, ctx, algorithm, name=self.run_name)
+            await recorder.start()
+            algo_task = asyncio.ensure_future(recorder.watch(algorithm.run(ctx, train, val)))
             try:
                 if runner_tasks:  # an in-process runner dying is fatal to the run
                     await asyncio.wait([algo_task, *runner_tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -277,6 +321,8 @@ class Trainer:
             stack.push_async_callback(stop_runner)
             return [task]
         assert isinstance(self.store_spec, str)
+        if self.runners == "ray":
+            return await self._start_ray_runners(stack)
         pool = RunnerPool(
             self.agent,
             self.store_spec,
@@ -291,6 +337,24 @@ class Trainer:
         stack.callback(watcher.cancel)
         return [watcher]
 
+    async def _start_ray_runners(self, stack: AsyncExitStack) -> list[asyncio.Task[Any]]:
+        from .ray_runners import RayRunnerPool, options_from_mapping
+
+        assert isinstance(self.store_spec, str)
+        pool = RayRunnerPool(
+            self.agent,
+            self.store_spec,
+            workers=self.n_runners,
+            config=self.runner_config,
+            address=self.ray_address,
+            options=options_from_mapping(self.ray_options),
+            gateway_host=self.gateway_host,
+        )
+        await asyncio.to_thread(pool.start)
+        stack.callback(pool.stop)
+        await asyncio.to_thread(pool.wait_ready)
+        return []
+
     def _print_summary(
         self, algorithm: Algorithm, result: Any, counts: Mapping[t.RolloutStatus, int], seconds: float
     ) -> None:
@@ -300,22 +364,52 @@ class Trainer:
         for status, n in counts.items():
             if n:
                 table.add_row(f"rollouts {status.value}", str(n))
+        shown = {"rollouts", *(status.value for status in t.RolloutStatus)}  # the status rows above
         summary = getattr(result, "to_dict", None)
         if callable(summary):
             for key, value in summary().items():
-                if isinstance(value, int | float | str) and value is not None:
-                    table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+                if key in shown or isinstance(value, bool) or not isinstance(value, int | float | str):
+                    continue
+                label = "seconds running rollouts" if key == "seconds" else key
+                table.add_row(label, f"{value:.4g}" if isinstance(value, float) else str(value))
         self.console.print(table)
 
     def _print_evaluate(self, result: EvaluateResult) -> None:
         if result.failures:
             for kind, n in sorted(result.failures.items()):
                 self.console.print(f"  failed: {kind} x{n}")
-        status = "[green]ok[/green]" if result.capture_ok() else "[red]incomplete[/red]"
+        status = "[green]ok[/green]" if result.capture_ok() else "[red]NOT ok[/red]"
         self.console.print(
-            f"capture {status}: {result.calls_with_exact_ids}/{result.llm_calls} LLM calls with exact token ids "
-            f"({result.calls_retokenized} retokenized, {result.calls_missing_ids} missing)"
+            f"capture {status}: {result.llm_calls} LLM calls in the store: {result.calls_with_exact_ids} with exact "
+            f"token ids, {result.calls_retokenized} retokenized, {result.calls_missing_ids} missing, "
+            f"{result.calls_failed} failed upstream"
         )
+        if result.report is not None:
+            for line in result.report.render().splitlines()[:-1]:
+                self.console.print(f"  {line}", markup=False, highlight=False)
+
+
+def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[str, Any]:
+    """Gateway options for ``token_ids``, ``tokenizer`` and ``agent_names`` (validated up front)."""
+    from .roles import as_agent_namer
+
+    options: dict[str, Any] = {"agent_names": as_agent_namer(agent_names)}
+    if token_ids == "retokenize":
+        if tokenizer is None:
+            raise UserError(
+                "token_ids='retokenize' needs the policy's tokenizer: Trainer(..., tokenizer='org/model') "
+                "(a Hugging Face name or path) or a tokenizer object"
+            )
+        from .retokenize import ChatTemplateRetokenizer
+
+        options["retokenize"] = (
+            ChatTemplateRetokenizer.from_pretrained(tokenizer)
+            if isinstance(tokenizer, str)
+            else ChatTemplateRetokenizer(tokenizer)
+        )
+    elif token_ids != "exact":
+        raise UserError(f"token_ids must be 'exact' or 'retokenize', got {token_ids!r}")
+    return options
 
 
 async def _watch_pool(pool: RunnerPool, period_s: float = 0.5) -> None:

@@ -310,6 +310,10 @@ class RolloutSpec(BaseModel):
     """Wall-clock limit of each attempt, enforced by the store; ``None`` means no limit."""
     metadata: JsonDict = Field(default_factory=dict)
     """Free-form data kept with the rollout."""
+    run_id: str | None = None
+    """The training/evaluation run that enqueued it (see :mod:`agentbolt.runs`), if any."""
+    step: int | None = None
+    """The run's step the rollout belongs to, if any."""
 
     @classmethod
     def from_task(cls, task: Task, **kwargs: Any) -> RolloutSpec:
@@ -358,6 +362,10 @@ class Rollout(BaseModel):
     """Last change."""
     metadata: JsonDict = Field(default_factory=dict)
     """Free-form data given at enqueue."""
+    run_id: str | None = None
+    """The run that enqueued it, if any."""
+    step: int | None = None
+    """The run's step the rollout belongs to, if any."""
 
     def matches_spec(self, spec: RolloutSpec) -> bool:
         """True when ``spec`` describes this rollout (used for idempotent enqueue)."""
@@ -368,6 +376,8 @@ class Rollout(BaseModel):
             and self.group_id == spec.group_id
             and self.max_attempts == spec.max_attempts
             and self.timeout_s == spec.timeout_s
+            and self.run_id == spec.run_id
+            and self.step == spec.step
         )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -132,6 +133,38 @@ class WeightSyncCoordinator:
         self.state = "init"
         self.resources: Resources | None = None
         self.drain_timeouts = 0
+        self.run_id: str | None = None
+
+    # -- the run in the store (the dashboard's Runs page, `agentbolt runs`) -------------------------
+
+    async def start_run(self, config: Mapping[str, Any]) -> None:
+        """Record a running ``verl`` run with the binding's settings."""
+        if self.store is not None:
+            from agentbolt.runs import RunSpec
+
+            run = await self.store.start_run(RunSpec(algorithm="verl", model=self.model_name, config=dict(config)))
+            self.run_id = run.run_id
+
+    async def record_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record verl's step metrics (the finite numbers among them) under the run."""
+        if self.store is None or self.run_id is None:
+            return
+        values = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        }
+        try:
+            await self.store.add_run_metrics(self.run_id, step, values)
+        except Exception as exc:  # never stop verl's training for the dashboard
+            logger.warning("could not record step %d metrics in the store: %s", step, exc)
+
+    async def finish_run(self, status: str = "succeeded") -> None:
+        """Give the run its final status."""
+        if self.store is not None and self.run_id is not None:
+            from agentbolt.runs import RunStatus
+
+            await self.store.finish_run(self.run_id, RunStatus(status))
 
     async def replicas_awake(self, addresses: Sequence[str], weights_version: int) -> Resources | None:
         """The replicas serve ``weights_version``: route to them, publish, resume the gateway."""
@@ -202,6 +235,7 @@ class AgentboltTrainerMixin:
     _agentbolt_bridge: AsyncBridge | None = None
     _agentbolt_sink: MetricsSink | None = None
     _agentbolt_settings: AgentboltSettings | None = None
+    _agentbolt_runners: Any = None
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -226,14 +260,46 @@ class AgentboltTrainerMixin:
             async def build() -> WeightSyncCoordinator:
                 from agentbolt.store import open_store
 
-                return WeightSyncCoordinator.from_settings(
+                coordinator = WeightSyncCoordinator.from_settings(
                     settings,
                     self.config,  # type: ignore[attr-defined]
                     store=open_store(settings.store_url),
                 )
+                await coordinator.start_run(settings.model_dump(mode="json"))
+                return coordinator
 
             self._agentbolt_coordinator = self._agentbolt_run(build())
         return self._agentbolt_coordinator
+
+    def _agentbolt_start_runners(self) -> None:
+        """With ``agentbolt.runners.ray``: the runner fleet as Ray actors in the cluster this
+        process is connected to (verl's), not a second fleet."""
+        runners = self._agentbolt_config().runners
+        if not runners.ray or self._agentbolt_runners is not None:
+            return
+        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
+        from agentbolt.runner import RunnerConfig
+
+        assert runners.agent is not None
+        pool = RayRunnerPool(
+            runners.agent,
+            self._agentbolt_config().store_url,
+            workers=runners.workers,
+            config=RunnerConfig(concurrency=runners.concurrency, lease_s=runners.lease_s),
+            options=RayWorkerOptions(
+                num_cpus=runners.num_cpus, resources=runners.resources, max_restarts=runners.max_restarts
+            ),
+            name="verl-runner",
+        )
+        pool.start()
+        self._agentbolt_runners = pool
+        statuses = pool.wait_ready()
+        logger.info("started %d agentbolt runner actors in verl's Ray cluster: %s", len(statuses), statuses)
+
+    def _agentbolt_stop_runners(self) -> None:
+        pool, self._agentbolt_runners = self._agentbolt_runners, None
+        if pool is not None:
+            pool.stop()
 
     def _agentbolt_awake(self) -> None:
         coordinator = self._agentbolt_get_coordinator()
@@ -249,6 +315,7 @@ class AgentboltTrainerMixin:
 
     def on_init_end(self) -> None:
         super().on_init_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        self._agentbolt_start_runners()
         self._agentbolt_awake()
 
     def on_sample_end(self) -> None:
@@ -261,9 +328,11 @@ class AgentboltTrainerMixin:
 
     def on_train_end(self) -> None:
         super().on_train_end()  # type: ignore[misc]
+        self._agentbolt_stop_runners()
         coordinator, bridge = self._agentbolt_coordinator, self._agentbolt_bridge
         if bridge is not None:
             if coordinator is not None and coordinator.store is not None:
+                bridge.run(coordinator.finish_run())
                 bridge.run(coordinator.store.close())
             bridge.close()
 
@@ -292,4 +361,6 @@ class AgentboltTrainerMixin:
             metrics.update(self._agentbolt_sink.drain())
         if self._agentbolt_coordinator is not None:
             metrics["agentbolt/gateway/drain_timeouts"] = float(self._agentbolt_coordinator.drain_timeouts)
+            step = int(self.global_steps)  # type: ignore[attr-defined]
+            self._agentbolt_run(self._agentbolt_coordinator.record_metrics(step, metrics))
         return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -43,10 +44,12 @@ from pydantic import ValidationError
 from .. import semconv
 from .. import types as t
 from ..errors import NotFoundError, UserError
+from ..roles import AgentNamer
 from ..store.base import Store
 from . import control, upstream_checks
 from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool, UpstreamTimeout
 from .recorder import CallRecord, Retokenizer, StreamAssembler, build_span
+from .translate import Dialect, SSEDecoder, TranslationError
 
 __all__ = ["Gateway", "Upstream"]
 
@@ -58,10 +61,21 @@ SPAN_HEADER = "x-agentbolt-span-id"
 AGENT_HEADER = "x-agentbolt-agent-name"
 """Optional request header naming the agent that makes the call (recorded as gen_ai.agent.name)."""
 POLICY_HEADER = "x-agentbolt-policy-version"
+LLM_API = semconv.LLM_API
 UPSTREAM_ERROR = "agentbolt_upstream_error"
 """``error.type`` of gateway answers caused by the upstream (an infrastructure failure)."""
 
 _OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
+
+
+def _dialects() -> dict[str, Dialect]:
+    from . import messages_api, responses_api
+
+    return {"/v1/responses": responses_api.DIALECT, "/v1/messages": messages_api.DIALECT}
+
+
+_DIALECTS = _dialects()
+"""Client APIs translated to Chat Completions upstream (see :mod:`.translate`)."""
 _JSON = [("content-type", "application/json")]
 
 
@@ -120,6 +134,8 @@ class Gateway:
         max_connections_per_client: open connections one client address may hold.
         header_timeout_s, body_timeout_s: deadlines for receiving a request's headers and body
             (a client trickling bytes is cut off: slowloris).
+        agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
+            the (Chat Completions) request: see :class:`agentbolt.roles.AgentRoles`.
     """
 
     def __init__(
@@ -143,6 +159,7 @@ class Gateway:
         max_connections_per_client: int = 256,
         header_timeout_s: float = 10.0,
         body_timeout_s: float = 60.0,
+        agent_names: AgentNamer | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
             raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
@@ -160,6 +177,7 @@ class Gateway:
         self.retokenize = retokenize
         self.request_token_ids = request_token_ids
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
+        self.agent_names = agent_names
         self._upstreams: list[Upstream] = []
         self._pools: dict[str, UpstreamPool] = {}
         self.set_upstreams(upstreams)
@@ -186,7 +204,8 @@ class Gateway:
         self._written = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
-        self.counters = {"requests": 0, "errors": 0, "upstream_errors": 0, "rejected": 0, "streams": 0}
+        self.counters = {"requests": 0, "errors": 0, "upstream_errors": 0, "rejected": 0, "streams": 0, "forwarded": 0}
+        """``forwarded``: calls sent to an upstream (each gets one span: compare with ``spans_recorded``)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -294,6 +313,7 @@ class Gateway:
             "inflight": self._inflight,
             "paused": self.paused,
             "spans_buffered": len(self._spans),
+            "spans_recorded": self._spans_added,
             "spans_written": self._spans_written,
             "spans_dropped": self._spans_dropped,
             "policy_version": self.policy_version,
@@ -336,7 +356,8 @@ class Gateway:
             )
         if sub == "/v1/models" and request.method == "GET":
             return self._models(responder)
-        operation = _OPERATIONS.get(sub)
+        dialect = _DIALECTS.get(sub)
+        operation = semconv.OP_CHAT if dialect is not None else _OPERATIONS.get(sub)
         if operation is None:
             return self._reply(responder, 404, f"no route for {request.method} {path}", "invalid_request_error")
         if request.method != "POST":
@@ -376,14 +397,25 @@ class Gateway:
         self._inflight += 1
         self._idle.clear()
         try:
-            await self._forward(request, responder, rollout_id, attempt_id, operation, body)
+            await self._forward(request, responder, rollout_id, attempt_id, operation, body, dialect)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
 
+    def _name_agent(self, body: Mapping[str, Any]) -> str | None:
+        if self.agent_names is None:
+            return None
+        try:
+            return self.agent_names(body)
+        except Exception:  # a user's rule must not break the proxy
+            log.exception("agent_names raised on a request; the call is recorded without an agent name")
+            return None
+
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
+        if "x-api-key" in request.headers:  # Anthropic clients send their key this way
+            return hmac.compare_digest(request.headers["x-api-key"].encode(), self.token.encode())
         return control.bearer_matches(request.headers.get("authorization"), self.token)
 
     def openapi(self) -> dict[str, Any]:
@@ -480,7 +512,14 @@ class Gateway:
         attempt_id: str,
         operation: str,
         body: dict[str, Any],
+        dialect: Dialect | None = None,
     ) -> None:
+        api_body = body
+        if dialect is not None:  # Responses / Messages API: forwarded as Chat Completions
+            try:
+                body = dialect.to_chat(api_body)
+            except (TranslationError, KeyError, TypeError, AttributeError) as exc:
+                return self._reply(responder, 400, f"cannot translate this request: {exc}", "invalid_request_error")
         if not self._upstreams:
             self.counters["upstream_errors"] += 1
             return self._reply(
@@ -503,14 +542,17 @@ class Gateway:
             trace_id=trace_id,
             parent_span_id=parent,
         )
-        agent_name = request.headers.get(AGENT_HEADER)
+        agent_name = request.headers.get(AGENT_HEADER) or self._name_agent(body)
         if agent_name:
             record.extra[semconv.GEN_AI_AGENT_NAME] = agent_name
+        if dialect is not None:
+            record.extra[LLM_API] = dialect.name
         headers = [("content-type", "application/json"), ("accept", request.headers.get("accept", "application/json"))]
         if upstream.api_key:
             headers.append(("authorization", f"Bearer {upstream.api_key}"))
         sub = "/chat/completions" if operation == semconv.OP_CHAT else "/completions"
         started = time.perf_counter()
+        self.counters["forwarded"] += 1
         try:
             answer = await pool.request("POST", sub, orjson.dumps(body), headers, timeout_s=self.request_timeout_s)
         except UpstreamError as exc:
@@ -523,7 +565,11 @@ class Gateway:
         if record.policy_version is not None:
             out_headers.append((POLICY_HEADER, str(record.policy_version)))
         if answer.status == 200 and answer.is_stream:
-            await self._relay_stream(answer, responder, record, span_id, out_headers)
+            translator = dialect.stream(api_body) if dialect is not None else None
+            await self._relay_stream(answer, responder, record, span_id, out_headers, translator)
+            if dialect is not None and record.response and record.response.get("id"):
+                record.extra[semconv.GEN_AI_RESPONSE_ID] = dialect.response_id(str(record.response["id"]))
+            self._record(record, span_id)
             return
         try:
             data = await answer.read()
@@ -545,8 +591,12 @@ class Gateway:
         if problem is not None:
             self._upstream_failed(responder, record, span_id, None, status=200, body=data, problem=problem)
             return
-        responder.send(200, data, out_headers)
         record.response = response
+        if dialect is not None and response is not None:
+            translated = dialect.from_chat(response, api_body)
+            record.extra[semconv.GEN_AI_RESPONSE_ID] = translated["id"]
+            data = orjson.dumps(translated)
+        responder.send(200, data, out_headers)
         self._record(record, span_id)
 
     async def _relay_stream(
@@ -556,10 +606,14 @@ class Gateway:
         record: CallRecord,
         span_id: str,
         out_headers: list[tuple[str, str]],
+        translator: Any = None,
     ) -> None:
+        """Pass the stream through (translated to the client's API when ``translator`` is set);
+        the caller records the span."""
         self.counters["streams"] += 1
         responder.start_stream(200, out_headers)
         assembler = StreamAssembler(record.operation)
+        decoder = SSEDecoder() if translator is not None else None
         try:
             async for chunk in answer.iter_chunks():
                 if responder.disconnected:
@@ -567,32 +621,42 @@ class Gateway:
                     record.error_type = "client_disconnected"
                     record.error_message = "the client closed the connection mid-stream"
                     break
-                responder.write(chunk)
+                if decoder is None:
+                    responder.write(chunk)
+                else:
+                    responder.write(b"".join(translator.feed(c) for c in decoder.feed(chunk)))
                 assembler.feed(chunk)
                 await responder.drain()
         except UpstreamError as exc:
             self.counters["upstream_errors"] += 1
             record.error_type = UPSTREAM_ERROR
             record.error_message = f"the upstream stream broke: {exc}"
-            responder.write(
-                b"data: " + _error(record.error_message, UPSTREAM_ERROR, "upstream_stream_broken") + b"\n\n"
-            )
+            if translator is not None:
+                responder.write(translator.close(record.error_message))
+            else:
+                responder.write(
+                    b"data: " + _error(record.error_message, UPSTREAM_ERROR, "upstream_stream_broken") + b"\n\n"
+                )
         if record.error_type is None and assembler.error is None:
             problem = upstream_checks.stream_problem(assembler.done, len(assembler.choices))
             if problem is not None:
                 self.counters["upstream_errors"] += 1
                 record.error_type = UPSTREAM_ERROR
                 record.error_message = problem
-                responder.write(b"data: " + _error(problem, UPSTREAM_ERROR, "upstream_invalid_stream") + b"\n\n")
+                if translator is not None:
+                    responder.write(translator.close(problem))
+                else:
+                    responder.write(b"data: " + _error(problem, UPSTREAM_ERROR, "upstream_invalid_stream") + b"\n\n")
         record.end_ns = time.time_ns()
         record.status = 200
         if assembler.error is not None and record.error_type is None:
             record.error_type = str(assembler.error.get("type") or "stream_error")
             record.error_message = str(assembler.error.get("message") or assembler.error)
         record.response = assembler.response()
+        if translator is not None and not responder.disconnected:
+            responder.write(translator.close(record.error_message if assembler.error is not None else None))
         if not responder.disconnected:
             responder.end_stream()
-        self._record(record, span_id)
 
     def _upstream_failed(
         self,

@@ -160,6 +160,11 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
             if ids is not None:
                 prompt_ids, response_ids = ids
                 source = semconv.TOKEN_SOURCE_RETOKENIZED
+                from ..retokenize import drift_reasons
+
+                drift = drift_reasons(resp, prompt_ids, response_ids, getattr(retokenize, "decode", None))
+                if drift:
+                    attrs[semconv.TOKEN_DRIFT] = "; ".join(drift)
         attrs[semconv.TOKEN_SOURCE] = source
         if source != semconv.TOKEN_SOURCE_MISSING:
             attrs[semconv.PROMPT_TOKEN_IDS] = list(prompt_ids)  # type: ignore[arg-type]

@@ -89,6 +89,8 @@ class ExclusionReason(enum.StrEnum):
     """Token data present but unusable (non-integer ids, logprobs of the wrong length)."""
     RETOKENIZED = "retokenized"
     """Ids were reconstructed by tokenizing text, and ``allow_retokenized`` is off."""
+    TOKEN_DRIFT = "token_drift"
+    """Retokenized ids disagree with what the backend reported (``agentbolt.llm.token_drift``)."""
     EMPTY_RESPONSE = "empty_response"
     """The response has no tokens."""
     OVER_LENGTH = "over_length"
@@ -607,6 +609,9 @@ def _exclusion(
         )
     if call.token_source == TokenSource.RETOKENIZED and not allow_retokenized:
         return ExclusionReason.RETOKENIZED, "ids reconstructed by tokenizing text (allow_retokenized=False)"
+    drift = gateway.attributes.get(semconv.TOKEN_DRIFT)
+    if call.token_source == TokenSource.RETOKENIZED and drift:
+        return ExclusionReason.TOKEN_DRIFT, str(drift)
     if not call.response_ids:
         return ExclusionReason.EMPTY_RESPONSE, None
     max_prompt, max_response, max_total = limits

@@ -20,6 +20,10 @@ _HINTS = {
         "backend that returns token ids"
     ),
     "retokenized": "token ids were reconstructed from text; pass allow_retokenized=True to train on them",
+    "token_drift": (
+        "retokenized ids disagree with the backend's token counts or text: use the policy's own tokenizer "
+        "(Trainer(tokenizer=...)) and chat template, or a backend that returns token ids"
+    ),
     "agent_not_selected": "agent_match selected none of these calls",
     "over_length": "raise max_prompt_length / max_response_length / max_length",
     "failed_call": "the upstream failed these calls; see the status message of the gateway spans",

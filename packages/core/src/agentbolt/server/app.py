@@ -22,6 +22,8 @@ Build the app with :func:`create_app` and serve it with any ASGI server, or run
     POST /v1/traces                           OTLP/HTTP export (protobuf or JSON, gzip)
     GET  /v1/health                           liveness (no token needed)
 
+plus the runs, rollout-search and queue-health routes of :mod:`agentbolt.server.run_routes`.
+
 Errors answer ``{"error": {"type": "NotFoundError", "message": "..."}}`` with 404 (not found),
 409 (conflict, stale attempt, invalid transition), 400 (misuse), 422 (malformed request or
 data), 401 (token), 413 (too large), 415 (not JSON), 421 (a tokenless server addressed by a
@@ -68,6 +70,7 @@ from ..errors import (
 from ..store.base import Store
 from . import otlp
 from . import wire as w
+from .run_routes import add_run_routes
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status"]
 
@@ -419,6 +422,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(_Front, token=token, max_request_bytes=max_request_bytes, store=store)
     _add_store_routes(app, store, waits, max_request_bytes)
+    add_run_routes(app, store, {"responses": _ERROR_DOCS})  # runs, metrics, search, health
     _add_openapi(app, secured=token is not None)
     return app
 

@@ -9,15 +9,17 @@ from typing import Protocol, runtime_checkable
 
 from .. import types as t
 from ..errors import SchemaError, UserError
+from .run_protocol import RunStore
 
 __all__ = ["Notifier", "Store", "check_span_batch", "normalize_statuses"]
 
 
 @runtime_checkable
-class Store(Protocol):
+class Store(RunStore, Protocol):
     """Durable home of rollouts, attempts, spans and resources. All methods are coroutines.
 
-    Open one with :func:`agentbolt.store.open_store`. Every backend passes the conformance
+    Open one with :func:`agentbolt.store.open_store`. Runs and the dashboard's queries are in
+    :class:`~agentbolt.store.run_protocol.RunStore`. Every backend passes the conformance
     suite in :mod:`agentbolt.testing.store_conformance`; see :mod:`agentbolt.store.lifecycle`
     for the status rules they share.
     """

@@ -59,6 +59,7 @@ from ..errors import (
 from ..server import wire as w
 from . import lifecycle
 from .base import check_span_batch, normalize_statuses
+from .run_http import HttpRunsMixin
 
 __all__ = ["HttpStore"]
 
@@ -81,7 +82,7 @@ class _Call:
         self.repeated = False
 
 
-class HttpStore:
+class HttpStore(HttpRunsMixin):
     """The store behind ``agentbolt store serve``. Open it with ``open_store("http://host:4747")``.
 
     Options (keyword arguments of :func:`~agentbolt.store.open_store`):

@@ -61,6 +61,8 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
         created_at=now,
         updated_at=now,
         metadata=spec.metadata,
+        run_id=spec.run_id,
+        step=spec.step,
     )
 
 

@@ -14,8 +14,10 @@ from typing import TypeVar
 
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
+from ..runs import Run, RunMetrics
 from . import lifecycle
 from .base import Notifier, check_span_batch, normalize_statuses
+from .run_memory import MemoryRunsMixin
 from .sweeper import Sweeper
 
 __all__ = ["MemoryStore"]
@@ -23,7 +25,7 @@ __all__ = ["MemoryStore"]
 R = TypeVar("R")
 
 
-class MemoryStore:
+class MemoryStore(MemoryRunsMixin):
     """The in-memory backend. Options: ``sweep_interval_s`` (default 1.0), ``clock``."""
 
     def __init__(
@@ -47,6 +49,8 @@ class MemoryStore:
         self._spans: dict[str, dict[str, t.Span]] = {}
         self._span_seq: dict[str, int] = {}
         self._resources: list[t.Resources] = []
+        self._runs: dict[str, Run] = {}
+        self._run_metrics: dict[str, list[RunMetrics]] = {}
         self._closed = False
         self._sweeper = Sweeper(self._sweep_now, sweep_interval_s, name="agentbolt-memory-sweeper")
 

@@ -48,6 +48,7 @@ from ..errors import (
 )
 from . import lifecycle
 from .base import Notifier, check_span_batch, normalize_statuses
+from .sql_runs import SqlRunsMixin, run_metadata
 from .sweeper import Sweeper
 
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
@@ -56,8 +57,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-SCHEMA_VERSION = 1
-"""Version of the table layout below; stored in ``store_meta``."""
+SCHEMA_VERSION = 2
+"""Version of the table layout below; stored in ``store_meta``. 2: runs, run metrics, and the
+rollouts' ``run_id`` / ``step`` columns."""
 
 _IN_CHUNK = 500  # ids per IN (...) list
 _GROUP_COMMIT_MAX = 64
@@ -90,10 +92,13 @@ rollouts = sa.Table(
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.Column("metadata", sa.Text, nullable=False),
     sa.Column("span_seq", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("run_id", sa.String),
+    sa.Column("step", sa.Integer),
     # Few indexes on purpose: each one is rewritten on every status change. (status, id) serves
     # the queue (status = 'queued' ORDER BY id) and status queries; purge-by-age scans.
     sa.Index("ix_rollouts_status_id", "status", "id"),
     sa.Index("ix_rollouts_group", "group_id", "id"),
+    sa.Index("ix_rollouts_run_step", "run_id", "step", "id"),  # the dashboard's per-run queries
 )
 
 attempts = sa.Table(
@@ -160,7 +165,7 @@ store_meta = sa.Table(
 _RCOLS = (
     "rollout_id", "task_id", "input", "mode", "group_id", "resources_version", "status",
     "attempt_count", "max_attempts", "timeout_s", "final_reward", "error", "current_attempt_id",
-    "created_at", "started_at", "ended_at", "updated_at", "metadata",
+    "created_at", "started_at", "ended_at", "updated_at", "metadata", "run_id", "step",
 )  # fmt: skip
 _ACOLS = (
     "attempt_id", "rollout_id", "idx", "worker_id", "status", "lease_expires_at", "deadline_at",
@@ -240,7 +245,7 @@ def _rollout_insert(r: t.Rollout) -> tuple[Any, ...]:
         r.rollout_id, r.task_id, orjson.dumps(r.input).decode(), r.mode.value, r.group_id,
         r.resources_version, r.status.value, r.attempt_count, r.max_attempts, r.timeout_s,
         r.final_reward, _error_json(r.error), r.current_attempt_id, r.created_at, r.started_at,
-        r.ended_at, r.updated_at, orjson.dumps(r.metadata).decode(),
+        r.ended_at, r.updated_at, orjson.dumps(r.metadata).decode(), r.run_id, r.step,
     )  # fmt: skip
 
 
@@ -272,6 +277,8 @@ def _rollout_from(row: Sequence[Any]) -> t.Rollout:
         ended_at=row[15],
         updated_at=row[16],
         metadata=orjson.loads(row[17]),
+        run_id=row[18],
+        step=row[19],
     )
 
 
@@ -340,7 +347,7 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-class SqlStore:
+class SqlStore(SqlRunsMixin):
     """The SQLite / PostgreSQL backend. Open it through :func:`agentbolt.store.open_store`.
 
     Options (keyword arguments, or query parameters of the URL):
@@ -436,15 +443,22 @@ class SqlStore:
                 conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
             if self.dialect == "postgresql":  # serialize concurrent first-time set-ups
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7254100)")
-            metadata.create_all(conn, checkfirst=True)
-            found = conn.execute(sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
-            if found is None:
-                conn.execute(store_meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif int(found) != SCHEMA_VERSION:
+            # The version check comes first: an older layout lacks columns that new indexes name.
+            found = None
+            in_schema = self._schema if self.dialect == "postgresql" else None
+            if sa.inspect(conn).has_table("store_meta", schema=in_schema):
+                found = conn.execute(sa.select(store_meta.c.value).where(store_meta.c.key == "schema_version")).scalar()
+            if found is not None and int(found) != SCHEMA_VERSION:
                 raise UserError(
                     f"store {self.url} has table layout version {found}; this agentbolt uses "
-                    f"{SCHEMA_VERSION}. Use a new database or a matching agentbolt version."
+                    f"{SCHEMA_VERSION} (version 2 added runs and per-step metrics). agentbolt does not "
+                    "migrate stores: point --store at a new database, or read this one with the agentbolt "
+                    "version that wrote it."
                 )
+            metadata.create_all(conn, checkfirst=True)
+            run_metadata.create_all(conn, checkfirst=True)
+            if found is None:
+                conn.execute(store_meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
 
     def _submit(self, fn: Callable[[Connection], R], *, write: bool = True) -> concurrent.futures.Future[R]:
         if self._closed:

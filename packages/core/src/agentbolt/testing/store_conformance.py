@@ -33,6 +33,7 @@ from ..errors import (
     UserError,
 )
 from ..store.base import Store
+from .run_conformance import RunStoreConformance
 
 __all__ = ["StoreConformance"]
 
@@ -61,8 +62,8 @@ def llm_span(rollout_id: str, attempt_id: str | None = None, **attrs: t.Attribut
 
 
 @pytest.mark.asyncio
-class StoreConformance:
-    """Behaviour every :class:`~agentbolt.store.Store` backend shares."""
+class StoreConformance(RunStoreConformance):
+    """Behaviour every :class:`~agentbolt.store.Store` backend shares (runs included)."""
 
     async def make_store(self, tmp_path: Path) -> Store:
         """Open a fresh, empty store. Subclasses must implement this."""

@@ -277,6 +277,9 @@ class FakeLLMConfig(BaseModel):
     the end-of-sequence token); the text never shows it."""
     record: bool = True
     """Record requests in :attr:`FakeLLM.requests` (turn off for long benchmarks)."""
+    token_ids: bool = True
+    """Honour ``return_token_ids``; ``False`` answers text only, as a hosted API, SGLang or
+    llama.cpp do (for retokenization tests)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,6 +407,7 @@ class FakeLLM:
         failures: Iterable[Failure] = (),
         eos_token: bool = False,
         record: bool = True,
+        token_ids: bool = True,
     ) -> None:
         self._setup(
             FakeLLMConfig(
@@ -416,6 +420,7 @@ class FakeLLM:
                 failures=tuple(failures),
                 eos_token=eos_token,
                 record=record,
+                token_ids=token_ids,
             )
         )
         self.tokenizer = FakeTokenizer()
@@ -539,7 +544,7 @@ class FakeLLM:
             stop=stop,
             stream=stream,
             include_usage=include_usage,
-            return_token_ids=bool(body.get("return_token_ids")),
+            return_token_ids=bool(body.get("return_token_ids")) and self.config.token_ids,
             logprobs=logprobs,
             top_logprobs=top,
             tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),

@@ -1,0 +1,183 @@
+"""RAG agent: train SmolLM2-135M-Instruct to search and answer 2-hop questions, on CPU, through agentbolt.
+
+    uv run python examples/rag_agent/train.py                       # the defaults below
+    uv run python examples/rag_agent/train.py --steps 0 --val 48    # only measure the base model
+    uv run python examples/rag_agent/train.py --data ~/musique/data # the real MuSiQue files
+
+What runs: the bundled MuSiQue-format data set (generated once into ``--cache-dir``) or the
+real one (``--data``), an SQLite FTS5 index over its paragraphs (built once, cached, rebuilt
+when the corpus changes), a SQLite store (``runs/rag_agent.db``), the gateway, runner
+processes executing the OpenAI Agents SDK agent of ``agent.py``, and ``torch-grpo`` (policy
+server with exact token ids, LightningRL, GRPO update). The held-out metric is the mean answer
+F1 (MuSiQue's, max over aliases) over the first ``--val`` dev questions, one sample each,
+before and after training, with its standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # agent.py, data.py, ..., also in the runner processes
+
+from agent import rag_agent  # noqa: E402
+from data import corpus, load_split, to_tasks, write_bundled  # noqa: E402
+from figures import per_rollout_means, run_figures  # noqa: E402
+from retrieval import build_index  # noqa: E402
+
+from agentbolt.trainer import Trainer  # noqa: E402
+from agentbolt.types import Task  # noqa: E402
+from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.metrics import step_means  # noqa: E402
+
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentbolt/examples/rag_agent"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)",
+    )
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
+    p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
+    p.add_argument("--val", type=int, default=100, help="held-out questions (default 100)")
+    p.add_argument(
+        "--val-every", type=int, default=10, help="evaluate every N steps (default 10; 0: before/after only)"
+    )
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument("--data", type=Path, help="a MuSiQue data folder (musique_ans_v1.0_{train,dev}.jsonl)")
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"bundled data and index ({DEFAULT_CACHE})")
+    p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
+    p.add_argument("--store", default="sqlite:///runs/rag_agent.db", help="store URL")
+    p.add_argument("--out", default="runs/rag_agent", help="metrics, curve and checkpoint directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="log lines instead of progress bars")
+    p.add_argument("--export-tasks", type=Path, help="write train.jsonl/val.jsonl (agentbolt tasks, for verl) and exit")
+    return p.parse_args(argv)
+
+
+def prepare(data: Path | None, cache_dir: Path, n_val: int) -> tuple[list[dict], list[dict], Path]:
+    """Train and held-out tasks and the search index over the whole corpus (train + dev paragraphs)."""
+    if data is None:
+        folder, index_name = write_bundled(cache_dir / "data"), "bundled"
+    else:
+        folder = data.expanduser().resolve()
+        index_name = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    train, dev = load_split(folder, "train"), load_split(folder, "dev")
+    index_path = cache_dir / "index" / f"{index_name}.fts5.sqlite"
+    paragraphs = corpus([*train, *dev])
+    if build_index(paragraphs, index_path):
+        print(f"built the search index: {len(paragraphs):,} paragraphs -> {index_path}", flush=True)
+    return to_tasks(train, index_path), to_tasks(dev[:n_val], index_path), index_path
+
+
+def export_tasks(folder: Path, train: list[dict], val: list[dict]) -> None:
+    """The tasks as JSON Lines of :class:`agentbolt.types.Task` (what agentbolt-verl's ``data.train`` reads)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, tasks in (("train", train), ("val", val)):
+        lines = [Task(task_id=task["task_id"], input=task).model_dump_json() + "\n" for task in tasks]
+        (folder / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
+        print(f"wrote {len(lines)} tasks to {folder / f'{name}.jsonl'}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.store.startswith("sqlite:///"):
+        Path(args.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    train, val, _ = prepare(args.data, args.cache_dir, args.val)
+    if args.export_tasks:
+        export_tasks(args.export_tasks, train, val)
+        return 0
+    algorithm = TorchGRPO(
+        args.model,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        temperature=1.0,
+        max_tokens=args.max_tokens,
+        val_every=args.val_every,
+        update={"lr": args.lr, "seed": args.seed},
+        out_dir=args.out,
+        checkpoint_every=args.steps or None,
+        autocast=None if args.autocast == "none" else args.autocast,
+        device=args.device,
+        seed=args.seed,
+    )
+    trainer = Trainer(
+        rag_agent,
+        algorithm,
+        store=args.store,
+        n_runners=args.runners,
+        concurrency=args.batch_size * args.group_size,
+        timeout_s=300.0,
+        progress=not args.no_progress,
+    )
+    result = trainer.fit(train, val)
+    figures = asyncio.run(run_figures(args.store, result.steps))
+    calls, transitions = per_rollout_means(result.history)
+    summary = {
+        **result.to_dict(),
+        "example": "rag_agent",
+        "metric": "held-out answer F1 (mean over tasks, max over aliases)",
+        "metric_before": figures["metric_before"],
+        "metric_after": figures["metric_after"],
+        "metric_stderr_before": figures["metric_stderr_before"],
+        "metric_stderr_after": figures["metric_stderr_after"],
+        "n_val": len(val),
+        "n_val_failed_before": figures["n_val_failed_before"],
+        "n_val_failed_after": figures["n_val_failed_after"],
+        "seconds_per_step": result.seconds_per_step,
+        "train_minutes": result.seconds_per_step * result.steps / 60,
+        "calls_per_rollout": calls,
+        "transitions_per_rollout": transitions,
+        "exact_token_id_share": figures["exact_token_id_share"],
+        "tool_call_rate_before": figures["tool_call_rate_before"],
+        "tool_call_rate_after": figures["tool_call_rate_after"],
+    }
+    (out / "result.json").write_text(json.dumps(summary, indent=2))
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    print(
+        f"held-out answer F1 {fmt(summary['metric_before'])} ± {fmt(summary['metric_stderr_before'])} -> "
+        f"{fmt(summary['metric_after'])} ± {fmt(summary['metric_stderr_after'])} (n={len(val)}, failed rollouts "
+        f"{figures['n_val_failed_before']} / {figures['n_val_failed_after']}); exact match "
+        f"{fmt(result.accuracy_before)} -> {fmt(result.accuracy_after)}; over {result.steps} steps "
+        f"({result.seconds_per_step:.1f} s/step, {summary['train_minutes']:.1f} min); curve: {result.curve_png}",
+        flush=True,
+    )
+    print(
+        f"search called in {fmt(summary['tool_call_rate_before'])} -> {fmt(summary['tool_call_rate_after'])} of "
+        f"held-out questions; per training rollout: {fmt(calls)} LLM calls, {fmt(transitions)} transitions; "
+        f"exact token ids on {fmt(summary['exact_token_id_share'])} of the calls",
+        flush=True,
+    )
+    means = step_means(result.history)
+    if means:
+        print(
+            f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
+            f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Train the LangGraph SQL agent (write -> execute -> check -> rewrite) with GRPO, on CPU, through agentbolt.
+
+    uv run python examples/sql_agent/train.py                      # the defaults below (SmolLM2-135M, CPU)
+    uv run python examples/sql_agent/train.py --steps 0 --val 48   # held-out accuracy of the base model only
+    uv run python examples/sql_agent/train.py --data ~/spider      # the real Spider (train_spider.json, dev.json)
+    uv run python examples/sql_agent/train.py --train-agents all   # also train the checker
+
+What runs: a SQLite store (``runs/sql_agent.db``), the gateway, runner processes executing the
+graph of ``agent.py`` (the agentbolt-langchain adapter names every LLM call after its graph
+node), and ``torch-grpo``, which serves the policy, turns the calls of the selected nodes into
+transitions with LightningRL (``agent_match``: by default ``write_query`` and ``rewrite_query``;
+``check_query`` calls are recorded but not trained) and updates the weights. The held-out metric
+is execution accuracy on ``dev.json`` (one sample per question), before and after training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner processes
+
+from agent import sql_agent  # noqa: E402
+from data import SpiderDataError, ensure_bundled, load_split  # noqa: E402
+
+from agentbolt.trainer import Trainer  # noqa: E402
+from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.metrics import step_means  # noqa: E402
+
+AGENT_SETS = {
+    "writer+rewriter": "^(write_query|rewrite_query)$",
+    "writer": "^write_query$",
+    "all": None,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
+    p.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
+    p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
+    p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
+    p.add_argument("--val", type=int, default=0, help="held-out questions, the first N of dev.json (default 0: all)")
+    p.add_argument("--val-every", type=int, default=0, help="also evaluate every N steps (default 0: before/after)")
+    p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and held-out")
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument(
+        "--train-agents",
+        default="writer+rewriter",
+        help="graph nodes to train: writer+rewriter (default, the paper's choice), writer, all, or a regex",
+    )
+    p.add_argument("--data", default=None, help="a Spider folder (train_spider.json, dev.json, tables.json, database/)")
+    p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
+    p.add_argument("--store", default="sqlite:///runs/sql_agent.db", help="store URL")
+    p.add_argument("--out", default="runs/sql_agent", help="metrics, curve and checkpoint directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="log lines instead of progress bars")
+    return p.parse_args(argv)
+
+
+def stderr(p: float | None, n: int) -> float | None:
+    """Standard error of a mean of ``n`` 0/1 outcomes (sd/sqrt(n), population sd)."""
+    return None if p is None or n == 0 else math.sqrt(p * (1 - p) / n)
+
+
+def capture_figures(store_url: str, since: float, history: list[dict[str, float]]) -> dict[str, float | None]:
+    """Calls and transitions per training rollout (LightningRL's step metrics) and the exact-id share."""
+    import asyncio
+
+    from agentbolt.algorithm import summarize
+    from agentbolt.store import open_store
+    from agentbolt.types import RolloutMode
+
+    steps = [h for h in history if h.get("lightningrl/rollouts")]
+    rollouts = sum(h["lightningrl/rollouts"] for h in steps)
+
+    async def share() -> float | None:
+        store = open_store(store_url)
+        try:
+            found, cursor = [], None
+            while True:
+                page = await store.query_rollouts(mode=RolloutMode.TRAIN, limit=1000, cursor=cursor)
+                found += [r for r in page.items if r.created_at >= since]
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+            if not found:
+                return None
+            spans = await store.query_spans([r.rollout_id for r in found], latest_attempt_only=True)
+            s = summarize(found, spans)
+            return s.calls_with_exact_ids / s.llm_calls if s.llm_calls else None
+        finally:
+            await store.close()
+
+    return {
+        "calls_per_rollout": sum(h["lightningrl/calls"] for h in steps) / rollouts if rollouts else None,
+        "transitions_per_rollout": sum(h["lightningrl/transitions"] for h in steps) / rollouts if rollouts else None,
+        "exact_token_id_share": asyncio.run(share()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    try:
+        folder = Path(args.data) if args.data else ensure_bundled()
+        train = load_split(folder, "train")
+        val = load_split(folder, "dev")
+    except SpiderDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.val:
+        val = val[: args.val]
+    agent_match = AGENT_SETS.get(args.train_agents, args.train_agents)
+    print(f"data: {folder} ({len(train)} train, {len(val)} held-out); training nodes: {agent_match or 'all'}")
+    algorithm = TorchGRPO(
+        args.model,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        val_every=args.val_every or None,
+        agent_match=agent_match,
+        update={"lr": args.lr, "seed": args.seed},
+        out_dir=args.out,
+        checkpoint_every=args.steps or None,
+        autocast=None if args.autocast == "none" else args.autocast,
+        device=args.device,
+        seed=args.seed,
+    )
+    trainer = Trainer(
+        sql_agent,
+        algorithm,
+        store=args.store,
+        n_runners=args.runners,
+        concurrency=args.batch_size * args.group_size,
+        timeout_s=600.0,
+        progress=not args.no_progress,
+    )
+    started = time.time()
+    result = trainer.fit(train, val)
+    n = len(val)
+    summary = {
+        **result.to_dict(),
+        "example": "sql_agent",
+        "metric": "execution accuracy (held-out, 1 sample per question)",
+        "metric_before": result.accuracy_before,
+        "metric_after": result.accuracy_after,
+        "metric_stderr_before": stderr(result.accuracy_before, n),
+        "metric_stderr_after": stderr(result.accuracy_after, n),
+        "n_val": n,
+        "train_minutes": result.seconds_per_step * result.steps / 60,
+        "trained_agents": agent_match or "all",
+        "tool_call_rate_before": None,
+        "tool_call_rate_after": None,
+        **capture_figures(args.store, started, result.history),
+    }
+    (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    print(
+        f"held-out execution accuracy {fmt(summary['metric_before'])} +- {fmt(summary['metric_stderr_before'])} -> "
+        f"{fmt(summary['metric_after'])} +- {fmt(summary['metric_stderr_after'])} (n={n}) over {result.steps} steps "
+        f"({result.seconds_per_step:.1f} s/step, {summary['train_minutes']:.1f} min); curve: {result.curve_png}",
+        flush=True,
+    )
+    print(
+        f"capture: {fmt(summary['calls_per_rollout'])} LLM calls and {fmt(summary['transitions_per_rollout'])} "
+        f"transitions per training rollout; share of calls with exact token ids {fmt(summary['exact_token_id_share'])}",
+        flush=True,
+    )
+    means = step_means(result.history)
+    if means:
+        print(
+            f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
+            f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+// agentbolt dashboard: live runs table, run curves and run comparison (uPlot). No build step.
+"use strict";
+
+const POLL_MS = 2000;
+const COLORS = ["#3056d3", "#d9480f", "#2b8a3e", "#9c36b5", "#c92a2a", "#0b7285", "#e67700", "#5c940d"];
+
+async function getJSON(url) {
+  const res = await fetch(url, { headers: { accept: "application/json" }, credentials: "same-origin" });
+  if (!res.ok) throw new Error(`${url}: ${res.status}`);
+  return res.json();
+}
+
+function fmt(x) {
+  if (x === null || x === undefined) return "–";
+  if (typeof x !== "number") return String(x);
+  return Math.abs(x) >= 1e4 || (Math.abs(x) < 1e-3 && x !== 0) ? x.toExponential(3) : Number(x.toPrecision(4)).toString();
+}
+
+/** Metrics rows of one run, fetched incrementally (after_seq). */
+class RunSeries {
+  constructor(runId) { this.runId = runId; this.rows = []; this.lastSeq = null; }
+  async poll() {
+    const q = this.lastSeq === null ? "" : `?after_seq=${this.lastSeq}`;
+    const fresh = await getJSON(`/api/runs/${encodeURIComponent(this.runId)}/metrics${q}`);
+    for (const row of fresh) { this.rows.push(row); this.lastSeq = row.seq; }
+    return fresh;
+  }
+  points(metric) {
+    const byStep = new Map();
+    for (const row of this.rows) if (metric in row.values) byStep.set(row.step, row.values[metric]);
+    return byStep;
+  }
+}
+
+/** One uPlot chart of ``metric`` over steps, one series per run. */
+class Chart {
+  constructor(el) { this.el = el; this.plot = null; this.key = ""; }
+  draw(metric, series, labels) {
+    const maps = series.map((s) => s.points(metric));
+    const steps = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+    const data = [steps, ...maps.map((m) => steps.map((x) => (m.has(x) ? m.get(x) : null)))];
+    const key = metric + "|" + series.map((s) => s.runId).join(",");
+    this.el.dataset.points = String(steps.length);
+    if (this.plot && this.key === key) { this.plot.setData(data); return; }
+    if (this.plot) this.plot.destroy();
+    this.key = key;
+    const width = Math.max(320, this.el.clientWidth || 800);
+    this.plot = new uPlot({
+      width, height: 300,
+      scales: { x: { time: false } },
+      axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, { label: metric, size: 70 }],
+      series: [{ label: "step" }, ...series.map((s, i) => ({
+        label: labels[i], stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
+        points: { show: true, size: 6 }, value: (u, v) => fmt(v),
+      }))],
+    }, data, this.el);
+  }
+}
+
+function runsPage() {
+  const table = document.getElementById("runs-table");
+  if (!table) return;
+  const select = document.getElementById("compare-metric");
+  const chart = new Chart(document.getElementById("compare-chart"));
+  const hint = document.getElementById("compare-hint");
+  const series = new Map();
+  const labelOf = (id) => {
+    const a = table.querySelector(`tr[data-run="${CSS.escape(id)}"] td:nth-child(2) a`);
+    return a ? a.textContent : id;
+  };
+  const picked = () => [...table.querySelectorAll("input.pick:checked")].map((x) => x.value);
+
+  async function refreshChart() {
+    const ids = picked();
+    hint.textContent = ids.length >= 2 ? `${ids.length} runs` : "Select two or more runs above.";
+    if (ids.length < 1) { if (chart.plot) { chart.plot.destroy(); chart.plot = null; } return; }
+    for (const id of ids) if (!series.has(id)) series.set(id, new RunSeries(id));
+    await Promise.all(ids.map((id) => series.get(id).poll()));
+    chart.draw(select.value, ids.map((id) => series.get(id)), ids.map(labelOf));
+  }
+
+  async function refreshTable() {
+    const runs = await getJSON("/api/runs");
+    for (const run of runs) {
+      const tr = table.querySelector(`tr[data-run="${CSS.escape(run.run_id)}"]`);
+      if (!tr) continue;
+      const badge = tr.querySelector('[data-field="status"]');
+      badge.textContent = run.status; badge.className = `badge ${run.status}`;
+      tr.querySelector('[data-field="steps"]').textContent = run.steps;
+      for (const cell of tr.querySelectorAll("[data-metric]")) cell.textContent = fmt(run.latest[cell.dataset.metric]);
+    }
+  }
+
+  table.addEventListener("change", refreshChart);
+  document.getElementById("select-all").addEventListener("change", (e) => {
+    for (const box of table.querySelectorAll("input.pick")) box.checked = e.target.checked;
+    refreshChart();
+  });
+  select.addEventListener("change", () => { chart.key = ""; refreshChart(); });
+  setInterval(() => { refreshTable().catch(console.error); if (picked().length) refreshChart().catch(console.error); }, POLL_MS);
+}
+
+function runPage() {
+  const runId = window.AGENTBOLT_RUN;
+  const series = new RunSeries(runId);
+  const chart = new Chart(document.getElementById("run-chart"));
+  const select = document.getElementById("run-metric");
+  const body = document.querySelector("#steps-table tbody");
+
+  function addRows(rows) {
+    for (const row of rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.step = row.step;
+      const shown = Object.entries(row.values).slice(0, 6).map(([k, v]) => `${k}=${fmt(v)}`).join("  ");
+      tr.innerHTML = `<td class="num"></td><td></td><td class="id"></td>`;
+      tr.children[0].textContent = row.step;
+      tr.children[1].textContent = new Date(row.time * 1000).toLocaleTimeString();
+      tr.children[2].textContent = shown + (Object.keys(row.values).length > 6 ? "  …" : "");
+      tr.title = JSON.stringify(row.values, null, 1);
+      body.prepend(tr);
+    }
+  }
+
+  async function tick() {
+    const fresh = await series.poll();
+    if (fresh.length) {
+      addRows(fresh);
+      const known = new Set([...select.options].map((o) => o.value));
+      for (const row of fresh) for (const k of Object.keys(row.values)) if (!known.has(k)) {
+        select.add(new Option(k, k)); known.add(k);
+      }
+      document.getElementById("run-steps").textContent = Math.max(...series.rows.map((r) => r.step));
+    }
+    if (!select.value && select.options.length) select.value = select.options[0].value;
+    if (select.value) chart.draw(select.value, [series], [window.AGENTBOLT_RUN_LABEL || runId]);
+  }
+
+  select.addEventListener("change", () => { chart.key = ""; tick(); });
+  tick().catch(console.error);
+  setInterval(() => tick().catch(console.error), POLL_MS);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  if (window.AGENTBOLT_PAGE === "runs") runsPage();
+  if (window.AGENTBOLT_PAGE === "run") runPage();
+});

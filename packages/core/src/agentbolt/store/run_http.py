@@ -1,0 +1,76 @@
+"""Runs, metrics, searches and health for :class:`~agentbolt.store.http.HttpStore` (routes in
+:mod:`agentbolt.server.run_routes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+from ..runs import (
+    RolloutSearch,
+    RolloutSearchPage,
+    Run,
+    RunMetrics,
+    RunSpec,
+    RunStatus,
+    StoreHealth,
+    check_metric_values,
+)
+
+__all__ = ["HttpRunsMixin"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _path(run_id: str) -> str:
+    return f"/v1/runs/{quote(run_id, safe='')}"
+
+
+class HttpRunsMixin:
+    """Mixed into ``HttpStore``; each method is one HTTP call."""
+
+    async def _post(self, path: str, body: BaseModel, answer: type[M], **kwargs: Any) -> M: ...  # type: ignore[empty-body]
+
+    async def _get(self, path: str, answer: type[M], params: Any = None) -> M: ...  # type: ignore[empty-body]
+
+    async def start_run(self, spec: RunSpec) -> Run:
+        if spec.run_id is None:  # chosen here: a retry after a lost answer then conflicts instead of duplicating
+            from .. import types as t
+
+            spec = spec.model_copy(update={"run_id": t.new_id("run-")})
+        return await self._post("/v1/runs", spec, Run, idempotent=False)
+
+    async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
+        from ..server.run_routes import FinishRunRequest
+
+        body = FinishRunRequest(status=status, error=error)
+        return await self._post(f"{_path(run_id)}/finish", body, Run, idempotent=False)
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._get(_path(run_id), Run)
+
+    async def list_runs(self, *, limit: int = 100) -> list[Run]:
+        from ..server.run_routes import RunsResponse
+
+        return (await self._get("/v1/runs", RunsResponse, {"limit": limit})).runs
+
+    async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
+        from ..server.run_routes import RunMetricsRequest
+
+        body = RunMetricsRequest(step=step, values=check_metric_values(values))
+        return await self._post(f"{_path(run_id)}/metrics", body, RunMetrics, idempotent=False)
+
+    async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
+        from ..server.run_routes import RunMetricsResponse
+
+        params = None if after_seq is None else {"after_seq": after_seq}
+        return (await self._get(f"{_path(run_id)}/metrics", RunMetricsResponse, params)).metrics
+
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
+        return await self._post("/v1/rollouts/search", query, RolloutSearchPage)
+
+    async def store_health(self) -> StoreHealth:
+        return await self._get("/v1/store/health", StoreHealth)

@@ -1,0 +1,147 @@
+"""``agentbolt runs|rollouts|export|dashboard`` against the store of real tiny-model runs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import sql
+from typer.testing import CliRunner
+
+from agentbolt.cli import app
+from agentbolt.errors import UserError
+from agentbolt.store import open_store
+from agentbolt.types import Transition
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "250"})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_runs_list_and_show(tiny_store: str, store_db: Path) -> None:
+    code, out, _ = invoke("runs", "list", "--store", tiny_store, "--json")
+    assert code == 0
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert {r["run_id"] for r in listed} >= {r for (r,) in sql(store_db, "SELECT run_id FROM runs")}
+    trained = [r for r in listed if r["name"] and r["name"].startswith("tiny-")]
+    assert len(trained) == 2 and all(r["status"] == "succeeded" and r["steps"] == 2 for r in trained)
+    code, out, _ = invoke("runs", "list", "--store", tiny_store)
+    assert code == 0 and trained[0]["run_id"] in out
+    code, out, _ = invoke("runs", "show", trained[0]["run_id"], "--store", tiny_store)
+    assert code == 0
+    assert "torch-grpo" in out and '"group_size": 4' in out and "update/loss=" in out
+
+
+def test_rollouts_list_and_show(tiny_store: str, store_db: Path) -> None:
+    run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    code, out, _ = invoke("rollouts", "list", "--store", tiny_store, "--run", run_id, "--status", "succeeded")
+    (n,) = sql(store_db, "SELECT COUNT(*) FROM rollouts WHERE run_id = ? AND status = 'succeeded'", run_id)[0]
+    assert code == 0 and f"{n} rollouts of {run_id}" in out
+    code, out, _ = invoke("rollouts", "list", "--store", tiny_store, "--run", run_id, "--status", "failed")
+    assert code == 0 and f"0 rollouts of {run_id}" in out
+    rollout_id, span_id = sql(
+        store_db,
+        "SELECT rollout_id, body FROM rollouts JOIN spans ON spans.rkey = rollouts.id "
+        "WHERE run_id = ? AND mode = 'train' AND body LIKE '%response_token_ids%' LIMIT 1",
+        run_id,
+    )[0]
+    span_id = json.loads(span_id)["span_id"]
+    code, out, _ = invoke("rollouts", "show", rollout_id, "--store", tiny_store)
+    assert code == 0
+    assert "spans (latest attempt)" in out and "agentbolt.llm" in out and "reward" in out
+    assert "transitions (LightningRL final credit, grpo advantage, group of 4)" in out
+    assert span_id in out and "yes" in out and "exact" in out
+
+
+def test_export_transitions_and_otlp_spans(tiny_store: str, store_db: Path, tmp_path: Path) -> None:
+    run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    out_file = tmp_path / "t.jsonl"
+    code, _, err = invoke("export", "--run", run_id, "--format", "jsonl", "--store", tiny_store, "-o", str(out_file))
+    assert code == 0
+    transitions = [Transition.model_validate_json(line) for line in out_file.read_text().splitlines()]
+    (calls,) = sql(
+        store_db,
+        "SELECT COUNT(*) FROM spans JOIN rollouts ON rollouts.id = spans.rkey WHERE run_id = ? "
+        'AND body LIKE \'%"agentbolt.llm.token_source":"exact"%\'',
+        run_id,
+    )[0]
+    assert len(transitions) == calls and f"exported {calls} transitions" in err
+    assert all(x.prompt_ids and x.response_ids and x.response_logprobs and x.advantage is not None for x in transitions)
+    assert {x.rollout_id.split(":")[0] for x in transitions} == {run_id}
+    code, out, err = invoke("export", "--run", run_id, "--format", "otlp", "--store", tiny_store)
+    assert code == 0
+    requests = [json.loads(line) for line in out.splitlines()]
+    spans = [s for req in requests for rs in req["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    (n,) = sql(
+        store_db, "SELECT COUNT(*) FROM spans JOIN rollouts ON rollouts.id = spans.rkey WHERE run_id = ?", run_id
+    )[0]
+    assert len(spans) == n and all(len(s["spanId"]) == 16 for s in spans)
+
+
+def test_bad_input_is_a_clear_error(tiny_store: str, tmp_path: Path) -> None:
+    code, _, err = invoke("runs", "list", "--store", f"sqlite:///{tmp_path}/missing.db")
+    assert code == 2 and "does not exist" in err
+    assert not (tmp_path / "missing.db").exists()  # never created by a reader
+    code, _, err = invoke("runs", "show", "run-nope", "--store", tiny_store)
+    assert code == 2 and "run-nope" in err
+    code, _, err = invoke("rollouts", "show", "ro-nope", "--store", tiny_store)
+    assert code == 2 and "ro-nope" in err
+    code, _, err = invoke("runs", "list", "--store", "http://127.0.0.1:9")
+    assert code == 2 and "cannot reach the store server" in err
+    code, _, err = invoke("dashboard", "--store", "http://127.0.0.1:9")
+    assert code == 2 and "cannot reach the store server" in err
+    code, _, err = invoke("dashboard", "--store", tiny_store, "--host", "0.0.0.0")
+    assert code == 2 and "--token" in err
+
+
+def test_an_older_store_is_refused_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:  # the version-1 layout: no runs, no rollouts.run_id
+        conn.execute("CREATE TABLE store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        conn.execute("INSERT INTO store_meta VALUES ('schema_version', '1')")
+        conn.execute("CREATE TABLE rollouts (id INTEGER PRIMARY KEY, rollout_id VARCHAR)")
+    with pytest.raises(UserError, match="table layout version 1; this agentbolt uses 2"):
+        open_store(f"sqlite:///{db}")
+    code, _, err = invoke("dashboard", "--store", f"sqlite:///{db}")
+    assert code == 2 and "does not migrate stores" in err
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert tables == {"store_meta", "rollouts"}
+
+
+def test_the_dashboard_command_serves_the_store(tiny_store: str) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentbolt.cli", "dashboard", "--store", tiny_store, "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        assert "agentbolt dashboard of" in line, line
+        url = line.split(" at ")[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.get(url + "runs")
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert response.status_code == 200 and "tiny-lr1e-2" in response.text
+        assert '<script src="/static/vendor/uPlot.iife.min.js">' in response.text
+        assert httpx.get(url + "static/vendor/uPlot.iife.min.js").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
