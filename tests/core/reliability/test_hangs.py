@@ -17,6 +17,7 @@ from agentbolt.trainer import Trainer
 from . import hang_agents
 
 UNUSED_LLM = "http://127.0.0.1:9/v1"  # the agents never call it
+# Runner processes (not the in-process runner of dev()): these agents hang or kill their process.
 
 
 def _trainer(tmp_path: Path, agent: object, **kw: object) -> Trainer:
@@ -26,7 +27,7 @@ def _trainer(tmp_path: Path, agent: object, **kw: object) -> Trainer:
 
 def test_a_sync_agent_that_never_returns_times_out_and_the_trainer_finishes(tmp_path: Path) -> None:
     started = time.monotonic()
-    result = _trainer(tmp_path, hang_agents.never_returns, timeout_s=1.0).dev([0], llm=UNUSED_LLM)
+    result = _trainer(tmp_path, hang_agents.never_returns, timeout_s=1.0).dev([0], llm=UNUSED_LLM, in_process=False)
     # The runner process exited on its own: killing it would have taken its drain timeout + 15 s.
     assert time.monotonic() - started < 25
     assert result.failed == 1 and list(result.failures) == ["timeout: timeout"], result.failures
@@ -80,7 +81,7 @@ async def test_sync_agent_threads_do_not_keep_the_runner_from_finishing() -> Non
 
 def test_a_dead_runner_process_is_replaced(tmp_path: Path) -> None:
     marker = tmp_path / "killed"
-    result = _trainer(tmp_path, hang_agents.kills_its_process_once).dev([str(marker)], llm=UNUSED_LLM)
+    result = _trainer(tmp_path, hang_agents.kills_its_process_once).dev([str(marker)], llm=UNUSED_LLM, in_process=False)
     assert marker.exists()  # the first runner process did die
     assert result.failures == {} and result.reward_mean == 1.0
 
@@ -88,5 +89,5 @@ def test_a_dead_runner_process_is_replaced(tmp_path: Path) -> None:
 def test_the_trainer_fails_clearly_when_no_runner_is_left(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="no runner process is left"):
-        _trainer(tmp_path, hang_agents.kills_its_process, runner_restarts=1).dev([0], llm=UNUSED_LLM)
+        _trainer(tmp_path, hang_agents.kills_its_process, runner_restarts=1).dev([0], llm=UNUSED_LLM, in_process=False)
     assert time.monotonic() - started < 60
