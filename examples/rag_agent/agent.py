@@ -16,7 +16,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents import Agent, MaxTurnsExceeded, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+from agents import (
+    Agent,
+    MaxTurnsExceeded,
+    ModelBehaviorError,
+    ModelSettings,
+    OpenAIProvider,
+    RunConfig,
+    Runner,
+    function_tool,
+)
 from openai import AsyncOpenAI
 from retrieval import SearchIndex
 from reward import reward
@@ -83,18 +92,20 @@ async def rag_agent(task: dict[str, Any], resources: Any) -> float:
     async with AsyncOpenAI(
         base_url=resources.llm.base_url, api_key=resources.llm.api_key or "none", max_retries=0
     ) as client:
-        # Chat Completions for now: the gateway does not serve /v1/responses yet (being added).
-        model = OpenAIChatCompletionsModel(model=resources.llm.model, openai_client=client)
         agent = Agent(
             name="researcher",
             instructions=INSTRUCTIONS,
-            model=model,
+            model=resources.llm.model,
             tools=[make_search_tool(task["index"])],
             model_settings=ModelSettings(tool_choice=TOOL_CHOICE),
         )
         question = [*FEW_SHOT, {"role": "user", "content": task["question"]}]
         try:
-            result = await Runner.run(agent, question, max_turns=MAX_TURNS)  # type: ignore[arg-type]
+            # The SDK's default model (the Responses API) on this run's client.
+            run_config = RunConfig(model_provider=OpenAIProvider(openai_client=client))
+            result = await Runner.run(agent, question, max_turns=MAX_TURNS, run_config=run_config)  # type: ignore[arg-type]
         except MaxTurnsExceeded:
             return 0.0  # still searching after MAX_TURNS calls: no answer
+        except ModelBehaviorError:
+            return 0.0  # a reply cut at max_tokens: the Responses API calls it incomplete, no answer
     return reward(str(result.final_output), task["answers"])

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import SchemaError
+from agentbolt.server.otlp_json import spans_from_otlp_json, spans_to_otlp_json
 
 
 def _span(**kw: object) -> t.Span:
@@ -131,7 +132,7 @@ def test_non_finite_numbers_are_rejected(value: object) -> None:
 
 def test_otlp_ids_come_in_pairs() -> None:
     span = t.Span.create("s", rollout_id="r-span", attempt_id=None)
-    payload = t.spans_to_otlp_json([span])
+    payload = spans_to_otlp_json([span])
     payload["resourceSpans"][0]["resource"]["attributes"] = [
         {"key": semconv.ROLLOUT_ID, "value": {"stringValue": "r-res"}},
         {"key": semconv.ATTEMPT_ID, "value": {"stringValue": "a-res"}},
@@ -139,7 +140,7 @@ def test_otlp_ids_come_in_pairs() -> None:
     payload["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = [
         {"key": semconv.ROLLOUT_ID, "value": {"stringValue": "r-span"}}
     ]
-    (back,) = t.spans_from_otlp_json(payload)
+    (back,) = spans_from_otlp_json(payload)
     assert (back.rollout_id, back.attempt_id) == ("r-span", None)  # never r-span with a-res
 
 
@@ -196,11 +197,11 @@ def test_from_real_otel_sdk_spans() -> None:
 def test_otlp_json_round_trip() -> None:
     spans = [_span(), _span(parent_span_id="00f067aa0ba902b7"), t.Span.create("other", rollout_id="ro-2")]
     spans[2] = spans[2].model_copy(update={"links": [t.SpanLink(trace_id="1" * 32, span_id="2" * 16)]})
-    payload = spans_json = t.spans_to_otlp_json(spans)
+    payload = spans_json = spans_to_otlp_json(spans)
     assert len(spans_json["resourceSpans"]) == 2  # grouped by rollout/attempt
     resource_keys = {a["key"] for a in payload["resourceSpans"][0]["resource"]["attributes"]}
     assert {semconv.ROLLOUT_ID, semconv.ATTEMPT_ID} <= resource_keys
-    decoded = t.spans_from_otlp_json(json.loads(json.dumps(payload)))
+    decoded = spans_from_otlp_json(json.loads(json.dumps(payload)))
     by_id = {s.span_id: s for s in decoded}
     for original in spans:
         got = by_id[original.span_id]
@@ -233,7 +234,7 @@ def test_otlp_json_accepts_base64_ids_and_enum_names() -> None:
             }
         ]
     }
-    (span,) = t.spans_from_otlp_json(payload)
+    (span,) = spans_from_otlp_json(payload)
     assert span.trace_id == bytes(range(16)).hex() and span.span_id == bytes(range(8)).hex()
     assert span.kind is t.SpanKind.SERVER and span.status.code is t.StatusCode.OK
     assert span.attributes == {"n": 7} and span.rollout_id == "r"
@@ -254,7 +255,7 @@ def test_otlp_json_accepts_base64_ids_and_enum_names() -> None:
 )
 def test_malformed_otlp_raises_schema_error(payload: object) -> None:
     with pytest.raises(SchemaError):
-        t.spans_from_otlp_json(payload)  # type: ignore[arg-type]
+        spans_from_otlp_json(payload)  # type: ignore[arg-type]
 
 
 def test_span_body_json_reads_back() -> None:
@@ -294,5 +295,5 @@ attribute_values = st.one_of(
 def test_span_attributes_round_trip_through_json_and_otlp(attributes: dict[str, object]) -> None:
     span = t.Span.create("prop", rollout_id="r", attributes=attributes)  # type: ignore[arg-type]
     assert t.Span.model_validate_json(span.model_dump_json()) == span
-    (back,) = t.spans_from_otlp_json(json.loads(json.dumps(t.spans_to_otlp_json([span]))))
+    (back,) = spans_from_otlp_json(json.loads(json.dumps(spans_to_otlp_json([span]))))
     assert back.attributes == span.attributes

@@ -82,6 +82,14 @@ async def collect(store: MemoryStore) -> dict:
         ],
         "excluded": batch.report.excluded,
         "tools": tools,
+        "apis": sorted(
+            {
+                str(s.attributes.get("agentbolt.llm.api"))
+                for ss in spans.values()
+                for s in ss
+                if semconv.TOKEN_SOURCE in s.attributes
+            }
+        ),
     }
 
 

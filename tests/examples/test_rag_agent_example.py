@@ -153,6 +153,7 @@ def test_agent_searches_and_answers_through_the_gateway(tmp_path: Path) -> None:
     assert run["tools"] == ["search"] * 6
     assert run["gateway_calls"] == 12 and len(run["transitions"]) == 12 and run["excluded"] == {}
     assert {(tr["agent"], tr["source"]) for tr in run["transitions"]} == {("researcher", "exact")}
+    assert run["apis"] == ["responses"]  # the SDK's default model speaks the Responses API
 
 
 def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import StoreUnavailableError
 from agentbolt.server import ServerThread
+from agentbolt.server.otlp_json import spans_to_otlp_json
 from agentbolt.store.memory import MemoryStore
 
 Serve = Callable[..., ServerThread]
@@ -115,7 +116,7 @@ def test_every_encoding_stores_the_same_spans(
     elif encoding == "protobuf-json":  # protobuf's JSON mapping: base64 ids, int64 as strings
         body, headers = json_format.MessageToJson(encode_spans(readable)).encode(), dict(JSON)
     else:  # agentbolt's own OTLP/JSON encoder: hex ids
-        body, headers = orjson.dumps(t.spans_to_otlp_json(expected)), dict(JSON)
+        body, headers = orjson.dumps(spans_to_otlp_json(expected)), dict(JSON)
     if gzipped:
         body, headers["content-encoding"] = gzip.compress(body), "gzip"
     response = http.post(url + "/v1/traces", content=body, headers=headers)

@@ -275,6 +275,7 @@ async def _export(store: Any, run_id: str, fmt: ExportFormat, write: Callable[[b
     how many records were written."""
     from .dashboard.views import lightningrl_for
     from .runs import RolloutSearch
+    from .server.otlp_json import spans_to_otlp_json
 
     run = await store.get_run(run_id)
     rollouts: list[t.Rollout] = []
@@ -302,7 +303,7 @@ async def _export(store: Any, run_id: str, fmt: ExportFormat, write: Callable[[b
         if fmt is ExportFormat.otlp:
             flat = [s for r in batch for s in spans[r.rollout_id]]
             if flat:
-                write(orjson.dumps(t.spans_to_otlp_json(flat)) + b"\n")
+                write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
                 written += len(flat)
         else:
             for x in lrl.process(batch, spans).transitions:

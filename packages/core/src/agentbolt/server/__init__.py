@@ -11,7 +11,7 @@ to ``/v1/traces`` with a standard OTLP/HTTP exporter. From Python::
         print(server.url)
     serve("sqlite:///runs.db", port=4747)         # blocking, like the CLI
 
-The wire format lives in :mod:`agentbolt.server.wire` (importing it does not import FastAPI).
+The wire format lives in :mod:`agentbolt.store.wire` (importing it does not import FastAPI).
 """
 
 from __future__ import annotations

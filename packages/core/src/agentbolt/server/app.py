@@ -67,9 +67,9 @@ from ..errors import (
     StoreUnavailableError,
     UserError,
 )
+from ..store import wire as w
 from ..store.base import Store
 from . import otlp
-from . import wire as w
 from .run_routes import add_run_routes
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status"]

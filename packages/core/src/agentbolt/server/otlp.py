@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from .. import semconv
 from .. import types as t
 from ..errors import SchemaError
+from .otlp_json import spans_from_otlp_json
 
 __all__ = [
     "JSON",
@@ -248,7 +249,7 @@ def _decode_json(body: bytes) -> tuple[list[t.Span], list[str]]:
     if not isinstance(payload, Mapping):
         raise SchemaError("OTLP/JSON body must be an object with 'resourceSpans'")
     try:
-        return t.spans_from_otlp_json(payload), []
+        return spans_from_otlp_json(payload), []
     except SchemaError:
         pass
     # Some span is malformed: decode one span at a time to keep the others.
@@ -265,7 +266,7 @@ def _decode_json(body: bytes) -> tuple[list[t.Span], list[str]]:
                         ]
                     }
                     try:
-                        spans.extend(t.spans_from_otlp_json(one))
+                        spans.extend(spans_from_otlp_json(one))
                     except SchemaError as exc:
                         name = sp.get("name") if isinstance(sp, Mapping) else None
                         rejected.append(f"span {name!r}: {_short(exc)}")

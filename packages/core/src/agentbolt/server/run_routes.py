@@ -17,49 +17,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from starlette.responses import Response
 
-from ..runs import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, RunStatus, StoreHealth
+from ..runs import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, StoreHealth
 from ..store.base import Store
+from ..store.run_wire import FinishRunRequest, RunMetricsRequest, RunMetricsResponse, RunsResponse
 
-__all__ = [
-    "FinishRunRequest",
-    "RunMetricsRequest",
-    "RunMetricsResponse",
-    "RunsResponse",
-    "add_run_routes",
-]
-
-
-class FinishRunRequest(BaseModel):
-    """Body of ``POST /v1/runs/{run_id}/finish``."""
-
-    status: RunStatus
-    """The final status."""
-    error: str | None = None
-    """Why the run failed."""
-
-
-class RunMetricsRequest(BaseModel):
-    """Body of ``POST /v1/runs/{run_id}/metrics``."""
-
-    step: int
-    """The algorithm's step."""
-    values: dict[str, float] = Field(default_factory=dict)
-    """Metric name -> finite value."""
-
-
-class RunsResponse(BaseModel):
-    """Answer of ``GET /v1/runs``."""
-
-    runs: list[Run]
-
-
-class RunMetricsResponse(BaseModel):
-    """Answer of ``GET /v1/runs/{run_id}/metrics``."""
-
-    metrics: list[RunMetrics]
+__all__ = ["add_run_routes"]
 
 
 def _ok(model: BaseModel) -> Response:

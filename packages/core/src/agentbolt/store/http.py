@@ -56,8 +56,8 @@ from ..errors import (
     StoreUnavailableError,
     UserError,
 )
-from ..server import wire as w
 from . import lifecycle
+from . import wire as w
 from .base import check_span_batch, normalize_statuses
 from .run_http import HttpRunsMixin
 

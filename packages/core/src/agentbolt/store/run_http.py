@@ -1,5 +1,5 @@
 """Runs, metrics, searches and health for :class:`~agentbolt.store.http.HttpStore` (routes in
-:mod:`agentbolt.server.run_routes`)."""
+:mod:`agentbolt.server.run_routes`, bodies in :mod:`agentbolt.store.run_wire`)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class HttpRunsMixin:
         return await self._post("/v1/runs", spec, Run, idempotent=False)
 
     async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
-        from ..server.run_routes import FinishRunRequest
+        from .run_wire import FinishRunRequest
 
         body = FinishRunRequest(status=status, error=error)
         return await self._post(f"{_path(run_id)}/finish", body, Run, idempotent=False)
@@ -53,18 +53,18 @@ class HttpRunsMixin:
         return await self._get(_path(run_id), Run)
 
     async def list_runs(self, *, limit: int = 100) -> list[Run]:
-        from ..server.run_routes import RunsResponse
+        from .run_wire import RunsResponse
 
         return (await self._get("/v1/runs", RunsResponse, {"limit": limit})).runs
 
     async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
-        from ..server.run_routes import RunMetricsRequest
+        from .run_wire import RunMetricsRequest
 
         body = RunMetricsRequest(step=step, values=check_metric_values(values))
         return await self._post(f"{_path(run_id)}/metrics", body, RunMetrics, idempotent=False)
 
     async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
-        from ..server.run_routes import RunMetricsResponse
+        from .run_wire import RunMetricsResponse
 
         params = None if after_seq is None else {"after_seq": after_seq}
         return (await self._get(f"{_path(run_id)}/metrics", RunMetricsResponse, params)).metrics

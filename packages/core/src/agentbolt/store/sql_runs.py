@@ -30,7 +30,7 @@ from ..runs import (
 from . import run_common
 
 if TYPE_CHECKING:
-    from .sql import _Sql
+    from .sql_schema import _Sql
 
 __all__ = ["SqlRunsMixin", "run_metadata"]
 
@@ -185,7 +185,7 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
-        from .sql import _SELECT_ROLLOUTS, _cursor, _rollout_from, rollouts
+        from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, rollouts
 
         c = rollouts.c
         where: list[Any] = []
@@ -222,7 +222,7 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def store_health(self) -> StoreHealth:
-        from .sql import attempts, rollouts
+        from .sql_schema import attempts, rollouts
 
         def tx(conn: Connection) -> StoreHealth:
             now = self._now()
