@@ -177,7 +177,7 @@ async def test_store_errors_arrive_as_the_same_class_and_message(
         (("GET", "/v1/resources?version=3", None), 404, "NotFoundError"),
         (("POST", "/v1/rollouts", {"specs": [{"rollout_id": "r0", "input": "x"}]}), 409, "ConflictError"),
         (("POST", "/v1/rollouts/purge", {"rollout_ids": ["r0"]}), 409, "InvalidTransitionError"),
-        (("POST", "/v1/rollouts/dequeue", {"worker_id": "w", "limit": 0}), 400, "UserError"),
+        (("POST", "/v1/rollouts/dequeue", {"worker_id": "w", "limit": 0}), 422, "ValidationError"),
         (("POST", "/v1/rollouts/purge", {}), 400, "UserError"),
         (
             (

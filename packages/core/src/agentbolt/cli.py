@@ -119,12 +119,12 @@ def store_serve(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve a store over HTTP (OpenAPI at /openapi.json) with OTLP trace ingest at /v1/traces."""
-    from .errors import UserError
+    from .errors import StoreUnavailableError, UserError
     from .server import serve
 
     try:
         serve(store, host=host, port=port, token=token, max_wait_s=max_wait, access_log=access_log)
-    except UserError as exc:
+    except (UserError, StoreUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
 
@@ -158,7 +158,13 @@ def gateway_serve(
         typer.Option(envvar="AGENTBOLT_UPSTREAM_API_KEY", show_envvar=True, help="API key sent to the upstreams."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name forced into every request.")] = None,
-    request_timeout: Annotated[float, typer.Option(help="Seconds to wait for an upstream answer.")] = 600.0,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for an upstream answer (and between streamed chunks).")
+    ] = 600.0,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(help="Host name a tokenless gateway also answers (besides loopback); repeat for several."),
+    ] = None,
     retokenize: Annotated[
         str | None,
         typer.Option(
@@ -180,7 +186,7 @@ def gateway_serve(
     import re
     import signal
 
-    from .errors import UserError
+    from .errors import StoreUnavailableError, UserError
     from .gateway import Gateway, Upstream
     from .store import open_store
 
@@ -209,6 +215,7 @@ def gateway_serve(
             token=token,
             served_model=model,
             request_timeout_s=request_timeout,
+            allowed_hosts=allowed_host or (),
             **options,  # type: ignore[arg-type]
         )
         await gateway.start(host, port)
@@ -226,7 +233,7 @@ def gateway_serve(
         import uvloop
 
         uvloop.run(run())
-    except UserError as exc:
+    except (UserError, StoreUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
 
@@ -272,8 +279,11 @@ def runner(
 
     if token:
         os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it
+    from .store.urls import check_store_url
+
     pool: Any
     try:
+        check_store_url(store)
         config = RunnerConfig(concurrency=concurrency, lease_s=lease, mode=t.RolloutMode(mode) if mode else None)
         if ray is not None:
             from .ray_runners import RayRunnerPool, RayWorkerOptions, parse_resources
@@ -289,9 +299,28 @@ def runner(
             )
         else:
             pool = RunnerPool(agent, store, processes=processes, config=config)
+    except (UserError, ValueError, RuntimeError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+
+    class _Stop(Exception):
+        pass
+
+    def stop_starting(*_: object) -> None:
+        raise _Stop
+
+    # A signal while the processes start must not leave any of them behind.
+    signal.signal(signal.SIGTERM, stop_starting)
+    signal.signal(signal.SIGINT, stop_starting)
+    try:
         pool.start()
         pool.wait_ready()
+    except _Stop:
+        typer.echo("stopping: interrupted while the runner processes started", err=True)
+        pool.stop(timeout=10)
+        raise typer.Exit(code=130) from None
     except (UserError, ValueError, RuntimeError) as exc:
+        pool.stop(timeout=10)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     where = f"Ray actor(s) on {ray}" if ray is not None else "runner process(es)"
@@ -304,15 +333,25 @@ def runner(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    failure = None
     last_check = time.monotonic()
     while not stop:
-        time.sleep(0.5)
-        if ray is None and not any(pool.alive()):
-            break
-        if ray is not None and time.monotonic() - last_check > 10:  # Ray restarts dead actors; log it
+        if ray is None:
+            try:
+                pool.watch()  # replace a runner process that died
+            except RuntimeError as exc:
+                failure = exc
+                break
+            if not any(pool.alive()):
+                break
+        elif time.monotonic() - last_check > 10:  # Ray restarts dead actors; log it
             pool.status()
             last_check = time.monotonic()
+        time.sleep(0.5)
     pool.stop()
+    if failure is not None:
+        typer.echo(f"error: {failure}", err=True)
+        raise typer.Exit(code=1)
 
 
 @app.command()

@@ -100,10 +100,13 @@ def _reward_value(value: Any, what: str) -> float:
         return float(value)
     if not isinstance(value, int | float):
         raise UserError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise UserError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
         raise UserError(f"{what} must be finite, got {value}")
-    return value
+    return number
 
 
 def emit_reward(

@@ -6,8 +6,11 @@ object with such a ``rollout`` method. ``task`` is the rollout's input (the data
 OpenAI client needs nothing else. A returned float is recorded as the final reward; ``None``
 means rewards were emitted (:func:`agentbolt.emit.emit_reward`) or there are none.
 
-One :class:`Runner` runs up to ``concurrency`` rollouts at once on an asyncio loop (sync agents
-in a thread pool). :class:`RunnerPool` starts several runner processes. Per attempt the runner
+One :class:`Runner` runs up to ``concurrency`` rollouts at once. Agents run away from the
+runner's own event loop (:mod:`agentbolt.agent_workers`: sync agents on threads of their own,
+async agents on a separate agent loop), so an agent that blocks or never returns cannot stall
+heartbeats, deadlines or shutdown. :class:`RunnerPool` starts several runner processes, watches
+them and replaces one that dies. Per attempt the runner
 
 - renews its lease with heartbeats; if the store reports the attempt timed out, lost or
   cancelled, the agent task is cancelled;
@@ -24,8 +27,6 @@ then hands the rest back to the store as infrastructure failures so they are ret
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
 import importlib
 import inspect
 import logging
@@ -41,6 +42,7 @@ from typing import Any
 from urllib.parse import quote
 
 from . import types as t
+from .agent_workers import AgentWorkers
 from .emit import emit_exception, emit_reward
 from .errors import StaleAttemptError, StoreUnavailableError, UserError
 from .store.base import Store
@@ -166,6 +168,9 @@ class RunnerConfig:
     """On stop, how long running rollouts may take to finish before they are handed back."""
     adapters: list[str] | None = None
     """Framework adapters to instrument: ``None`` every installed one, ``[]`` none."""
+    cancel_grace_s: float = 2.0
+    """How long an agent whose attempt ended may take to stop before it is abandoned (and, for
+    an async agent, its agent loop replaced)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -185,6 +190,8 @@ class RunnerStats:
     """Attempts the store ended under the agent (timed out, lost, cancelled)."""
     handed_back: int = 0
     """Attempts returned to the store unfinished at shutdown."""
+    abandoned: int = 0
+    """Agents that ignored cancellation and were left running on their own thread or loop."""
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -218,7 +225,7 @@ class Runner:
         self._running: dict[str, _Running] = {}
         self._stop: asyncio.Event | None = None
         self._resources: dict[int | None, t.Resources | None] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers: AgentWorkers | None = None
         self._sink: SpanSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapters: list[Any] = []
@@ -247,10 +254,7 @@ class Runner:
             self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
         self._sink = SpanSink(self.store)
         self._sink.start()
-        if not self.is_async:  # sync agents: one thread per slot, plus spares for abandoned ones
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                self.config.concurrency * 2, thread_name_prefix=f"agentbolt-agent-{self.worker_id}"
-            )
+        self._workers = AgentWorkers(f"agentbolt-agent-{self.worker_id}", grace_s=self.config.cancel_grace_s)
         heartbeats = self._loop.create_task(self._heartbeat_loop(), name="agentbolt-heartbeats")
         if on_ready is not None:
             on_ready()
@@ -261,8 +265,8 @@ class Runner:
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
             await self._sink.close()
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            self.stats.abandoned = self._workers.abandoned
+            self._workers.close()
             for adapter in self.adapters:
                 try:
                     adapter.uninstrument()
@@ -354,11 +358,10 @@ class Runner:
         return self._resources[version] or t.Resources()
 
     async def _call_agent(self, task: Any, resources: t.Resources) -> Any:
+        assert self._workers is not None
         if self.is_async:
-            return await self.agent(task, resources)
-        ctx = contextvars.copy_context()  # the thread sees this rollout's context
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, ctx.run, self.agent, task, resources)
+            return await self._workers.call_async(self.agent, task, resources)
+        return await self._workers.call_sync(self.agent, task, resources)
 
     async def _run_attempt(self, claim: t.Claim) -> None:
         rollout, attempt = claim.rollout, claim.attempt
@@ -443,9 +446,25 @@ class Runner:
 def _as_reward(result: Any) -> float | None:
     if result is None:
         return None
-    if isinstance(result, bool | int | float) and not (isinstance(result, float) and not math.isfinite(result)):
-        return float(result)
+    if isinstance(result, bool | int | float):
+        try:
+            reward = float(result)
+        except OverflowError:
+            reward = math.inf
+        if math.isfinite(reward):
+            return reward
     raise UserError(f"the agent returned {result!r}; an agent returns a finite float reward or None")
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -460,7 +479,23 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _process_main(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, log_level: int, ready: Any) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: get SIGTERM when the parent dies (even by SIGKILL), so no runner outlives it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's shutdown stops the runners
+        return
+    if os.getppid() != parent_pid:  # the parent died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _process_main(
+    agent: Any, store_url: str, worker_id: str, config: RunnerConfig, log_level: int, ready: Any, parent_pid: int = 0
+) -> None:
+    _die_with_parent(parent_pid or os.getppid())
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{worker_id}] %(name)s: %(message)s")
     if log_level > logging.DEBUG:  # one INFO line per HTTP request of the agent's client drowns everything else
         for name in ("httpx", "httpx2", "httpcore"):
@@ -510,6 +545,7 @@ class RunnerPool:
         store_url: a URL every process can open (SQLite file, PostgreSQL, ``http://``).
         processes: how many processes.
         config: each process's :class:`RunnerConfig`.
+        max_restarts: how many dead processes :meth:`watch` replaces over the pool's life.
     """
 
     def __init__(
@@ -520,6 +556,7 @@ class RunnerPool:
         processes: int = 1,
         config: RunnerConfig | None = None,
         name: str = "runner",
+        max_restarts: int = 10,
     ) -> None:
         if store_url.startswith("memory:"):
             raise UserError(
@@ -528,6 +565,8 @@ class RunnerPool:
             )
         if processes < 1:
             raise UserError(f"processes must be at least 1, got {processes}")
+        if max_restarts < 0:
+            raise UserError(f"max_restarts must be 0 or more, got {max_restarts}")
         if not isinstance(agent, str):
             load_agent(agent)  # validate early, in the parent
         self.agent = agent
@@ -537,23 +576,69 @@ class RunnerPool:
         self._ready: list[Any] = []
         self._n = processes
         self._name = name
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        """Dead processes replaced so far."""
+        self._spawned = 0
+        self._stopping = False
+
+    def _spawn(self) -> tuple[multiprocessing.process.BaseProcess, Any]:
+        ctx = multiprocessing.get_context("spawn")
+        level = logging.getLogger("agentbolt").getEffectiveLevel()
+        worker_id = f"{self._name}-{socket.gethostname()}-{os.getpid()}-{self._spawned}"
+        self._spawned += 1
+        ready = ctx.Event()
+        proc = ctx.Process(
+            target=_process_main,
+            args=(self.agent, self.store_url, worker_id, self.config, level, ready, os.getpid()),
+            name=worker_id,
+            daemon=True,
+        )
+        proc.start()
+        return proc, ready
 
     def start(self) -> None:
         """Start the processes (``spawn``: each imports the agent afresh)."""
-        ctx = multiprocessing.get_context("spawn")
-        level = logging.getLogger("agentbolt").getEffectiveLevel()
-        for i in range(self._n):
-            worker_id = f"{self._name}-{socket.gethostname()}-{os.getpid()}-{i}"
-            ready = ctx.Event()
-            proc = ctx.Process(
-                target=_process_main,
-                args=(self.agent, self.store_url, worker_id, self.config, level, ready),
-                name=worker_id,
-                daemon=True,
-            )
-            proc.start()
+        self._stopping = False
+        for _ in range(self._n):
+            proc, ready = self._spawn()
             self.processes.append(proc)
             self._ready.append(ready)
+
+    def watch(self) -> list[str]:
+        """Replace processes that died (a crash, SIGKILL, the OOM killer), while restarts remain.
+
+        Returns a line per replaced process. Their rollouts come back to the queue when their
+        leases expire. Call it periodically (:class:`~agentbolt.Trainer` does, twice a second).
+
+        Raises:
+            RuntimeError: every process is dead and no restart is left; the message says why.
+        """
+        if self._stopping:
+            return []
+        replaced = []
+        for i, proc in enumerate(self.processes):
+            if proc.is_alive() or proc.exitcode == 0:
+                continue
+            if self.restarts >= self.max_restarts:
+                continue
+            self.restarts += 1
+            line = (
+                f"runner process {proc.name} died ({_exit_reason(proc.exitcode)}); starting a replacement "
+                f"({self.restarts}/{self.max_restarts} restarts used); its rollouts return to the queue "
+                f"when their {self.config.lease_s:g} s leases expire"
+            )
+            log.warning("%s", line)
+            replaced.append(line)
+            self.processes[i], self._ready[i] = self._spawn()
+        if self.processes and not any(p.is_alive() for p in self.processes):
+            codes = ", ".join(f"{p.name}: {_exit_reason(p.exitcode)}" for p in self.processes)
+            raise RuntimeError(
+                f"no runner process is left ({codes}) and the {self.max_restarts} restarts are used up; "
+                "nothing can run the queued rollouts. The runners' log lines above say why they died "
+                "(an agent that crashes its process, memory, a store they cannot open)."
+            )
+        return replaced
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every process is claiming work (imports done, store open).
@@ -574,6 +659,7 @@ class RunnerPool:
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM every process (graceful drain), wait, then kill what is left."""
+        self._stopping = True
         timeout = self.config.drain_timeout_s + 15 if timeout is None else timeout
         for p in self.processes:
             if p.is_alive() and p.pid is not None:

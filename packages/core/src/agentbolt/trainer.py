@@ -97,6 +97,10 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
+        upstream_timeout_s: how long the gateway waits for an upstream answer (and between
+            streamed chunks) before the call fails as an infrastructure error (retried).
+        runner_restarts: runner processes that die are replaced this many times in all; when
+            none is left the run fails with a message saying so.
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
         token_ids: ``"exact"`` (the backend's own ids; calls without them are recorded as
             ``missing``) or ``"retokenize"``: calls whose backend returns no ids get ids rebuilt
@@ -132,6 +136,8 @@ class Trainer:
         metrics_path: str | Path | None = None,
         progress: bool = True,
         adapters: list[str] | None = None,
+        upstream_timeout_s: float = 600.0,
+        runner_restarts: int = 10,
         run_name: str | None = None,
         token_ids: Literal["exact", "retokenize"] = "exact",
         tokenizer: Any = None,
@@ -159,6 +165,12 @@ class Trainer:
         self.gateway_token = gateway_token
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
+        if not (isinstance(upstream_timeout_s, int | float) and 0 < upstream_timeout_s < float("inf")):
+            raise UserError(f"upstream_timeout_s must be a positive number of seconds, got {upstream_timeout_s!r}")
+        if runner_restarts < 0:
+            raise UserError(f"runner_restarts must be 0 or more, got {runner_restarts}")
+        self.upstream_timeout_s = float(upstream_timeout_s)
+        self.runner_restarts = runner_restarts
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.run_name = run_name
@@ -257,6 +269,7 @@ class Trainer:
                 host=self.gateway_host,
                 port=self.gateway_port,
                 token=self.gateway_token,
+                request_timeout_s=self.upstream_timeout_s,
                 **self._capture,
             )
             await asyncio.to_thread(gateway.start)
@@ -310,11 +323,19 @@ class Trainer:
         assert isinstance(self.store_spec, str)
         if self.runners == "ray":
             return await self._start_ray_runners(stack)
-        pool = RunnerPool(self.agent, self.store_spec, processes=self.n_runners, config=self.runner_config)
+        pool = RunnerPool(
+            self.agent,
+            self.store_spec,
+            processes=self.n_runners,
+            config=self.runner_config,
+            max_restarts=self.runner_restarts,
+        )
+        stack.callback(pool.stop)  # also stops processes started before a failure or a signal
         await asyncio.to_thread(pool.start)
-        stack.callback(pool.stop)
         await asyncio.to_thread(pool.wait_ready)
-        return []
+        watcher = asyncio.ensure_future(_watch_pool(pool))
+        stack.callback(watcher.cancel)
+        return [watcher]
 
     async def _start_ray_runners(self, stack: AsyncExitStack) -> list[asyncio.Task[Any]]:
         from .ray_runners import RayRunnerPool, options_from_mapping
@@ -389,6 +410,13 @@ def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[s
     elif token_ids != "exact":
         raise UserError(f"token_ids must be 'exact' or 'retokenize', got {token_ids!r}")
     return options
+
+
+async def _watch_pool(pool: RunnerPool, period_s: float = 0.5) -> None:
+    """Replace runner processes that die; raise (ending the run) when none is left."""
+    while True:
+        await asyncio.sleep(period_s)
+        pool.watch()
 
 
 def _run(coro: Any) -> Any:

@@ -72,6 +72,8 @@ def _check_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
         if type(value) in _PRIMITIVES:
             if type(value) is float and not math.isfinite(value):
                 raise ValueError(f"attribute {key!r} is {value}: only finite numbers can be stored")
+            if type(value) is int and not -(2**63) <= value < 2**63:
+                raise ValueError(f"attribute {key!r} is {value}, beyond 64 bits: send it as a string")
             continue
         if isinstance(value, tuple):
             value = attrs[key] = list(value)
@@ -79,10 +81,12 @@ def _check_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
             if not value:
                 continue
             kinds = {type(v) for v in value}
-            if float in kinds and not all(math.isfinite(v) for v in value):
+            if float in kinds and not all(math.isfinite(v) for v in value if type(v) is float):
                 raise ValueError(
                     f"attribute {key!r} holds non-finite numbers (NaN or infinity): only finite numbers can be stored"
                 )
+            if int in kinds and not all(-(2**63) <= v < 2**63 for v in value if type(v) is int):
+                raise ValueError(f"attribute {key!r} holds integers beyond 64 bits: send them as strings")
             if len(kinds) == 1 and kinds <= set(_PRIMITIVES):
                 continue
             if kinds <= {int, float}:  # e.g. logprobs [0, -0.5]: a float list
@@ -121,7 +125,42 @@ _ATTRIBUTE_SCHEMA = {
 Attributes = Annotated[dict[str, Any], AfterValidator(_check_attributes), WithJsonSchema(_ATTRIBUTE_SCHEMA)]
 """A mapping of attribute names to :data:`AttributeValue` values."""
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+"""Models that are stored or travel between processes: floats must be finite (a NaN lease is
+never swept, a NaN reward poisons training)."""
+_FROZEN_ANY_FLOAT = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+"""Computed models (transitions) whose floats may be infinite, e.g. a logprob of ``-inf``."""
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer that fits a 64-bit column (databases and JSON encoders refuse larger ones)."""
+NonNegInt64 = Annotated[int, Field(ge=0, le=INT64_MAX)]
+"""A non-negative :data:`Int64` (timestamps in nanoseconds, counters, sequence numbers)."""
+
+
+def _check_json(value: Any, where: str = "value") -> Any:
+    """Refuse JSON values a store cannot keep: integers beyond 64 bits, NaN and infinities."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is int:
+            if not INT64_MIN <= item <= INT64_MAX:
+                raise ValueError(f"{where} holds the integer {item}, beyond 64 bits; send it as a string")
+        elif type(item) is float:
+            if not math.isfinite(item):
+                raise ValueError(f"{where} holds {item}: only finite numbers can be stored")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+Json = Annotated[JsonValue, AfterValidator(_check_json)]
+"""A JSON value a store can keep: 64-bit integers, finite numbers."""
+JsonDict = Annotated[dict[str, JsonValue], AfterValidator(_check_json)]
+"""A JSON object a store can keep."""
 
 
 def new_id(prefix: str = "") -> str:
@@ -212,9 +251,9 @@ class Task(BaseModel):
 
     task_id: str
     """Stable id of the task; GRPO groups rollouts of the same task within a step."""
-    input: JsonValue = None
+    input: Json = None
     """The agent's input, any JSON value (a question, a dict of fields, ...)."""
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonDict = Field(default_factory=dict)
     """Free-form data kept with the task (gold answers, sources, ...)."""
 
 
@@ -254,19 +293,19 @@ class RolloutSpec(BaseModel):
     """Caller-supplied id; enqueueing the same id twice is idempotent. Generated when omitted."""
     task_id: str | None = None
     """The task this rollout runs."""
-    input: JsonValue = None
+    input: Json = None
     """The agent's input (normally the task's input)."""
     mode: RolloutMode = RolloutMode.TRAIN
     """``train`` or ``val``."""
     group_id: str | None = None
     """Rollouts of the same task in the same step share a group id; GRPO normalizes within it."""
-    resources_version: int | None = None
+    resources_version: NonNegInt64 | None = None
     """Resources version the rollout must run with; ``None`` means the latest at dequeue time."""
     max_attempts: int = Field(default=3, ge=1, le=100)
     """How many attempts infrastructure failures may use before the rollout fails."""
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit of each attempt, enforced by the store; ``None`` means no limit."""
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonDict = Field(default_factory=dict)
     """Free-form data kept with the rollout."""
     run_id: str | None = None
     """The training/evaluation run that enqueued it (see :mod:`agentbolt.runs`), if any."""
@@ -288,19 +327,19 @@ class Rollout(BaseModel):
     """Unique id."""
     task_id: str | None = None
     """The task this rollout runs."""
-    input: JsonValue = None
+    input: Json = None
     """The agent's input."""
     mode: RolloutMode = RolloutMode.TRAIN
     """``train`` or ``val``."""
     group_id: str | None = None
     """Group for advantage normalization (same task, same step)."""
-    resources_version: int | None = None
+    resources_version: NonNegInt64 | None = None
     """Resources version pinned at enqueue, or the version the current attempt was given."""
     status: RolloutStatus = RolloutStatus.QUEUED
     """Current status."""
-    attempt_count: int = 0
+    attempt_count: NonNegInt64 = 0
     """Attempts started so far."""
-    max_attempts: int = 3
+    max_attempts: Int64 = 3
     """Attempts allowed for infrastructure failures."""
     timeout_s: float | None = None
     """Per-attempt wall-clock limit in seconds."""
@@ -318,7 +357,7 @@ class Rollout(BaseModel):
     """When the rollout reached a final status."""
     updated_at: float = 0.0
     """Last change."""
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonDict = Field(default_factory=dict)
     """Free-form data given at enqueue."""
     run_id: str | None = None
     """The run that enqueued it, if any."""
@@ -348,7 +387,7 @@ class Attempt(BaseModel):
     """Unique id."""
     rollout_id: str
     """The rollout this attempt belongs to."""
-    index: int
+    index: NonNegInt64
     """1 for the first attempt, 2 for the first retry, ..."""
     worker_id: str
     """Who holds the lease."""
@@ -407,7 +446,7 @@ class LLMEndpoint(BaseModel):
     """Model name to send in requests."""
     api_key: str | None = None
     """Key to send, if the endpoint needs one."""
-    sampling: dict[str, JsonValue] = Field(default_factory=dict)
+    sampling: JsonDict = Field(default_factory=dict)
     """Sampling parameters the gateway forces (temperature, top_p, max_tokens, ...)."""
 
 
@@ -416,13 +455,13 @@ class Resources(BaseModel):
 
     model_config = _FROZEN
 
-    version: int | None = None
+    version: NonNegInt64 | None = None
     """Assigned by the store: 1, 2, 3, ... Rollouts pin the version they ran with."""
     llm: LLMEndpoint | None = None
     """The policy endpoint."""
     prompts: dict[str, str] = Field(default_factory=dict)
     """Named prompt templates."""
-    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    extra: JsonDict = Field(default_factory=dict)
     """Anything else the agent needs."""
     created_at: float | None = None
     """Set by the store when added."""
@@ -469,7 +508,7 @@ class SpanEvent(BaseModel):
 
     name: str
     """Event name, e.g. ``exception``."""
-    time_ns: int
+    time_ns: NonNegInt64
     """Unix nanoseconds."""
     attributes: Attributes = Field(default_factory=dict)
     """Event attributes."""
@@ -507,7 +546,7 @@ class Span(BaseModel):
     """Rollout the span belongs to; required by the store."""
     attempt_id: str | None = None
     """Attempt the span belongs to."""
-    seq: int | None = None
+    seq: NonNegInt64 | None = None
     """Store-assigned, monotonic per rollout. ``None`` until stored."""
     trace_id: TraceId
     """32 lowercase hex characters."""
@@ -519,9 +558,9 @@ class Span(BaseModel):
     """Span name."""
     kind: SpanKind = SpanKind.INTERNAL
     """OpenTelemetry span kind: the role of the operation (client call, server handler, ...)."""
-    start_time_ns: int
+    start_time_ns: NonNegInt64
     """Unix nanoseconds."""
-    end_time_ns: int | None = None
+    end_time_ns: NonNegInt64 | None = None
     """Unix nanoseconds; ``None`` for a span that did not end."""
     status: SpanStatus = Field(default_factory=SpanStatus)
     """Outcome."""
@@ -695,7 +734,7 @@ class Transition(BaseModel):
     """One LLM call as a reinforcement-learning step: the state (prompt tokens), the action
     (response tokens) with its logprobs, and the credit it was assigned."""
 
-    model_config = _FROZEN
+    model_config = _FROZEN_ANY_FLOAT
 
     rollout_id: str
     """Rollout the call belongs to."""
@@ -730,5 +769,5 @@ class Transition(BaseModel):
     """How the token ids were obtained."""
     finish_reason: str | None = None
     """Why generation stopped (``stop``, ``length``, ``tool_calls``)."""
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: JsonDict = Field(default_factory=dict)
     """Free-form data (merged span ids, truncation notes, ...)."""

@@ -39,12 +39,14 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import orjson
+from pydantic import ValidationError
 
 from .. import semconv
 from .. import types as t
 from ..errors import NotFoundError, UserError
 from ..roles import AgentNamer
 from ..store.base import Store
+from . import control, upstream_checks
 from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool, UpstreamTimeout
 from .recorder import CallRecord, Retokenizer, StreamAssembler, build_span
 from .translate import Dialect, SSEDecoder, TranslationError
@@ -126,6 +128,12 @@ class Gateway:
         retokenize: ``(request, response) -> (prompt_ids, response_ids)`` for upstreams that
             return no ids; spans then say ``token_source = "retokenized"``.
         request_token_ids: ask upstreams for ``return_token_ids`` and logprobs (vLLM style).
+        allowed_hosts: ``Host`` names a tokenless gateway answers besides loopback ones (e.g.
+            ``host.docker.internal`` for agents in containers); other names are refused (421),
+            which keeps web pages (DNS rebinding) away from it.
+        max_connections_per_client: open connections one client address may hold.
+        header_timeout_s, body_timeout_s: deadlines for receiving a request's headers and body
+            (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
             the (Chat Completions) request: see :class:`agentbolt.roles.AgentRoles`.
     """
@@ -147,8 +155,14 @@ class Gateway:
         max_buffered_spans: int = 200_000,
         retokenize: Retokenizer | None = None,
         request_token_ids: bool = True,
+        allowed_hosts: Sequence[str] = (),
+        max_connections_per_client: int = 256,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 60.0,
         agent_names: AgentNamer | None = None,
     ) -> None:
+        if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
+            raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
         self.store = store
         self.token = token
         self.served_model = served_model
@@ -162,11 +176,17 @@ class Gateway:
         self.max_buffered_spans = max_buffered_spans
         self.retokenize = retokenize
         self.request_token_ids = request_token_ids
+        self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
         self._upstreams: list[Upstream] = []
         self._pools: dict[str, UpstreamPool] = {}
         self.set_upstreams(upstreams)
-        self._server = HttpServer(self._handle)
+        self._server = HttpServer(
+            self._handle,
+            max_connections_per_client=max_connections_per_client,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+        )
         self.host = "127.0.0.1"
         self.port = 0
         self._running = asyncio.Event()
@@ -230,6 +250,11 @@ class Gateway:
     def set_upstreams(self, upstreams: Sequence[Upstream | str]) -> None:
         """Replace the upstreams (e.g. new inference replicas); in-flight calls finish where they are."""
         new = [Upstream.of(u) for u in upstreams]
+        for u in new:
+            try:
+                control.check_upstream_url(u.base_url)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         for u in new:
             if u.base_url not in self._pools:
                 self._pools[u.base_url] = UpstreamPool(u.base_url)
@@ -299,6 +324,19 @@ class Gateway:
 
     async def _handle(self, request: Request, responder: Responder) -> None:
         path = request.path
+        if self.token is None and not control.host_allowed(request.headers.get("host"), self.allowed_hosts):
+            # Without a token only this machine may use the gateway: refusing other Host names
+            # defeats DNS rebinding by web pages the user visits.
+            return self._reply(
+                responder,
+                421,
+                f"Host {request.headers.get('host', '')!r} refused: a gateway without a token only answers "
+                "requests addressed to localhost or a loopback address; pass token=... (or allowed_hosts=...) "
+                "to serve other names",
+                "invalid_request_error",
+            )
+        if path == "/openapi.json" and request.method == "GET":
+            return responder.send(200, orjson.dumps(self.openapi()))
         if path.startswith("/rollouts/"):
             parts = path.split("/", 5)
             if len(parts) < 6 or parts[3] != "attempts" or not parts[2] or not parts[4]:
@@ -375,10 +413,14 @@ class Gateway:
             return None
 
     def _authorized(self, request: Request) -> bool:
-        got = request.headers.get("authorization", "")
+        assert self.token is not None
         if "x-api-key" in request.headers:  # Anthropic clients send their key this way
-            return hmac.compare_digest(request.headers["x-api-key"].encode(), str(self.token).encode())
-        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+            return hmac.compare_digest(request.headers["x-api-key"].encode(), self.token.encode())
+        return control.bearer_matches(request.headers.get("authorization"), self.token)
+
+    def openapi(self) -> dict[str, Any]:
+        """The gateway's OpenAPI document (also served at ``GET /openapi.json``)."""
+        return control.openapi_document(secured=self.token is not None)
 
     def _reply(
         self,
@@ -545,13 +587,13 @@ class Gateway:
             responder.send(answer.status, data, out_headers)
             self._record(record, span_id)
             return
-        try:
-            record.response = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            record.error_type = "invalid_upstream_json"
-            record.error_message = "the upstream answered 200 with a body that is not JSON"
-        if dialect is not None and record.response is not None:
-            translated = dialect.from_chat(record.response, api_body)
+        response, problem = upstream_checks.parse_completion(record.operation, data)
+        if problem is not None:
+            self._upstream_failed(responder, record, span_id, None, status=200, body=data, problem=problem)
+            return
+        record.response = response
+        if dialect is not None and response is not None:
+            translated = dialect.from_chat(response, api_body)
             record.extra[semconv.GEN_AI_RESPONSE_ID] = translated["id"]
             data = orjson.dumps(translated)
         responder.send(200, data, out_headers)
@@ -595,6 +637,16 @@ class Gateway:
                 responder.write(
                     b"data: " + _error(record.error_message, UPSTREAM_ERROR, "upstream_stream_broken") + b"\n\n"
                 )
+        if record.error_type is None and assembler.error is None:
+            problem = upstream_checks.stream_problem(assembler.done, len(assembler.choices))
+            if problem is not None:
+                self.counters["upstream_errors"] += 1
+                record.error_type = UPSTREAM_ERROR
+                record.error_message = problem
+                if translator is not None:
+                    responder.write(translator.close(problem))
+                else:
+                    responder.write(b"data: " + _error(problem, UPSTREAM_ERROR, "upstream_invalid_stream") + b"\n\n")
         record.end_ns = time.time_ns()
         record.status = 200
         if assembler.error is not None and record.error_type is None:
@@ -615,6 +667,7 @@ class Gateway:
         *,
         status: int | None = None,
         body: bytes = b"",
+        problem: str | None = None,
     ) -> None:
         self.counters["upstream_errors"] += 1
         record.end_ns = record.end_ns or time.time_ns()
@@ -622,6 +675,8 @@ class Gateway:
             code, http_status, message = "upstream_timeout", 504, str(exc)
         elif exc is not None:
             code, http_status, message = "upstream_unreachable", 502, str(exc)
+        elif problem is not None:
+            code, http_status, message = "upstream_invalid_response", 502, problem
         else:
             detail = body[:500].decode("utf-8", "replace")
             code, http_status, message = f"upstream_status_{status}", 502, f"the upstream answered {status}: {detail}"
@@ -686,27 +741,34 @@ class Gateway:
             return self._reply(responder, 401, "missing or wrong bearer token", "authentication_error")
         if sub == "/gateway/stats" and request.method == "GET":
             return responder.send(200, orjson.dumps(self.stats()))
+        model = control.BODIES.get(sub)
+        if model is None:
+            return self._reply(responder, 404, f"no control route {sub}", "invalid_request_error")
         if request.method != "POST":
             return self._reply(responder, 405, f"{sub} takes POST", "invalid_request_error")
+        if self.token is None and not control.is_json(request.headers.get("content-type")):
+            # A web page can send a cross-site POST with a form content type, never with JSON
+            # (that needs a CORS preflight, which the gateway never approves).
+            return self._reply(
+                responder, 415, "send the body as JSON with 'Content-Type: application/json'", "invalid_request_error"
+            )
         try:
-            args = orjson.loads(request.body) if request.body else {}
-        except orjson.JSONDecodeError:
-            return self._reply(responder, 400, "body must be JSON", "invalid_request_error")
+            args: Any = model.model_validate_json(request.body or b"{}")
+        except ValidationError as exc:
+            return self._reply(responder, 422, control.validation_message(exc), "invalid_request_error")
+        if isinstance(args, control.DrainRequest):
+            ok = await self.drain(args.timeout)
+            return responder.send(200, orjson.dumps({"drained": ok}))
         if sub == "/gateway/pause":
             self.pause()
         elif sub == "/gateway/resume":
             self.resume()
-        elif sub == "/gateway/drain":
-            ok = await self.drain(args.get("timeout"))
-            return responder.send(200, orjson.dumps({"drained": ok}))
         elif sub == "/gateway/flush":
             await self.flush()
-        elif sub == "/gateway/policy":
-            self.set_policy(version=args.get("version"), sampling=args.get("sampling"), model=args.get("model"))
-        elif sub == "/gateway/upstreams":
-            self.set_upstreams([Upstream(**u) if isinstance(u, dict) else u for u in args.get("upstreams", [])])
-        else:
-            return self._reply(responder, 404, f"no control route {sub}", "invalid_request_error")
+        elif isinstance(args, control.PolicyRequest):
+            self.set_policy(version=args.version, sampling=args.sampling, model=args.model)
+        elif isinstance(args, control.UpstreamsRequest):
+            self.set_upstreams([Upstream(**u.model_dump()) for u in args.upstreams])
         responder.send(200, orjson.dumps(self.stats()))
 
 

@@ -6,8 +6,10 @@ near 1,900 requests/s; the same proxy on these two classes adds ~0.2 ms and pass
 They implement only what an OpenAI-compatible proxy needs:
 
 - server: keep-alive, pipelined requests answered in order, request bodies with
-  Content-Length or chunked encoding, ``Expect: 100-continue``, a body size limit, idle
-  connection timeout, full responses or chunked streams (SSE);
+  Content-Length or chunked encoding, ``Expect: 100-continue``, header and body size limits,
+  idle connection timeout, deadlines for a request's headers and body (a client trickling
+  bytes is cut off: slowloris), a cap on connections per client address, full responses or
+  chunked streams (SSE);
 - client: per-upstream keep-alive pool, TLS, Content-Length or chunked responses streamed as
   they arrive, connect/response timeouts, one transparent retry when a pooled keep-alive
   connection turns out to be closed before any byte of the answer arrived.
@@ -44,9 +46,14 @@ _REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
     404: "Not Found",
+    408: "Request Timeout",
     405: "Method Not Allowed",
     409: "Conflict",
     413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    421: "Misdirected Request",
+    422: "Unprocessable Content",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     502: "Bad Gateway",
     503: "Service Unavailable",
@@ -140,6 +147,9 @@ class _ServerConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._idle: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._peer: str = ""
         self._writable = asyncio.Event()
         self._writable.set()
         self.task: asyncio.Task[None] | None = None
@@ -149,14 +159,30 @@ class _ServerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        count = self.server.per_client.get(self._peer, 0) + 1
+        self.server.per_client[self._peer] = count
+        if count > self.server.max_connections_per_client:
+            log.warning("refusing a connection from %s: it holds %d already", self._peer, count - 1)
+            self._fail(503, f"too many connections from {self._peer or 'this client'}; reuse connections")
+            return
         self._arm_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            left = self.server.per_client.get(self._peer, 1) - 1
+            if left > 0:
+                self.server.per_client[self._peer] = left
+            else:
+                self.server.per_client.pop(self._peer, None)
         self._writable.set()
         if self._idle is not None:
             self._idle.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -179,19 +205,44 @@ class _ServerConnection(asyncio.Protocol):
         self._headers = {}
         self._body = []
         self._size = 0
+        self._header_bytes = 0
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
+        # The whole head must arrive within the deadline, however slowly it trickles in.
+        self._set_deadline(self.server.header_timeout_s, "request headers")
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value))
+        if len(self._headers) >= self.server.max_headers:
+            self._fail(431, f"more than {self.server.max_headers} request headers")
+            return
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self._set_deadline(self.server.body_timeout_s, "the request body")
         if self._headers.get("expect", "").lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _count_header_bytes(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > self.server.max_header_bytes:
+            self._fail(431, f"request line and headers over {self.server.max_header_bytes} bytes")
+
+    def _set_deadline(self, seconds: float, what: str) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if not self.closed:
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._too_slow, seconds, what)
+
+    def _too_slow(self, seconds: float, what: str) -> None:
+        self._deadline = None
+        log.info("closing a connection from %s: %s did not arrive within %g s", self._peer, what, seconds)
+        self._fail(408, f"{what} did not arrive within {seconds:g} s")
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -201,6 +252,9 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self.closed:
             return
         parsed = httptools.parse_url(self._url)
@@ -259,6 +313,8 @@ class _ServerConnection(asyncio.Protocol):
             self.transport.close()
 
     def _fail(self, status: int, message: str) -> None:
+        if self.closed:
+            return
         body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
         self.write(
             _head(
@@ -274,12 +330,39 @@ class _ServerConnection(asyncio.Protocol):
 
 
 class HttpServer:
-    """Serves ``handler(request, responder)`` on a TCP port."""
+    """Serves ``handler(request, responder)`` on a TCP port.
 
-    def __init__(self, handler: Handler, *, max_body: int = 64 << 20, idle_timeout_s: float = 75.0) -> None:
+    Args:
+        handler: called once per request.
+        max_body: largest request body in bytes (413 beyond).
+        max_header_bytes, max_headers: limits of the request line and headers (431 beyond).
+        idle_timeout_s: a keep-alive connection with no request in progress closes after this.
+        header_timeout_s: a request's line and headers must all arrive within this (408).
+        body_timeout_s: a request's body must arrive within this after its headers (408).
+        max_connections_per_client: connections one client address may hold open.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body: int = 64 << 20,
+        max_header_bytes: int = 64 << 10,
+        max_headers: int = 100,
+        idle_timeout_s: float = 75.0,
+        header_timeout_s: float = 10.0,
+        body_timeout_s: float = 60.0,
+        max_connections_per_client: int = 256,
+    ) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
         self.idle_timeout_s = idle_timeout_s
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_connections_per_client = max_connections_per_client
+        self.per_client: dict[str, int] = {}
         self.connections: set[_ServerConnection] = set()
         self._server: asyncio.base_events.Server | None = None
 

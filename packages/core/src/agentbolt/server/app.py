@@ -448,7 +448,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
         status: Annotated[list[t.RolloutStatus] | None, Query(description="Any of these statuses.")] = None,
         mode: Annotated[t.RolloutMode | None, Query(description="Only this mode.")] = None,
         group_id: Annotated[str | None, Query(description="Only this group.")] = None,
-        limit: Annotated[int, Query(description="Page size.")] = 100,
+        limit: Annotated[int, Query(description="Page size.", ge=1, le=w.MAX_LIMIT)] = 100,
         cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
     ) -> Response:
         """Rollouts matching every filter, in enqueue order, one page at a time."""
@@ -584,7 +584,9 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
 
     @get("/v1/resources", response_model=w.ResourcesResponse, operation_id="get_resources", tags=["resources"], **docs)
     async def get_resources(
-        version: Annotated[int | None, Query(description="A version; the latest when omitted.")] = None,
+        version: Annotated[
+            int | None, Query(description="A version; the latest when omitted.", ge=1, le=t.INT64_MAX)
+        ] = None,
     ) -> Response:
         """A resources version, or the latest (``null`` when none exists yet)."""
         return _ok(w.ResourcesResponse.model_construct(resources=await store.get_resources(version)))

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import UserError
 from .base import Store
 
 __all__ = ["DEFAULT_STORE_URL", "Store", "open_store"]
@@ -32,10 +31,10 @@ def open_store(url: str = DEFAULT_STORE_URL, *, plugins: Any = None, **options: 
     Keyword options go to the backend (e.g. ``sweep_interval_s``). Raises
     :class:`~agentbolt.errors.UserError` naming the registered schemes when none matches.
     """
-    if not isinstance(url, str) or "://" not in url:
-        raise UserError(
-            f"store URL must look like 'sqlite:///runs.db', 'memory://' or 'postgresql://host/db', got {url!r}"
-        )
+    from .urls import check_store_url
+
+    check_store_url(url)  # before anything is created: nothing is left behind by a bad URL
+    assert isinstance(url, str)
     scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
     scheme = {"postgres": "postgresql"}.get(scheme, scheme)
     if plugins is None:

@@ -56,6 +56,7 @@ from ..errors import (
     StoreUnavailableError,
     UserError,
 )
+from . import lifecycle
 from . import wire as w
 from .base import check_span_batch, normalize_statuses
 from .run_http import HttpRunsMixin
@@ -298,6 +299,7 @@ class HttpStore(HttpRunsMixin):
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
     ) -> list[t.Claim]:
+        lifecycle.check_claim_args(limit, lease_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(wait_s, 0.0)
         while True:
@@ -318,6 +320,7 @@ class HttpStore(HttpRunsMixin):
                 return claims
 
     async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
+        lifecycle.check_lease(lease_s)
         body = w.HeartbeatRequest.model_construct(attempt_ids=list(attempt_ids), lease_s=lease_s)
         return (await self._post("/v1/attempts/heartbeat", body, w.AttemptsResponse)).attempts
 
@@ -330,6 +333,7 @@ class HttpStore(HttpRunsMixin):
         error: t.ErrorInfo | None = None,
     ) -> t.Rollout:
         status = t.AttemptStatus(status)
+        lifecycle.check_reward(reward)
         body = w.FinishRequest.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
         call = _Call()
         try:
@@ -366,6 +370,7 @@ class HttpStore(HttpRunsMixin):
         limit: int = 100,
         cursor: str | None = None,
     ) -> t.Page[t.Rollout]:
+        lifecycle.check_limit(limit)
         params: list[tuple[str, str | int]] = [("status", s.value) for s in normalize_statuses(status) or ()]
         if mode is not None:
             params.append(("mode", t.RolloutMode(mode).value))
@@ -393,6 +398,7 @@ class HttpStore(HttpRunsMixin):
                 return answer.rollouts
 
     async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
+        lifecycle.check_purge_args(rollout_ids, older_than_s)
         ids = None if rollout_ids is None else list(rollout_ids)
         body = w.PurgeRequest.model_construct(rollout_ids=ids, older_than_s=older_than_s)
         return (await self._post("/v1/rollouts/purge", body, w.PurgeResponse, idempotent=False)).purged

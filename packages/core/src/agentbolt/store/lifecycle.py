@@ -20,12 +20,20 @@ Rules:
 
 from __future__ import annotations
 
+import math
+
 from .. import types as t
 from ..errors import InvalidTransitionError, StaleAttemptError, UserError
 
 __all__ = [
+    "MAX_LEASE_S",
+    "MAX_LIMIT",
     "RETRYABLE",
     "cancel",
+    "check_lease",
+    "check_limit",
+    "check_purge_args",
+    "check_reward",
     "claim",
     "expire",
     "expire_due",
@@ -58,12 +66,55 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
     )
 
 
+MAX_LIMIT = 100_000
+"""Largest page or claim size of one call."""
+MAX_LEASE_S = 7 * 24 * 3600.0
+"""Longest lease (a week): a longer one would keep a dead worker's rollout for ever."""
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise UserError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
+        raise UserError(f"{what} must be a finite number, got {value}")
+    return number
+
+
+def check_limit(limit: int) -> None:
+    """``limit`` of a claim or a page: an integer from 1 to :data:`MAX_LIMIT`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise UserError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+
+
+def check_lease(lease_s: float) -> None:
+    """A lease length: positive, finite, at most :data:`MAX_LEASE_S`."""
+    value = _number(lease_s, "lease_s")
+    if not 0 < value <= MAX_LEASE_S:
+        raise UserError(f"lease_s must be positive and at most {MAX_LEASE_S:g} s (a week), got {lease_s}")
+
+
+def check_reward(reward: float | None) -> None:
+    """A reported reward: ``None`` or a finite number."""
+    if reward is not None:
+        _number(reward, "reward")
+
+
+def check_purge_args(rollout_ids: object, older_than_s: float | None) -> None:
+    """``purge`` arguments: something to purge, and a non-negative finite age."""
+    if rollout_ids is None and older_than_s is None:
+        raise UserError("purge needs rollout_ids or older_than_s")
+    if older_than_s is not None and _number(older_than_s, "older_than_s") < 0:
+        raise UserError(f"older_than_s must be 0 or more (an age in seconds), got {older_than_s}")
+
+
 def check_claim_args(limit: int, lease_s: float) -> None:
     """Validate ``dequeue`` arguments (every backend, before touching anything)."""
-    if limit < 1:
-        raise UserError(f"limit must be at least 1, got {limit}")
-    if lease_s <= 0:
-        raise UserError(f"lease_s must be positive, got {lease_s}")
+    check_limit(limit)
+    check_lease(lease_s)
 
 
 def claim(
@@ -142,8 +193,7 @@ def expire(rollout: t.Rollout, attempt: t.Attempt, now: float) -> tuple[t.Rollou
 
 def renew(attempt: t.Attempt, lease_s: float, now: float) -> t.Attempt:
     """Extend a running attempt's lease (a heartbeat). Call :func:`expire` first."""
-    if lease_s <= 0:
-        raise UserError(f"lease_s must be positive, got {lease_s}")
+    check_lease(lease_s)
     if attempt.status is not t.AttemptStatus.RUNNING:
         return attempt
     return attempt.model_copy(update={"lease_expires_at": now + lease_s, "heartbeat_at": now})
@@ -167,6 +217,7 @@ def finish(
     """
     if status not in (t.AttemptStatus.SUCCEEDED, t.AttemptStatus.FAILED):
         raise UserError(f"a worker can report succeeded or failed, not {status.value!r}")
+    check_reward(reward)
     if attempt.status is not t.AttemptStatus.RUNNING or rollout.current_attempt_id != attempt.attempt_id:
         why = attempt.error.message if attempt.error else f"it is {attempt.status.value}"
         raise StaleAttemptError(

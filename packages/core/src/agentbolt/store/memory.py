@@ -184,6 +184,7 @@ class MemoryStore(MemoryRunsMixin):
             return claims
 
     async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
+        lifecycle.check_lease(lease_s)
         with self._lock:
             self._check_open()
             unknown = [a for a in attempt_ids if a not in self._attempts]
@@ -270,8 +271,7 @@ class MemoryStore(MemoryRunsMixin):
     ) -> t.Page[t.Rollout]:
         statuses = normalize_statuses(status)
         after = _parse_cursor(cursor)
-        if limit < 1:
-            raise UserError(f"limit must be at least 1, got {limit}")
+        lifecycle.check_limit(limit)
         with self._lock:
             items: list[t.Rollout] = []
             last = None
@@ -329,8 +329,7 @@ class MemoryStore(MemoryRunsMixin):
             await self._notifier.wait(fut, 1.0 if remaining is None else min(remaining, 1.0))
 
     async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        if rollout_ids is None and older_than_s is None:
-            raise UserError("purge needs rollout_ids or older_than_s")
+        lifecycle.check_purge_args(rollout_ids, older_than_s)
         with self._lock:
             now = self._clock()
             chosen: list[str] = []

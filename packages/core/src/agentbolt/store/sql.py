@@ -448,8 +448,7 @@ class SqlStore(SqlRunsMixin):
         return await self._wait_until(attempt, wait_s)
 
     async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
-        if lease_s <= 0:
-            raise UserError(f"lease_s must be positive, got {lease_s}")
+        lifecycle.check_lease(lease_s)
         ids = list(attempt_ids)
 
         def tx(conn: Connection) -> tuple[list[t.Attempt], bool]:
@@ -562,8 +561,7 @@ class SqlStore(SqlRunsMixin):
         cursor: str | None = None,
     ) -> t.Page[t.Rollout]:
         statuses = normalize_statuses(status)
-        if limit < 1:
-            raise UserError(f"limit must be at least 1, got {limit}")
+        lifecycle.check_limit(limit)
         try:
             after = int(cursor) if cursor is not None else 0
         except ValueError:
@@ -665,8 +663,7 @@ class SqlStore(SqlRunsMixin):
             self._notifier.discard(fut)
 
     async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        if rollout_ids is None and older_than_s is None:
-            raise UserError("purge needs rollout_ids or older_than_s")
+        lifecycle.check_purge_args(rollout_ids, older_than_s)
 
         def tx(conn: Connection) -> int:
             chosen: list[str] = []

@@ -1,14 +1,18 @@
 """The store server's wire format: request and response bodies, shared by server and client.
 
 Every body is a JSON object; responses wrap their payload in a named field (``{"rollouts":
-[...]}``) so fields can be added without breaking clients. Request models only check types
-and reject unknown fields; the store itself checks meaning (``limit >= 1``, allowed status
-changes) and its errors travel back unchanged. Importing this module is cheap (no FastAPI).
+[...]}``) so fields can be added without breaking clients. Request models check types and
+bounds once, at the edge (numbers finite, integers within 64 bits, limits and durations in
+sensible ranges: a malformed request is a 422, never a 500) and reject unknown fields; the
+store checks meaning (allowed status changes) and its errors travel back unchanged.
+Importing this module is cheap (no FastAPI).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .. import types as t
 
@@ -30,6 +34,8 @@ __all__ = [
     "GetRolloutsRequest",
     "HealthResponse",
     "HeartbeatRequest",
+    "LeaseSeconds",
+    "Limit",
     "PurgeRequest",
     "PurgeResponse",
     "QuerySpansRequest",
@@ -40,6 +46,7 @@ __all__ = [
     "SweepResponse",
     "WaitRequest",
     "WaitResponse",
+    "WaitSeconds",
 ]
 
 TOKEN_ENV = "AGENTBOLT_STORE_TOKEN"
@@ -51,7 +58,21 @@ ROLLOUT_HEADER = "X-Agentbolt-Rollout-Id"
 ATTEMPT_HEADER = "X-Agentbolt-Attempt-Id"
 """OTLP requests: attempt of spans whose rollout came from :data:`ROLLOUT_HEADER`."""
 
-_WIRE = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+_WIRE = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+MAX_LIMIT = 100_000
+"""Largest page or claim size one request may ask for."""
+MAX_LEASE_S = 7 * 24 * 3600.0
+"""Longest lease (a week): longer ones would keep a dead worker's rollout for ever."""
+MAX_WAIT_S = 365 * 24 * 3600.0
+"""Longest wait a request may name (the server caps each request far lower anyway)."""
+
+Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
+"""How many items one request may claim or return."""
+LeaseSeconds = Annotated[float, Field(gt=0, le=MAX_LEASE_S)]
+"""A lease length in seconds: positive, at most a week."""
+WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_S)]
+"""A wait in seconds: zero or more."""
 
 
 class _Body(BaseModel):
@@ -80,7 +101,7 @@ class WaitRequest(_Body):
 
     rollout_ids: list[str]
     """Rollouts to wait for."""
-    timeout: float | None = None
+    timeout: WaitSeconds | None = None
     """Seconds to wait; the server caps each request (``--max-wait``), so clients loop."""
 
 
@@ -98,7 +119,7 @@ class PurgeRequest(_Body):
 
     rollout_ids: list[str] | None = None
     """Delete these (each must be finished)."""
-    older_than_s: float | None = None
+    older_than_s: Annotated[float, Field(ge=0, le=1e12)] | None = None
     """Delete rollouts that ended at least this many seconds ago."""
 
 
@@ -107,13 +128,13 @@ class DequeueRequest(_Body):
 
     worker_id: str
     """Who claims; recorded on each attempt."""
-    limit: int = 1
+    limit: Limit = 1
     """Claim at most this many."""
-    lease_s: float = 30.0
+    lease_s: LeaseSeconds = 30.0
     """Lease length; heartbeats renew it."""
     mode: t.RolloutMode | None = None
     """Only ``train`` or only ``val`` rollouts."""
-    wait_s: float = 0.0
+    wait_s: WaitSeconds = 0.0
     """Seconds to wait for work when none is queued; the server caps each request."""
 
 
@@ -122,7 +143,7 @@ class HeartbeatRequest(_Body):
 
     attempt_ids: list[str]
     """Attempts to renew; every one's state is returned."""
-    lease_s: float = 30.0
+    lease_s: LeaseSeconds = 30.0
     """New lease length from now."""
 
 
@@ -153,7 +174,7 @@ class QuerySpansRequest(_Body):
     """Rollouts whose spans to return."""
     latest_attempt_only: bool = False
     """Keep only spans of each rollout's current attempt (and spans without an attempt)."""
-    after_seq: int | None = None
+    after_seq: t.Int64 | None = None
     """Only spans with a larger ``seq``."""
 
 
