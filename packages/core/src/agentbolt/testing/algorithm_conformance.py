@@ -132,7 +132,10 @@ class AlgorithmConformance:
             assert r.resources_version is not None, f"{r.rollout_id} was enqueued before any ctx.publish"
             assert await store.get_resources(r.resources_version) is not None
             assert r.run_id == run.run_id
-        assert all(r.status is t.RolloutStatus.SUCCEEDED for r in rollouts)
+        failed = {
+            r.rollout_id: (r.status.value, r.error) for r in rollouts if r.status is not t.RolloutStatus.SUCCEEDED
+        }
+        assert not failed, f"rollouts of a run without failing tasks did not succeed: {failed}"
 
     async def test_handles_failed_rollouts(self, tmp_path: Path) -> None:
         half = self.n_train // 2 or 1
