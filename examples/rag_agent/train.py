@@ -47,13 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="smollm2",
         help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)",
     )
-    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
+    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--batch-size", type=int, default=6, help="questions per step (default 6)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=100, help="held-out questions (default 100)")
-    p.add_argument(
-        "--val-every", type=int, default=10, help="evaluate every N steps (default 10; 0: before/after only)"
-    )
+    p.add_argument("--val-every", type=int, default=0, help="evaluate every N steps (default 0: before/after only)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--data", type=Path, help="a MuSiQue data folder (musique_ans_v1.0_{train,dev}.jsonl)")
@@ -64,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", default="sqlite:///runs/rag_agent.db", help="store URL")
     p.add_argument("--out", default="runs/rag_agent", help="metrics, curve and checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per rollout attempt before it is stopped (default 900)"
+    )
     p.add_argument("--no-progress", action="store_true", help="log lines instead of progress bars")
     p.add_argument("--export-tasks", type=Path, help="write train.jsonl/val.jsonl (agentbolt tasks, for verl) and exit")
     return p.parse_args(argv)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         store=args.store,
         n_runners=args.runners,
         concurrency=args.batch_size * args.group_size,
-        timeout_s=300.0,
+        timeout_s=args.timeout,
         progress=not args.no_progress,
     )
     result = trainer.fit(train, val)
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         "exact_token_id_share": figures["exact_token_id_share"],
         "tool_call_rate_before": figures["tool_call_rate_before"],
         "tool_call_rate_after": figures["tool_call_rate_after"],
+        # steps whose rollouts gave no transition (e.g. every rollout timed out): no update was made
+        "skipped_steps": [int(h["step"]) for h in result.history if h.get("train/skipped")],
+        "failed_train_rollouts": int(sum(h.get("train/failed", 0.0) for h in result.history)),
     }
     (out / "result.json").write_text(json.dumps(summary, indent=2))
 
@@ -167,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         f"search called in {fmt(summary['tool_call_rate_before'])} -> {fmt(summary['tool_call_rate_after'])} of "
         f"held-out questions; per training rollout: {fmt(calls)} LLM calls, {fmt(transitions)} transitions; "
         f"exact token ids on {fmt(summary['exact_token_id_share'])} of the calls",
+        flush=True,
+    )
+    print(
+        f"steps without an update (no transition): {summary['skipped_steps'] or 'none'}; failed training "
+        f"rollouts: {summary['failed_train_rollouts']}",
         flush=True,
     )
     means = step_means(result.history)

@@ -69,42 +69,29 @@ class DashboardThread:
         self.store_url = store_url
         self.token = token
         self.url = ""
-        self._server: Any = None
         self._thread: Any = None
 
     def __enter__(self) -> DashboardThread:
         import socket
-        import threading
-        import time
 
         import uvicorn
 
         from agentbolt.cli_runs import open_existing_store
         from agentbolt.dashboard import create_app
+        from agentbolt.server.uvicorn_thread import UvicornThread
 
         self._store = open_existing_store(self.store_url)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            create_app(self._store, token=self.token), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        sock = socket.create_server(("127.0.0.1", 0))
+        config = uvicorn.Config(create_app(self._store, token=self.token), log_level="warning", lifespan="off")
+        self._thread = UvicornThread(uvicorn.Server(config), sock, name="dashboard")
         self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the dashboard did not start")
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import asyncio
         import concurrent.futures
 
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._thread.stop(10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # any loop of this thread may be busy
             pool.submit(asyncio.run, self._store.close()).result()

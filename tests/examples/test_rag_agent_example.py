@@ -183,9 +183,11 @@ def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out answer F1" in proc.stdout and "search called in" in proc.stdout
+    assert "steps without an update (no transition): none; failed training rollouts: 0" in proc.stdout
     result = json.loads((out / "result.json").read_text())
     assert result["example"] == "rag_agent" and result["steps"] == 2 and result["policy_version"] == 2
     assert result["n_val"] == 4 and result["exact_token_id_share"] == 1.0
+    assert result["skipped_steps"] == [] and result["failed_train_rollouts"] == 0
     assert result["calls_per_rollout"] >= 1.0 and result["transitions_per_rollout"] == result["calls_per_rollout"]
     for key in ("metric_before", "metric_after", "metric_stderr_before", "tool_call_rate_before"):
         assert isinstance(result[key], float), key

@@ -6,8 +6,6 @@ import gc
 import ipaddress
 import logging
 import socket
-import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
@@ -18,6 +16,7 @@ from ..errors import UserError
 from ..store import open_store
 from ..store.base import Store
 from .app import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, create_app
+from .uvicorn_thread import UvicornThread
 
 __all__ = ["DEFAULT_PORT", "ServerThread", "check_bind", "is_loopback", "serve"]
 
@@ -128,8 +127,7 @@ class ServerThread:
         self._app = create_app(
             store, token=token, max_wait_s=max_wait_s, max_request_bytes=max_request_bytes, close_store=close_store
         )
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: UvicornThread | None = None
         self.url = ""
         """``http://host:port`` once started."""
 
@@ -137,25 +135,16 @@ class ServerThread:
         """Start serving; returns once the server accepts connections."""
         sock = _bind(self._host, self._port)
         self.url = _url(self._host, sock)
-        self._server = _Server(_config(self._app, access_log=False), self._app)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="agentbolt-store-server", daemon=True
+        self._thread = UvicornThread(
+            _Server(_config(self._app, access_log=False), self._app), sock, name="agentbolt-store-server"
         )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the store server on {self.url} did not start; see the log")
-            time.sleep(0.005)
+        self._thread.start(timeout)
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop serving (waiting requests end at once) and join the thread."""
-        if self._server is not None:
-            self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.stop(timeout)
             self._thread = None
 
     def __enter__(self) -> Self:

@@ -1,0 +1,683 @@
+"""The policy server's OpenAI-compatible routes (vLLM-style token ids and logprobs).
+
+:func:`create_app` builds the ASGI app; each route is a method of :class:`PolicyRoutes`;
+:class:`~agentbolt_torch.server.PolicyServer` runs the app with uvicorn on a background thread:
+
+- ``POST /v1/chat/completions`` and ``POST /v1/completions``: ``n``, ``max_tokens``
+  (``max_completion_tokens``), ``temperature`` (0 = greedy), ``top_p``, ``stop``, ``seed``,
+  ``stream`` (SSE chunks in OpenAI's format, ``stream_options.include_usage``), ``logprobs``,
+  ``top_logprobs``, ``tools``/``tool_choice`` (chat; ``required`` or a named function forces
+  the start of a ``<tool_call>`` block, as prompt tokens), ``echo`` (completions), plus the vLLM
+  extensions ``return_token_ids``, ``top_k``, ``stop_token_ids``, ``ignore_eos``,
+  ``include_stop_str_in_output``, ``skip_special_tokens``, ``add_generation_prompt``,
+  ``continue_final_message``, ``chat_template_kwargs``, ``add_special_tokens``.
+  ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` and ``logit_bias`` are
+  accepted and ignored (they would change the sampling distribution away from the policy;
+  a warning is logged once).
+- ``GET /v1/models``: the served model, with ``max_model_len`` and ``policy_version``.
+- ``GET /health`` and ``GET /stats``: liveness, pause state, engine counters.
+
+Token ids and logprobs, in vLLM's shapes:
+
+- ``return_token_ids: true`` -> chat: top-level ``prompt_token_ids`` and ``choices[i].token_ids``;
+  completions: ``choices[i].prompt_token_ids`` and ``choices[i].token_ids``. Streaming: the
+  first chunk carries ``prompt_token_ids`` (chat: top level; completions: in each choice's
+  first chunk) and every chunk's choice carries its delta ``token_ids``.
+- ``token_ids`` include the final eos / stop token; ``logprobs.content`` (chat) and
+  ``logprobs.tokens`` (completions) have exactly one entry per token id, in the same order.
+- The logprob of a token is that of the raw policy (temperature 1) by default; see
+  :mod:`agentbolt_torch.engine` for the convention and the ``processed`` alternative.
+
+Every response carries the header ``x-agentbolt-policy-version`` (and a ``policy_version``
+field in the body / first chunk): the policy version when the request started generating.
+The model name in a request is not checked; responses name the served model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from agentbolt.errors import UserError
+
+from .chat import ToolCallStreamFilter, forced_tool_call_prefix, parse_tool_calls, render_chat
+from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
+
+__all__ = ["POLICY_VERSION_HEADER", "PolicyRoutes", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+POLICY_VERSION_HEADER = "x-agentbolt-policy-version"
+"""Response header carrying the policy version that served the request."""
+
+_IGNORED_PARAMS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p")
+_NEG_INF_LOGPROB = -9999.0
+
+
+def _finite(x: float) -> float:
+    return x if x > _NEG_INF_LOGPROB else _NEG_INF_LOGPROB
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+# --------------------------------------------------------------------------------------------
+# Request parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _get(body: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and kind is not bool and (kind is int or kind is float):
+        raise _HTTPError(400, f"'{key}' must be a number", key)
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise _HTTPError(400, f"'{key}' must be of type {names}", key)
+    return value
+
+
+def _sampling_params(body: Mapping[str, Any], *, chat: bool, warned: set[str]) -> tuple[SamplingParams, int]:
+    for name in _IGNORED_PARAMS:
+        value = body.get(name)
+        if value not in (None, 0, 0.0, 1.0, {}) and name not in warned:
+            warned.add(name)
+            logger.warning("the policy server ignores %r (sampling stays on the policy's distribution)", name)
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
+        raise _HTTPError(400, "'stop' must be a string or a list of strings", "stop")
+    if stop and len(stop) > 16:
+        raise _HTTPError(400, "at most 16 stop strings are supported", "stop")
+    max_tokens = _get(body, "max_completion_tokens", int) if chat else None
+    if max_tokens is None:
+        max_tokens = _get(body, "max_tokens", int)
+    if chat:
+        top_logprobs = _get(body, "top_logprobs", int, 0) if _get(body, "logprobs", bool, False) else 0
+    else:
+        top_logprobs = _get(body, "logprobs", int, 0)
+    n = _get(body, "n", int, 1)
+    top_k = _get(body, "top_k", int, 0)
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_get(body, "temperature", float, 1.0),
+            top_p=_get(body, "top_p", float, 1.0),
+            top_k=max(top_k, 0),
+            stop=tuple(s for s in (stop or []) if s),
+            stop_token_ids=tuple(_get(body, "stop_token_ids", list, [])),
+            ignore_eos=_get(body, "ignore_eos", bool, False),
+            seed=_get(body, "seed", int),
+            top_logprobs=top_logprobs,
+            include_stop_str_in_output=_get(body, "include_stop_str_in_output", bool, False),
+            skip_special_tokens=_get(body, "skip_special_tokens", bool, True),
+        )
+    except UserError as exc:
+        raise _HTTPError(400, str(exc)) from exc
+    return params, n
+
+
+# --------------------------------------------------------------------------------------------
+# Token strings
+# --------------------------------------------------------------------------------------------
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte <-> printable-character table used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+
+
+_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+class _TokenText:
+    """Cached per-token strings and bytes for logprob entries."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+
+    def text(self, token_id: int) -> str:
+        text = self._text.get(token_id)
+        if text is None:
+            text = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def bytes(self, token_id: int) -> list[int]:
+        data = self._bytes.get(token_id)
+        if data is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            fallback = _BYTE_FALLBACK.match(piece or "")
+            if fallback:
+                data = [int(fallback.group(1), 16)]
+            elif piece and all(c in _BYTE_DECODER for c in piece) and token_id not in self.tokenizer.all_special_ids:
+                data = [_BYTE_DECODER[c] for c in piece]
+            else:
+                data = list(self.text(token_id).encode("utf-8"))
+            self._bytes[token_id] = data
+        return data
+
+    def chat_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+        return {
+            "token": self.text(token_id),
+            "logprob": _finite(logprob),
+            "bytes": self.bytes(token_id),
+            "top_logprobs": [
+                {"token": self.text(t), "logprob": _finite(lp), "bytes": self.bytes(t)} for t, lp in (top or [])
+            ],
+        }
+
+    def completion_logprobs(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        tops: Sequence[list[tuple[int, float]]] | None,
+        offset: int,
+    ) -> dict[str, Any]:
+        tokens = [self.text(t) for t in token_ids]
+        offsets = []
+        for tok in tokens:
+            offsets.append(offset)
+            offset += len(tok)
+        top_dicts = []
+        for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
+            entry = {self.text(a): _finite(b) for a, b in (tops[i] if tops is not None and i < len(tops) else [])}
+            entry.setdefault(self.text(t), _finite(lp))
+            top_dicts.append(entry)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_finite(x) for x in logprobs],
+            "top_logprobs": top_dicts,
+            "text_offset": offsets,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _usage(prompt_tokens: int, completions: Sequence[Completion]) -> dict[str, int]:
+    completion_tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, TokenStep | Finished]]:
+    """Events of several requests as they come: ``(request index, event)``."""
+    if len(handles) == 1:
+        async for event in handles[0].events():
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        try:
+            async for event in handle.events():
+                await queue.put((i, event))
+        except Exception as exc:
+            await queue.put((i, exc))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, event = await queue.get()
+            if event is done:
+                remaining -= 1
+            elif isinstance(event, Exception):
+                raise event
+            else:
+                yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class PolicyRoutes:
+    """The routes of the policy server over ``engine``: one method per endpoint."""
+
+    def __init__(self, engine: GenerationEngine, *, served_model_name: str | None = None) -> None:
+        self.engine = engine
+        self.policy = engine.policy
+        self.tokenizer = self.policy.tokenizer
+        self.model_name = served_model_name or self.policy.name
+        self.token_text = _TokenText(self.tokenizer)
+        self.created = int(time.time())
+        self.warned: set[str] = set()
+        """Ignored sampling parameters already warned about (once per server)."""
+
+    def error_response(self, exc: _HTTPError) -> JSONResponse:
+        body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}}
+        return JSONResponse(body, status_code=exc.status, headers={POLICY_VERSION_HEADER: str(self.policy.version)})
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise _HTTPError(400, f"invalid JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _HTTPError(400, "the request body must be a JSON object")
+        return body
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int) -> RequestHandle:
+        try:
+            return self.engine.submit(prompt_ids, params, n)
+        except UserError as exc:
+            raise _HTTPError(400, str(exc)) from exc
+
+    async def on_http_error(self, request: Request, exc: _HTTPError) -> JSONResponse:
+        """A request error as OpenAI's error body."""
+        return self.error_response(exc)
+
+    async def on_user_error(self, request: Request, exc: UserError) -> JSONResponse:
+        """A bad request found by the engine (e.g. a prompt over the context) as a 400."""
+        return self.error_response(_HTTPError(400, str(exc)))
+
+    async def models(self) -> JSONResponse:
+        """``GET /v1/models``: the served model, its context length and policy version."""
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "agentbolt",
+            "root": self.model_name,
+            "max_model_len": self.policy.max_model_len,
+            "policy_version": self.policy.version,
+        }
+        return JSONResponse(
+            {"object": "list", "data": [card]}, headers={POLICY_VERSION_HEADER: str(self.policy.version)}
+        )
+
+    async def health(self) -> dict[str, Any]:
+        """``GET /health``: liveness, pause state, active and queued requests."""
+        return {
+            "status": "paused" if self.engine.is_paused else "ok",
+            "policy_version": self.policy.version,
+            "active_sequences": self.engine.num_active,
+            "queued_requests": self.engine.num_queued,
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """``GET /stats``: the engine's counters."""
+        return {"policy_version": self.policy.version, **self.engine.stats.as_dict()}
+
+    async def chat_completions(self, request: Request) -> Any:
+        """``POST /v1/chat/completions`` (streaming or not, tools, token ids, logprobs)."""
+        body = await self.read_json(request)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _HTTPError(400, "'messages' must be a non-empty list", "messages")
+        params, n = _sampling_params(body, chat=True, warned=self.warned)
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise _HTTPError(400, "'tools' must be a list", "tools")
+        use_tools = bool(tools) and body.get("tool_choice") != "none"
+        # tool_choice "required" / a named function: the reply's forced start goes on the prompt side
+        forced = forced_tool_call_prefix(body.get("tool_choice"), tools) if use_tools and tools else ""
+        prompt = (
+            render_chat(
+                self.tokenizer,
+                messages,
+                tools if use_tools else None,
+                add_generation_prompt=_get(body, "add_generation_prompt", bool, True),
+                continue_final_message=_get(body, "continue_final_message", bool, False),
+                chat_template_kwargs=_get(body, "chat_template_kwargs", dict, None),
+            )
+            + forced
+        )
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return_ids = _get(body, "return_token_ids", bool, False)
+        want_logprobs = _get(body, "logprobs", bool, False)
+        handle = self.submit(prompt_ids, params, n)
+        try:
+            version = await handle.admitted()
+        except BaseException:
+            handle.cancel()
+            raise
+        response_id = f"chatcmpl-{handle.request_id:x}{int(time.time() * 1000):x}"
+        headers = {POLICY_VERSION_HEADER: str(version)}
+        if _get(body, "stream", bool, False):
+            include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+            stream = self._chat_stream(
+                handle, response_id, version, prompt_ids, use_tools, want_logprobs, return_ids, include_usage, forced
+            )
+            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        try:
+            outputs = await handle.result()
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        choices = []
+        for out in outputs:
+            content: str | None = out.text
+            tool_calls: list[dict[str, Any]] = []
+            finish_reason = out.finish_reason
+            if use_tools:
+                content = forced + out.text
+                parsed = parse_tool_calls(content)
+                if parsed.tool_calls:
+                    content, tool_calls, finish_reason = parsed.content, parsed.tool_calls, "tool_calls"
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choice: dict[str, Any] = {
+                "index": out.index,
+                "message": message,
+                "logprobs": (
+                    {
+                        "content": [
+                            self.token_text.chat_entry(t, lp, out.top_logprobs[i] if out.top_logprobs else None)
+                            for i, (t, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True))
+                        ]
+                    }
+                    if want_logprobs
+                    else None
+                ),
+                "finish_reason": finish_reason,
+                "stop_reason": out.stop_reason,
+            }
+            if return_ids:
+                choice["token_ids"] = out.token_ids
+            choices.append(choice)
+        payload: dict[str, Any] = {
+            "id": response_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": _usage(len(prompt_ids), outputs),
+            "system_fingerprint": f"agentbolt-policy-v{version}",
+            "policy_version": version,
+        }
+        if return_ids:
+            payload["prompt_token_ids"] = prompt_ids
+        return JSONResponse(payload, headers=headers)
+
+    async def _chat_stream(
+        self,
+        handle: RequestHandle,
+        response_id: str,
+        version: int,
+        prompt_ids: list[int],
+        use_tools: bool,
+        want_logprobs: bool,
+        return_ids: bool,
+        include_usage: bool,
+        forced: str = "",
+    ) -> AsyncIterator[bytes]:
+        created_at = int(time.time())
+        base = {"id": response_id, "object": "chat.completion.chunk", "created": created_at, "model": self.model_name}
+        filters = [ToolCallStreamFilter() if use_tools else None for _ in range(handle.n)]
+        for filt in filters:
+            if filt is not None and forced:
+                filt.feed(forced)  # held back: it opens a tool call
+        try:
+            for i in range(handle.n):
+                first: dict[str, Any] = {
+                    **base,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+                if i == 0:
+                    first["policy_version"] = version
+                    if return_ids:
+                        first["prompt_token_ids"] = prompt_ids
+                yield _sse(first)
+            async for event in handle.events():
+                filt = filters[event.choice]
+                if isinstance(event, TokenStep):
+                    text = filt.feed(event.text) if filt is not None else event.text
+                    choice: dict[str, Any] = {
+                        "index": event.choice,
+                        "delta": {"content": text} if text else {},
+                        "logprobs": (
+                            {"content": [self.token_text.chat_entry(event.token_id, event.logprob, event.top_logprobs)]}
+                            if want_logprobs
+                            else None
+                        ),
+                        "finish_reason": None,
+                    }
+                    if return_ids:
+                        choice["token_ids"] = [event.token_id]
+                    yield _sse({**base, "choices": [choice]})
+                    continue
+                out = event.output
+                finish_reason = out.finish_reason
+                if filt is not None:
+                    filt.feed(event.text)
+                    rest, calls = filt.finish(forced + out.text)
+                    if rest:
+                        yield _sse({**base, "choices": [_empty_choice(event.choice, {"content": rest}, return_ids)]})
+                    if calls:
+                        finish_reason = "tool_calls"
+                        deltas = [{"index": k, **call} for k, call in enumerate(calls)]
+                        yield _sse(
+                            {**base, "choices": [_empty_choice(event.choice, {"tool_calls": deltas}, return_ids)]}
+                        )
+                    delta: dict[str, Any] = {}
+                else:
+                    delta = {"content": event.text} if event.text else {}
+                final = _empty_choice(event.choice, delta, return_ids)
+                final["finish_reason"] = finish_reason
+                final["stop_reason"] = out.stop_reason
+                yield _sse({**base, "choices": [final]})
+            if include_usage:
+                outputs = [o for o in handle.outputs if o is not None]
+                yield _sse({**base, "choices": [], "usage": _usage(len(prompt_ids), outputs)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not handle.done:
+                handle.cancel()
+
+    async def completions(self, request: Request) -> Any:
+        """``POST /v1/completions`` (streaming or not, ``echo``, token ids, logprobs)."""
+        body = await self.read_json(request)
+        params, n = _sampling_params(body, chat=False, warned=self.warned)
+        prompts = _completion_prompts(body.get("prompt"))
+        add_special = _get(body, "add_special_tokens", bool, True)
+        echo = _get(body, "echo", bool, False)
+        if echo and body.get("logprobs") is not None:
+            raise _HTTPError(400, "echo together with logprobs is not supported", "echo")
+        want_logprobs = body.get("logprobs") is not None
+        return_ids = _get(body, "return_token_ids", bool, False)
+        encoded: list[tuple[str, list[int]]] = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                encoded.append((prompt, self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"]))
+            else:
+                encoded.append((self.tokenizer.decode(prompt) if echo else "", list(prompt)))
+        handles: list[RequestHandle] = []
+        try:
+            for _, ids in encoded:
+                handles.append(self.submit(ids, params, n))
+            versions = [await h.admitted() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        version = min(versions)
+        response_id = f"cmpl-{handles[0].request_id:x}{int(time.time() * 1000):x}"
+        headers = {POLICY_VERSION_HEADER: str(version)}
+        prompt_tokens = sum(len(ids) for _, ids in encoded)
+        if _get(body, "stream", bool, False):
+            include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+            stream = self._completion_stream(
+                handles, encoded, response_id, version, echo, want_logprobs, return_ids, include_usage, prompt_tokens
+            )
+            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        try:
+            results = [await h.result() for h in handles]
+        except asyncio.CancelledError:
+            for h in handles:
+                h.cancel()
+            raise
+        choices = []
+        all_outputs: list[Completion] = []
+        for p, ((prompt_text, prompt_ids), outputs) in enumerate(zip(encoded, results, strict=True)):
+            for out in outputs:
+                all_outputs.append(out)
+                prefix = prompt_text if echo else ""
+                choice: dict[str, Any] = {
+                    "index": p * n + out.index,
+                    "text": prefix + out.text,
+                    "logprobs": (
+                        self.token_text.completion_logprobs(out.token_ids, out.logprobs, out.top_logprobs, len(prefix))
+                        if want_logprobs
+                        else None
+                    ),
+                    "finish_reason": out.finish_reason,
+                    "stop_reason": out.stop_reason,
+                }
+                if return_ids:
+                    choice["prompt_token_ids"] = prompt_ids
+                    choice["token_ids"] = out.token_ids
+                choices.append(choice)
+        usage = _usage(prompt_tokens, all_outputs)
+        payload = {
+            "id": response_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": usage,
+            "system_fingerprint": f"agentbolt-policy-v{version}",
+            "policy_version": version,
+        }
+        return JSONResponse(payload, headers=headers)
+
+    async def _completion_stream(
+        self,
+        handles: list[RequestHandle],
+        encoded: list[tuple[str, list[int]]],
+        response_id: str,
+        version: int,
+        echo: bool,
+        want_logprobs: bool,
+        return_ids: bool,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> AsyncIterator[bytes]:
+        base = {"id": response_id, "object": "text_completion", "created": int(time.time()), "model": self.model_name}
+        n = handles[0].n
+        started: set[int] = set()
+        offsets: dict[int, int] = {}
+        first_chunk = True
+        try:
+            async for p, event in _merged_events(handles):
+                index = p * n + event.choice
+                choice: dict[str, Any] = {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+                if index not in started:
+                    started.add(index)
+                    if echo:
+                        choice["text"] = encoded[p][0]
+                    if return_ids:
+                        choice["prompt_token_ids"] = encoded[p][1]
+                    offsets[index] = len(choice["text"])
+                if isinstance(event, TokenStep):
+                    choice["text"] += event.text
+                    if want_logprobs:
+                        tops = [event.top_logprobs or []]
+                        choice["logprobs"] = self.token_text.completion_logprobs(
+                            [event.token_id], [event.logprob], tops, offsets[index]
+                        )
+                    offsets[index] += len(event.text)
+                    if return_ids:
+                        choice["token_ids"] = [event.token_id]
+                else:
+                    choice["text"] += event.text
+                    choice["finish_reason"] = event.output.finish_reason
+                    choice["stop_reason"] = event.output.stop_reason
+                    if return_ids:
+                        choice["token_ids"] = []
+                chunk = {**base, "choices": [choice]}
+                if first_chunk:
+                    chunk["policy_version"] = version
+                    first_chunk = False
+                yield _sse(chunk)
+            if include_usage:
+                outputs = [o for h in handles for o in h.outputs if o is not None]
+                yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, outputs)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            for h in handles:
+                if not h.done:
+                    h.cancel()
+
+
+def create_app(engine: GenerationEngine, *, served_model_name: str | None = None) -> FastAPI:
+    """The OpenAI-compatible ASGI app over ``engine`` (started by the caller)."""
+    routes = PolicyRoutes(engine, served_model_name=served_model_name)
+    app = FastAPI(title="agentbolt policy server", version="1")
+    app.state.engine = engine
+    app.add_exception_handler(_HTTPError, routes.on_http_error)
+    app.add_exception_handler(UserError, routes.on_user_error)
+    app.add_api_route("/v1/models", routes.models, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/stats", routes.stats, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    return app
+
+
+def _empty_choice(index: int, delta: dict[str, Any], return_ids: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    if return_ids:
+        choice["token_ids"] = []
+    return choice
+
+
+def _completion_prompts(prompt: Any) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise _HTTPError(
+        400, "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists", "prompt"
+    )
