@@ -1,4 +1,4 @@
-"""Plugin entry module: registers agentbolt-torch's algorithm (cheap to import: torch loads later)."""
+"""Plugin entry module: registers agentbolt-torch's algorithms (cheap to import: torch loads later)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ def _torch_grpo(**config: Any) -> Any:
     return TorchGRPO(**config)
 
 
+def _torch_sft(**config: Any) -> Any:
+    from .sft import TorchSFT
+
+    return TorchSFT(**config)
+
+
 @hookimpl
 def agentbolt_register_algorithms(register: Register) -> None:
     register("torch-grpo", _torch_grpo)
+    register("torch-sft", _torch_sft)

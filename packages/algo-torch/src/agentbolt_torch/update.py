@@ -125,8 +125,14 @@ class UpdateConfig:
     budgets then count each distinct prompt once."""
     seed: int = 0
     """Seed of the mini-batch shuffling."""
+    objective: Literal["policy-gradient", "nll"] = "policy-gradient"
+    """``policy-gradient``: the clipped surrogate above. ``nll``: supervised fine-tuning, the
+    negative log-likelihood of the response tokens weighted by the advantage (``torch-sft`` sets
+    every kept transition's advantage to 1); clipping and old logprobs play no part."""
 
     def __post_init__(self) -> None:
+        if self.objective not in ("policy-gradient", "nll"):
+            raise UserError(f"objective must be policy-gradient or nll, got {self.objective!r}")
         if self.loss_agg not in ("rollout-mean", "token-mean", "seq-mean"):
             raise UserError(f"loss_agg must be rollout-mean, token-mean or seq-mean, got {self.loss_agg!r}")
         if self.kl_estimator not in ("k1", "k2", "k3"):
@@ -705,6 +711,9 @@ class PolicyUpdater:
         if cfg.clip_ratio_c is not None:
             pg3 = -adv * cfg.clip_ratio_c
             pg = torch.where(adv < 0, torch.minimum(pg, pg3), pg)
+        if cfg.objective == "nll":
+            pg = -adv * logp
+            clipped = torch.zeros_like(valid)
         w = weight * mask
         pg_loss = (pg * w).sum()
         loss = pg_loss

@@ -59,6 +59,7 @@ rollouts_app = typer.Typer(help="Rollouts of a store.", no_args_is_help=True)
 class ExportFormat(StrEnum):
     jsonl = "jsonl"
     otlp = "otlp"
+    sft_jsonl = "sft-jsonl"
 
 
 def open_existing_store(url: str, *, token: str | None = None) -> Any:
@@ -270,7 +271,9 @@ def rollouts_show(
 # -- export ----------------------------------------------------------------------------------------
 
 
-async def _export(store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], None]) -> int:
+async def _export(
+    store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], None], min_reward: float | None = None
+) -> int:
     """Write the run's transitions (jsonl) or spans (OTLP JSON, one request per line); returns
     how many records were written."""
     from .dashboard.views import lightningrl_for
@@ -305,6 +308,12 @@ async def _export(store: Any, run_id: str, fmt: ExportFormat, write: Callable[[b
             if flat:
                 write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
                 written += len(flat)
+        elif fmt is ExportFormat.sft_jsonl:
+            from .export_sft import sft_records
+
+            for record in sft_records(lrl.process(batch, spans).transitions, spans, min_reward=min_reward):
+                write(orjson.dumps(record) + b"\n")
+                written += 1
         else:
             for x in lrl.process(batch, spans).transitions:
                 write(x.model_dump_json().encode() + b"\n")
@@ -321,22 +330,27 @@ def export(
         typer.Option(
             "--format",
             help="jsonl: one transition per line (token ids, logprobs, reward, advantage), for SFT or another "
-            "trainer; otlp: the spans as OTLP/JSON, one ExportTraceServiceRequest per line.",
+            "trainer; otlp: the spans as OTLP/JSON, one ExportTraceServiceRequest per line; sft-jsonl: one "
+            "transition per line in TRL's conversational format (messages) with input_ids/labels/masks.",
         ),
     ] = ExportFormat.jsonl,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
     store_token: TokenOption = None,
+    min_reward: Annotated[
+        float | None,
+        typer.Option("--min-reward", help="sft-jsonl: only transitions whose reward is at least this."),
+    ] = None,
 ) -> None:
     """Export a run's transitions (made by LightningRL with the run's settings) or its spans."""
     out = output.open("wb") if output is not None else sys.stdout.buffer
     try:
-        n = _run(store, store_token, lambda s: _export(s, run, fmt, out.write))
+        n = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward))
     finally:
         if output is not None:
             out.close()
         else:
             out.flush()
-    what = "transitions" if fmt is ExportFormat.jsonl else "spans"
+    what = "spans" if fmt is ExportFormat.otlp else "transitions"
     typer.echo(f"exported {n} {what} of {run}" + (f" to {output}" if output else ""), err=True)
 
 

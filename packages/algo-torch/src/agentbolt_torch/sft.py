@@ -1,0 +1,231 @@
+"""``torch-sft``: rejection-sampling fine-tuning on the agent's own successful rollouts.
+
+Per step: publish the policy (same server, gateway and store as ``torch-grpo``), run a batch of
+tasks ``group_size`` times each, turn the final attempts' spans into transitions with
+LightningRL, keep the transitions of rollouts whose final reward is at least ``threshold``
+(optionally only the ``best_k`` rollouts per task), and train on them with the negative
+log-likelihood of the response tokens -- the exact token ids the gateway recorded, prompt tokens
+masked out. A step with nothing to keep skips its update; a run where the first steps keep
+nothing stops with a :class:`~agentbolt.errors.UserError` saying what to change.
+
+    Trainer(agent, TorchSFT(model="smollm2", steps=5, threshold=1.0)).fit(train, val)
+
+SFT then RL: give ``torch-grpo`` the SFT checkpoint's model directory,
+``TorchGRPO(model="runs/torch-sft/checkpoint-final/model")`` (``docs/sft.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentbolt import types as t
+from agentbolt.algorithm import AlgorithmContext, batches
+from agentbolt.errors import UserError
+from agentbolt.gateway import Upstream
+
+from .algorithm import TorchGRPO, TorchGRPOResult, _engine_delta, _mean_reward
+
+__all__ = ["TorchSFT", "select_transitions"]
+
+log = logging.getLogger(__name__)
+
+
+def select_transitions(
+    rollouts: Sequence[t.Rollout],
+    transitions: Sequence[t.Transition],
+    *,
+    threshold: float,
+    best_k: int | None = None,
+) -> list[t.Transition]:
+    """The transitions worth imitating, each with advantage 1.0 (the NLL weight).
+
+    A rollout is kept when its final reward is at least ``threshold``; with ``best_k``, only the
+    ``best_k`` highest-reward kept rollouts of each task (ties: the earlier rollout).
+    """
+    kept: dict[str | None, list[t.Rollout]] = defaultdict(list)
+    for r in rollouts:
+        if r.final_reward is not None and r.final_reward >= threshold:
+            kept[r.task_id].append(r)
+    ids: set[str] = set()
+    for group in kept.values():
+        ranked = sorted(group, key=lambda r: -(r.final_reward or 0.0))
+        ids.update(r.rollout_id for r in (ranked[:best_k] if best_k else ranked))
+    return [tr.model_copy(update={"advantage": 1.0}) for tr in transitions if tr.rollout_id in ids]
+
+
+class TorchSFT(TorchGRPO):
+    """Rejection-sampling fine-tuning through the whole agentbolt pipeline.
+
+    Takes :class:`~agentbolt_torch.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
+    group_size, sampling, val_*, update, lora, engine, out_dir, checkpoint_every, resume, ...), and:
+
+    Args:
+        threshold: a rollout's transitions are trained on when its final reward is at least this.
+        best_k: keep at most this many passing rollouts per task (``None``: all that pass).
+        init_from: an agentbolt-torch checkpoint directory (or a Hugging Face model directory)
+            whose weights start the run, e.g. a ``torch-grpo`` checkpoint; replaces ``model``.
+    """
+
+    name = "torch-sft"
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        threshold: float = 1.0,
+        best_k: int | None = None,
+        init_from: str | Path | None = None,
+        update: Any = None,
+        out_dir: str | Path = "runs/torch-sft",
+        **options: Any,
+    ) -> None:
+        if best_k is not None and best_k < 1:
+            raise UserError("best_k must be >= 1 (or None to keep every passing rollout)")
+        if init_from is not None:
+            source = Path(init_from)
+            if (source / "model").is_dir():
+                source = source / "model"
+            if not (source / "config.json").is_file():
+                raise UserError(
+                    f"init_from={init_from!s}: no model there (expected an agentbolt-torch checkpoint with "
+                    "model/ or a Hugging Face model directory; LoRA checkpoints: use resume=)"
+                )
+            model = str(source)
+        update = dict(update) if isinstance(update, Mapping) else update
+        if update is None:
+            update = {"objective": "nll", "lr": 1e-5}
+        elif isinstance(update, dict):
+            update = {**update, "objective": "nll"}
+        else:
+            update = dataclasses.replace(update, objective="nll")
+        options.setdefault("advantage", "grpo")
+        super().__init__(model, update=update, out_dir=out_dir, **options)
+        self.threshold = threshold
+        self.best_k = best_k
+
+    async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> TorchGRPOResult:
+        from agentbolt.lightningrl import EmptyBatchError, LightningRL
+
+        from .metrics import MetricsLogger, plot_curves
+
+        if not train and self.steps:
+            raise UserError("torch-sft needs training tasks (fit(train=...))")
+        policy, updater = await asyncio.to_thread(self._load)
+        await asyncio.to_thread(
+            ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
+        )
+        lrl = LightningRL(**self.lightningrl_options)  # type: ignore[arg-type]
+        metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
+        history: list[dict[str, float]] = []
+
+        def log_step(step: int, values: dict[str, float]) -> None:
+            values = {k: v for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
+            history.append({"step": step, **values})
+            metrics.log(values, step=step)
+            ctx.log_metrics(step, values)
+
+        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
+        step_times: list[float] = []
+        rewards: list[float] = []
+        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
+        for step, batch in enumerate(batches(train, self.batch_size, epochs=epochs, seed=self.seed), start=1):
+            if step > self.steps:
+                break
+            started = time.monotonic()
+            engine_before = self._engine.stats
+            await self._publish(ctx, policy, self.sampling)
+            rollouts = await ctx.run_rollouts(
+                batch,
+                group_size=self.group_size,
+                tag=f"sft{step}",
+                description=f"SFT step {step}/{self.steps}",
+                step=step,
+            )
+            generated = time.monotonic()
+            engine = _engine_delta(engine_before, self._engine.stats)
+            reward = _mean_reward(rollouts)
+            try:
+                processed = lrl.process(rollouts, await ctx.spans(rollouts))
+                kept = select_transitions(rollouts, processed.transitions, threshold=self.threshold, best_k=self.best_k)
+                report = processed.report.metrics("lightningrl/")
+            except EmptyBatchError:
+                kept, report = [], {}
+            if not kept:
+                passing = sum(r.final_reward is not None and r.final_reward >= self.threshold for r in rollouts)
+                message = (
+                    f"torch-sft step {step}: no transition to train on ({passing} of {len(rollouts)} rollouts "
+                    f"reached threshold={self.threshold}, best reward "
+                    f"{max((r.final_reward or 0.0 for r in rollouts), default=0.0):g})"
+                )
+                if not step_times:
+                    metrics.close()
+                    raise UserError(
+                        message + ". Nothing was updated. Lower threshold, raise group_size or temperature, "
+                        "or start from a better policy (init_from=)."
+                    )
+                log.warning("%s; skipping this step's update", message)
+                log_step(step, {"train/reward": reward, "train/skipped": 1.0})
+                continue
+            update = await self._update(ctx, updater, kept)
+            elapsed = time.monotonic() - started
+            step_times.append(elapsed)
+            rewards.append(reward)
+            log_step(
+                step,
+                {
+                    "train/reward": reward,
+                    "train/accuracy": self._accuracy(rollouts),
+                    "train/kept_rollouts": float(len({tr.rollout_id for tr in kept})),
+                    "train/transitions": float(len(kept)),
+                    "time/step_s": elapsed,
+                    "time/rollouts_s": generated - started,
+                    "time/update_s": update.seconds,
+                    **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
+                    **engine,
+                    **report,
+                },
+            )
+            if val and self.val_every and step % self.val_every == 0 and step < self.steps:
+                await self._evaluate(ctx, policy, val, step=step, log_step=log_step)
+            if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
+                await asyncio.to_thread(updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
+        accuracy_after, val_reward_after = (
+            await self._evaluate(ctx, policy, val, step=self.steps, log_step=log_step)
+            if self.steps
+            else (accuracy_before, val_reward_before)
+        )
+        checkpoint = None
+        if self.checkpoint_every:
+            checkpoint = str(await asyncio.to_thread(updater.save_checkpoint, self.out_dir / "checkpoint-final"))
+        curve = None
+        if self.plot:
+            curve = str(
+                await asyncio.to_thread(
+                    plot_curves, metrics.path, self.out_dir / "curve.png", title=f"torch-sft on {policy.name}"
+                )
+            )
+        metrics.close()
+        return TorchGRPOResult(
+            steps=len(step_times),
+            accuracy_before=accuracy_before,
+            accuracy_after=accuracy_after,
+            val_reward_before=val_reward_before,
+            val_reward_after=val_reward_after,
+            reward_first=rewards[0] if rewards else None,
+            reward_last=rewards[-1] if rewards else None,
+            seconds_per_step=statistics.fmean(step_times) if step_times else 0.0,
+            policy_version=policy.version,
+            metrics_path=str(metrics.path),
+            curve_png=curve,
+            checkpoint=checkpoint,
+            history=history,
+        )
