@@ -90,18 +90,21 @@ def r1_runner_kills(n: int, workdir: Path) -> Row:
     pool = RunnerPool("reliability_agents:work", url, processes=4, config=config, max_restarts=10_000)
     pool.start()
     pool.wait_ready()
-    killed: set[Path] = set()
+    handled: set[Path] = set()  # hold rollouts whose process was killed
+    killed: set[int] = set()  # process ids killed (two hold rollouts may share one process)
     try:
         deadline = time.monotonic() + max(300, n)
         while time.monotonic() < deadline:
             pool.watch()
             for marker in markers.values():
-                if marker in killed or not marker.exists():
+                if marker in handled or not marker.exists():
                     continue
                 pid = int(marker.read_text())
-                if pid in {p.pid for p in pool.processes if p.is_alive()}:
+                if pid not in killed and pid in {p.pid for p in pool.processes if p.is_alive()}:
                     os.kill(pid, signal.SIGKILL)
-                    killed.add(marker)
+                    killed.add(pid)
+                if pid in killed:
+                    handled.add(marker)
             counts = asyncio.run(_counts(url))
             if sum(v for k, v in counts.items() if k.is_final) >= n:
                 break
@@ -120,7 +123,8 @@ def r1_runner_kills(n: int, workdir: Path) -> Row:
         and summary["twice"] == 0
         and summary["duplicated"] == 0
         and summary["succeeded"] == n
-        and kills == planned
+        and kills > 0
+        and len(handled) == planned
     )
     return "R1", "SIGKILL runner processes mid-rollout", figures, holds
 
@@ -467,15 +471,14 @@ def _r6_process_death(workdir: Path) -> tuple[str, float]:
     config = RunnerConfig(adapters=[], lease_s=1.0, drain_timeout_s=5)
     pool = RunnerPool("reliability_agents:dies_once", url, processes=1, config=config, max_restarts=3)
     started = time.monotonic()
-    pool.start()
-    pool.wait_ready()
+    pool.start()  # no wait_ready: the process may die in its first rollout before a slow machine reports ready
 
     async def final() -> tuple[t.Rollout, float]:
         store = open_store(url)
         try:
             while True:
                 (rollout,) = await store.get_rollouts(["dies"])
-                if rollout.status.is_final or time.monotonic() - started > 60:
+                if rollout.status.is_final or time.monotonic() - started > 300:
                     return rollout, time.monotonic() - started
                 pool.watch()
                 await asyncio.sleep(0.2)
@@ -530,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small versions of every row")
     parser.add_argument("--rows", default="R1,R2,R3,R4,R5,R6", help="comma-separated rows to run")
     parser.add_argument("--rollouts", type=int, default=None, help="R1 rollouts (default 1000, quick 100)")
+    parser.add_argument("--examples", type=int, default=None, help="R3 examples per operation (default 50, quick 5)")
     args = parser.parse_args(argv)
     rows = {r.strip().upper() for r in args.rows.split(",")}
     n = args.rollouts or (100 if args.quick else 1000)
@@ -539,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         steps: list[tuple[str, Callable[[], Row]]] = [
             ("R1", lambda: r1_runner_kills(n, workdir)),
             ("R2", lambda: r2_server_kills(workdir, 1.0 if args.quick else 3.0, postgres=not args.quick)),
-            ("R3", lambda: r3_fuzz(workdir, 5 if args.quick else 50)),
+            ("R3", lambda: r3_fuzz(workdir, args.examples or (5 if args.quick else 50))),
             ("R4", r4_hijack),
             ("R5", r5_upstreams),
             ("R6", lambda: r6_agents(workdir)),

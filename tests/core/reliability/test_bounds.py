@@ -11,8 +11,9 @@ import pytest_asyncio
 
 from agentbolt import types as t
 from agentbolt.emit import emit_reward
-from agentbolt.errors import UserError
+from agentbolt.errors import SchemaError, UserError
 from agentbolt.gateway import Gateway
+from agentbolt.runs import RunSpec
 from agentbolt.server import ServerThread
 from agentbolt.store import Store, open_store
 
@@ -48,6 +49,21 @@ async def test_python_api_refuses_bad_numbers(store: Store) -> None:
     # the attempt is untouched by all of the above
     rollout = await store.finish_attempt(aid, t.AttemptStatus.SUCCEEDED, reward=1.0)
     assert rollout.status is t.RolloutStatus.SUCCEEDED and rollout.final_reward == 1.0
+
+
+async def test_python_api_refuses_bad_numbers_for_runs(store: Store) -> None:
+    run = await store.start_run(RunSpec(algorithm="evaluate"))
+    for limit in (0, HUGE):
+        with pytest.raises(UserError, match="limit"):
+            await store.list_runs(limit=limit)
+    with pytest.raises(UserError, match="step"):
+        await store.add_run_metrics(run.run_id, HUGE, {"loss": 1.0})
+    for value in (10**400, float("nan")):
+        with pytest.raises(SchemaError, match="finite"):
+            await store.add_run_metrics(run.run_id, 1, {"loss": value})
+    with pytest.raises(UserError, match="after_seq"):
+        await store.get_run_metrics(run.run_id, after_seq=HUGE)
+    assert await store.get_run_metrics(run.run_id) == []  # nothing was recorded
 
 
 def test_models_refuse_values_no_store_can_keep() -> None:
@@ -92,6 +108,11 @@ def server() -> Iterator[ServerThread]:
         ("/v1/rollouts", {"specs": [{"resources_version": HUGE}]}),
         ("/v1/attempts/finish", b'{"attempt_id": "a", "status": "succeeded", "reward": 1e999}'),
         ("/v1/resources", {"extra": {"x": -HUGE}}),
+        ("/v1/runs/run-x/metrics", {"step": HUGE, "values": {}}),
+        ("/v1/runs/run-x/metrics", b'{"step": 1, "values": {"loss": 1e999}}'),
+        ("/v1/rollouts/search", {"step": HUGE}),
+        ("/v1/rollouts/search", {"offset": HUGE}),
+        ("/v1/rollouts/search", b'{"reward_min": -1e999}'),
     ],
 )
 def test_store_server_answers_4xx_for_out_of_range_values(server: ServerThread, path: str, body: object) -> None:
@@ -110,6 +131,9 @@ def test_store_server_refuses_nan_literals_and_huge_query_ints(server: ServerThr
     for query in (f"limit={HUGE}", "limit=0", "limit=-1"):
         assert httpx.get(f"{server.url}/v1/rollouts?{query}").status_code == 422
     assert httpx.get(f"{server.url}/v1/resources?version={HUGE}").status_code == 422
+    for query in (f"limit={HUGE}", "limit=0"):
+        assert httpx.get(f"{server.url}/v1/runs?{query}").status_code == 422
+    assert httpx.get(f"{server.url}/v1/runs/run-x/metrics?after_seq={HUGE}").status_code == 422
 
 
 @pytest_asyncio.fixture

@@ -123,20 +123,24 @@ def check_metric_values(values: Mapping[str, float]) -> dict[str, float]:
             raise SchemaError(f"metric names must be non-empty strings, got {key!r}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise SchemaError(f"metric {key!r} must be a number, got {type(value).__name__}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the float range
+            raise SchemaError(f"metric {key!r} is beyond the float range; only finite values are recorded") from None
+        if not math.isfinite(number):
             raise SchemaError(f"metric {key!r} is {value}; only finite values are recorded")
-        out[key] = float(value)
+        out[key] = number
     return out
 
 
 class RolloutSearch(BaseModel):
     """Filters of :meth:`~agentbolt.store.Store.search_rollouts` (all optional, combined with AND)."""
 
-    model_config = _FROZEN
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     run_id: str | None = None
     """Only rollouts of this run."""
-    step: int | None = None
+    step: t.Int64 | None = None
     """Only rollouts of this step."""
     status: list[t.RolloutStatus] | None = None
     """Any of these statuses."""
@@ -152,7 +156,7 @@ class RolloutSearch(BaseModel):
     """Only rollouts whose error has this kind."""
     limit: int = Field(default=50, ge=1, le=1000)
     """Page size."""
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=t.INT64_MAX)
     """Rows to skip (newest first)."""
 
     @field_validator("text")

@@ -23,6 +23,8 @@ from starlette.responses import Response
 from ..runs import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, StoreHealth
 from ..store.base import Store
 from ..store.run_wire import FinishRunRequest, RunMetricsRequest, RunMetricsResponse, RunsResponse
+from ..store.wire import MAX_LIMIT
+from ..types import INT64_MAX, INT64_MIN
 
 __all__ = ["add_run_routes"]
 
@@ -41,7 +43,9 @@ def add_run_routes(app: FastAPI, store: Store, docs: dict[str, Any]) -> None:
         return _ok(await store.start_run(body))
 
     @app.get("/v1/runs", response_model=RunsResponse, operation_id="list_runs", tags=tags, **docs)
-    async def list_runs(limit: Annotated[int, Query(description="Most runs returned.")] = 100) -> Response:
+    async def list_runs(
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Most runs returned.")] = 100,
+    ) -> Response:
         """The newest runs first."""
         return _ok(RunsResponse.model_construct(runs=await store.list_runs(limit=limit)))
 
@@ -63,7 +67,10 @@ def add_run_routes(app: FastAPI, store: Store, docs: dict[str, Any]) -> None:
         **docs,
     )
     async def get_run_metrics(
-        run_id: str, after_seq: Annotated[int | None, Query(description="Only metrics after this seq.")] = None
+        run_id: str,
+        after_seq: Annotated[
+            int | None, Query(ge=INT64_MIN, le=INT64_MAX, description="Only metrics after this seq.")
+        ] = None,
     ) -> Response:
         """A run's recorded metrics in seq order."""
         return _ok(RunMetricsResponse.model_construct(metrics=await store.get_run_metrics(run_id, after_seq=after_seq)))

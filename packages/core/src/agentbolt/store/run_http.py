@@ -19,6 +19,7 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
+from .run_common import check_after_seq, check_list_limit, check_step
 
 __all__ = ["HttpRunsMixin"]
 
@@ -55,17 +56,20 @@ class HttpRunsMixin:
     async def list_runs(self, *, limit: int = 100) -> list[Run]:
         from .run_wire import RunsResponse
 
+        check_list_limit(limit)
         return (await self._get("/v1/runs", RunsResponse, {"limit": limit})).runs
 
     async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
         from .run_wire import RunMetricsRequest
 
+        check_step(step)
         body = RunMetricsRequest(step=step, values=check_metric_values(values))
         return await self._post(f"{_path(run_id)}/metrics", body, RunMetrics, idempotent=False)
 
     async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
         from .run_wire import RunMetricsResponse
 
+        check_after_seq(after_seq)
         params = None if after_seq is None else {"after_seq": after_seq}
         return (await self._get(f"{_path(run_id)}/metrics", RunMetricsResponse, params)).metrics
 

@@ -69,6 +69,7 @@ class MemoryRunsMixin:
             return list(reversed(self._runs.values()))[:limit]
 
     async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
+        run_common.check_step(step)
         clean = check_metric_values(values)
         with self._lock:
             self._check_open()
@@ -82,6 +83,7 @@ class MemoryRunsMixin:
             return row
 
     async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
+        run_common.check_after_seq(after_seq)
         with self._lock:
             self._run_of(run_id)
             return [m for m in self._run_metrics[run_id] if after_seq is None or m.seq > after_seq]

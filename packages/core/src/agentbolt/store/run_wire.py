@@ -4,8 +4,9 @@ types themselves, shared by the server (:mod:`agentbolt.server.run_routes`) and 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from .. import types as t
 from ..runs import Run, RunMetrics, RunStatus
 
 __all__ = ["FinishRunRequest", "RunMetricsRequest", "RunMetricsResponse", "RunsResponse"]
@@ -23,7 +24,9 @@ class FinishRunRequest(BaseModel):
 class RunMetricsRequest(BaseModel):
     """Body of ``POST /v1/runs/{run_id}/metrics``."""
 
-    step: int
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    step: t.Int64
     """The algorithm's step."""
     values: dict[str, float] = Field(default_factory=dict)
     """Metric name -> finite value."""

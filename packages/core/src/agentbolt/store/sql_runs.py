@@ -151,6 +151,7 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
+        run_common.check_step(step)
         clean = check_metric_values(values)
 
         def tx(conn: Connection) -> RunMetrics:
@@ -172,6 +173,8 @@ class SqlRunsMixin:
         return await self._run(tx)
 
     async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
+        run_common.check_after_seq(after_seq)
+
         def tx(conn: Connection) -> list[RunMetrics]:
             key = self._load_run(conn, run_id).id
             stmt = sa.select(run_metrics).where(run_metrics.c.run_key == key)
