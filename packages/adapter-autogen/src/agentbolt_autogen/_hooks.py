@@ -14,11 +14,10 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
-from datetime import datetime
 from typing import Any
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises
+from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call, unix_ns
 from agentbolt.tracing import current_rollout
 
 from .errors import AutogenCaptureWarning
@@ -49,7 +48,6 @@ class AutogenHooks(AdapterHooks):
         super().__init__(adapter)
         self._handlers: dict[type, Callable[[Any, logging.LogRecord], None]] = {}
         self._filters: list[_EventFilter] = []
-        self._patched: tuple[type, Any, Any] | None = None
         self._chat_types: tuple[type, ...] = ()
         self._skip_types: tuple[type, ...] = ()
         self._task_result: type | None = None
@@ -95,11 +93,6 @@ class AutogenHooks(AdapterHooks):
         for f in self._filters:
             f.remove()
         self._filters = []
-        if self._patched is not None:
-            cls, original, replacement = self._patched
-            if cls.__dict__.get("run_stream") is replacement:
-                cls.run_stream = original  # type: ignore[attr-defined]
-            self._patched = None
         with self.lock:
             self._tool_args.clear()
             self._seen.clear()
@@ -125,16 +118,17 @@ class AutogenHooks(AdapterHooks):
             provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]
 
     def _patch_teams(self, cls: type) -> None:
-        original = cls.__dict__["run_stream"]
         hooks = self
 
-        @functools.wraps(original)
-        def run_stream(team: Any, *args: Any, **kwargs: Any) -> Any:
-            stream = original(team, *args, **kwargs)
-            return hooks.trace_team(team, stream) if hooks.active else stream
+        def wrap(original: Any) -> Any:
+            @functools.wraps(original)
+            def run_stream(team: Any, *args: Any, **kwargs: Any) -> Any:
+                stream = original(team, *args, **kwargs)
+                return hooks.trace_team(team, stream) if hooks.active else stream
 
-        cls.run_stream = run_stream  # type: ignore[attr-defined]
-        self._patched = (cls, original, run_stream)
+            return run_stream
+
+        self.patch(cls, "run_stream", wrap)
 
     # -- AutoGen's OpenTelemetry spans ------------------------------------------------------------
 
@@ -173,7 +167,7 @@ class AutogenHooks(AdapterHooks):
         fields = getattr(event, "kwargs", None) or {}
         response = fields.get("response")
         response = response if isinstance(response, Mapping) else {}
-        at = _record_ns(record)
+        at = unix_ns(record.created)
         attrs = self._llm_attributes(fields)
         attrs.update(_openai_response_attributes(response))
         model = attrs.get(semconv.GEN_AI_RESPONSE_MODEL)
@@ -197,7 +191,7 @@ class AutogenHooks(AdapterHooks):
         fields = getattr(event, "kwargs", None) or {}
         attrs = self._llm_attributes(fields)
         attrs[LLM_STREAM] = True
-        self.recorder.start(key, UnitRecord(semconv.KIND_LLM, "chat", attrs, _record_ns(record)))
+        self.recorder.start(key, UnitRecord(semconv.KIND_LLM, "chat", attrs, unix_ns(record.created)))
 
     def _on_stream_end(self, event: Any, record: logging.LogRecord) -> None:
         key = _stream_key()
@@ -212,7 +206,7 @@ class AutogenHooks(AdapterHooks):
         }
         if isinstance(result, Mapping):
             attrs.update(_create_result_attributes(result))
-        self.recorder.end(key, attributes=attrs, end_ns=_record_ns(record))
+        self.recorder.end(key, attributes=attrs, end_ns=unix_ns(record.created))
         self.warn(
             "stream",
             "AutoGen's streamed model calls (model_client_stream=True) report no response id, so LightningRL "
@@ -273,7 +267,7 @@ class AutogenHooks(AdapterHooks):
         call_ids = [str(c_id) for c in _as_list(getattr(message, "content", None)) if (c_id := _call_id(c)) is not None]
         if call_ids:
             attrs[TOOL_CALL_IDS] = call_ids
-        at = _datetime_ns(getattr(message, "created_at", None))
+        at = unix_ns(getattr(message, "created_at", None))
         key = ("message", message_id or next(self._ids), next(self._ids))
         self.recorder.start(key, UnitRecord(semconv.KIND_MESSAGE, f"message {kind}", attrs, at), parent_key=parent_key)
         self.recorder.end(key, end_ns=at or None)
@@ -452,16 +446,6 @@ def _stream_key() -> Hashable:
     return ("stream", threading.get_ident(), task, trace.get_current_span().get_span_context().span_id)
 
 
-def _record_ns(record: logging.LogRecord) -> int:
-    return int(record.created * 1e9)
-
-
-def _datetime_ns(value: Any) -> int:
-    if not isinstance(value, datetime):
-        return 0
-    return int(value.timestamp() * 1e6) * 1000
-
-
 def _openai_response_attributes(response: Mapping[str, Any]) -> dict[str, Any]:
     """GenAI attributes of a raw response (an OpenAI ``ChatCompletion`` dump, or another
     provider's response with ``id``/``model``)."""
@@ -498,13 +482,7 @@ def _create_result_attributes(result: Mapping[str, Any]) -> dict[str, Any]:
         message["content"] = content
     elif isinstance(content, list):
         message["tool_calls"] = [
-            {
-                "id": c.get("id"),
-                "type": "function",
-                "function": {"name": c.get("name"), "arguments": c.get("arguments")},
-            }
-            for c in content
-            if isinstance(c, Mapping)
+            tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in content if isinstance(c, Mapping)
         ]
     attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = [message]
     return attrs

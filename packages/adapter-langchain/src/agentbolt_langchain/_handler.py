@@ -28,7 +28,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers import context as lc_context
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises
+from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call
 
 __all__ = ["HOOK_VAR_NAME", "AgentboltCallbackHandler", "installed_handler"]
 
@@ -402,12 +402,7 @@ def _message(message: Any) -> dict[str, Any]:
     calls = getattr(message, "tool_calls", None)
     if calls:
         out["tool_calls"] = [
-            {
-                "id": c.get("id"),
-                "type": "function",
-                "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args"), default=str)},
-            }
-            for c in calls
+            tool_call(c.get("id"), c.get("name"), json.dumps(c.get("args"), default=str)) for c in calls
         ]
     call_id = getattr(message, "tool_call_id", None)
     if call_id:

@@ -39,7 +39,6 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from agents import RunConfig
@@ -59,7 +58,7 @@ from agents.tracing.spans import NoOpSpan
 from agents.tracing.traces import NoOpTrace
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises
+from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call, unix_ns
 
 from .errors import CaptureOffError, CaptureWarning
 
@@ -188,8 +187,7 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
 
     def uninstall(self) -> None:
         """Stop recording: the processor stays added (the SDK cannot remove one processor without
-        replacing all of them) but is inert; the response-id hook is removed."""
-        _unpatch_chat_completions()
+        replacing all of them) but is inert; the base class removes the response-id hook."""
         with self._lock:
             self._alias.clear()
             self._tool_calls.clear()
@@ -230,7 +228,7 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
             return
         record = mapping.start(data)
         record.attributes[SPAN_ID] = span.span_id
-        record.start_ns = _ns(span.started_at)
+        record.start_ns = unix_ns(span.started_at)
         if isinstance(data, HandoffSpanData):
             with self._lock:
                 self._handoffs[span.span_id] = record
@@ -261,7 +259,7 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
             attributes = mapping.end(self, span, data)
         except Exception as exc:  # one bad field does not lose the span
             self.guard(f"reading {data.type} span data", exc)
-        self.recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=_ns(span.ended_at))
+        self.recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=unix_ns(span.ended_at))
 
     def shutdown(self) -> None:
         """Nothing to flush: spans go to the rollout's sink as they end."""
@@ -423,16 +421,6 @@ def _mapping_of(data: Any) -> _Mapping | None:
 # -- field conversions --------------------------------------------------------------------------------
 
 
-def _ns(stamp: str | None) -> int:
-    """ISO-8601 SDK timestamp to Unix nanoseconds (0: unknown, the recorder uses now)."""
-    if not stamp:
-        return 0
-    try:
-        return int(datetime.fromisoformat(stamp).timestamp() * 1_000_000) * 1000
-    except (TypeError, ValueError):
-        return 0
-
-
 def _usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(usage, Mapping):
         return {}
@@ -491,13 +479,7 @@ def _response_messages(items: Sequence[Any]) -> list[dict[str, Any]]:
                 elif isinstance(part, Mapping) and part.get("type") == "refusal":
                     texts.append(str(part.get("refusal") or ""))
         elif kind == "function_call":
-            calls.append(
-                {
-                    "id": entry.get("call_id"),
-                    "type": "function",
-                    "function": {"name": entry.get("name"), "arguments": entry.get("arguments")},
-                }
-            )
+            calls.append(tool_call(entry.get("call_id"), entry.get("name"), entry.get("arguments")))
     if not texts and not calls:
         return []
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
@@ -602,12 +584,7 @@ class _ResponseIdHook:
 
 
 def _patch_chat_completions(hooks: AgentboltTraceProcessor) -> None:
-    cls = OpenAIChatCompletionsModel
-    original = cls.__dict__.get("_fetch_response")
-    if original is None or getattr(original, "__agentbolt__", False):
-        if original is None:
-            hooks.capture_warning("no_response_id_hook")
-        return
+    original = OpenAIChatCompletionsModel.__dict__.get("_fetch_response")
     try:
         names = list(inspect.signature(original).parameters)[1:]  # without self
         positions = {name: names.index(name) for name in ("span", "tracing", "stream")}
@@ -616,23 +593,18 @@ def _patch_chat_completions(hooks: AgentboltTraceProcessor) -> None:
         return
     hook = _ResponseIdHook(hooks, positions)
 
-    @functools.wraps(original)
-    async def _fetch_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not hooks.active:
-            return await original(self, *args, **kwargs)
-        key, stream = hook.before(args, kwargs)
-        result = await original(self, *args, **kwargs)
-        return hook.after(key, stream, result)
+    def wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        async def _fetch_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not hooks.active:
+                return await original(self, *args, **kwargs)
+            key, stream = hook.before(args, kwargs)
+            result = await original(self, *args, **kwargs)
+            return hook.after(key, stream, result)
 
-    _fetch_response.__agentbolt__ = True  # type: ignore[attr-defined]
-    cls._fetch_response = _fetch_response  # type: ignore[method-assign]
+        return _fetch_response
 
-
-def _unpatch_chat_completions() -> None:
-    cls = OpenAIChatCompletionsModel
-    current = cls.__dict__.get("_fetch_response")
-    if getattr(current, "__agentbolt__", False):  # someone wrapping ours keeps a pass-through
-        cls._fetch_response = current.__wrapped__  # type: ignore[union-attr,method-assign]
+    hooks.patch(OpenAIChatCompletionsModel, "_fetch_response", wrap)
 
 
 def _is_added(provider: Any, processor: AgentboltTraceProcessor) -> bool:

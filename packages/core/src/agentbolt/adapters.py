@@ -13,6 +13,22 @@ does).
 
 Runners instrument every installed adapter plugin at start (see
 :func:`instrument_adapters`); the user's code needs no change.
+
+Every adapter package has the same skeleton (``agentbolt_<framework>``)::
+
+    plugin.py     registers the adapter factory (imports neither the framework nor the adapter)
+    adapter.py    the Adapter subclass: name, framework distribution and supported versions,
+                  options, make_hooks() (imports the hooks module lazily)
+    _hooks.py     (or _handler.py, _processor.py) the AdapterHooks subclass: the framework
+                  translation, the only module that imports the framework
+    errors.py     the package's warnings and errors, when it has any
+    __init__.py   the public names and ``__version__``; ``py.typed``
+
+What they share lives here: the lifecycle (:class:`Adapter`: version check, install once per
+process, idempotent instrument/uninstrument), the hooks' state and guards
+(:class:`AdapterHooks`, :func:`never_raises`), and the span building (:class:`SpanRecorder`).
+Attribute names come from :mod:`agentbolt.semconv`; framework-specific ones are spelt in the
+framework's namespace (``autogen.*``, ``langgraph.*``, ``openai_agents.*``) in the hooks module.
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 from opentelemetry import trace as otel_trace
@@ -50,6 +67,8 @@ __all__ = [
     "in_rollout",
     "instrument_adapters",
     "never_raises",
+    "tool_call",
+    "unix_ns",
 ]
 
 log = logging.getLogger(__name__)
@@ -181,6 +200,26 @@ def in_rollout() -> bool:
     return ctx is not None and ctx.sink is not None
 
 
+def unix_ns(value: Any) -> int:
+    """Unix nanoseconds of a framework's timestamp: a ``datetime``, an ISO-8601 string or Unix
+    seconds; 0 when unknown (:class:`SpanRecorder` then uses now)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return 0
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1_000_000) * 1000
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value * 1e9)
+    return 0
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """A tool call as ``gen_ai.output.messages`` hold it (an OpenAI chat ``tool_calls`` entry)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 class AdapterHooks(abc.ABC):
     """An adapter's hooks into its framework (a callback handler, a trace or span processor, a
     patched method): one object per adapter class and process, shared by every instance.
@@ -201,6 +240,7 @@ class AdapterHooks(abc.ABC):
         """Whether callbacks record (read without the lock: a plain attribute read is atomic)."""
         self._owners: list[Adapter] = []
         self._said: set[str] = set()
+        self._patches: list[tuple[type, str, Any, Any]] = []
 
     @property
     def owner(self) -> Adapter | None:
@@ -230,6 +270,7 @@ class AdapterHooks(abc.ABC):
                 except BaseException:
                     with contextlib.suppress(Exception):
                         self.uninstall()
+                    self._unpatch()
                     raise
                 self.active = True
             if not any(o is adapter for o in self._owners):
@@ -245,7 +286,32 @@ class AdapterHooks(abc.ABC):
             try:
                 self.uninstall()
             finally:
+                self._unpatch()
                 self.recorder.discard_all()
+
+    def patch(self, owner: type, name: str, wrap: Callable[[Any], Any]) -> bool:
+        """Replace the framework method ``owner.name`` by ``wrap(original)`` until the hooks are
+        uninstalled (for frameworks without a hook point where one is needed). The wrapper should
+        do its work only while :attr:`active`. Returns False when ``owner`` defines no ``name``
+        (a framework version that changed: say so with :meth:`warn`)."""
+        original = owner.__dict__.get(name)
+        if original is None:
+            return False
+        if getattr(original, "__agentbolt_hooks__", None) is self:
+            return True  # ours is still in place, possibly under someone else's wrapper (functools.wraps)
+        replacement = wrap(original)
+        replacement.__agentbolt_hooks__ = self
+        setattr(owner, name, replacement)
+        self._patches.append((owner, name, original, replacement))
+        return True
+
+    def _unpatch(self) -> None:
+        """Put back what :meth:`patch` replaced (unless someone replaced our wrapper since: theirs
+        keeps calling ours, which passes through once inactive)."""
+        while self._patches:
+            owner, name, original, replacement = self._patches.pop()
+            if owner.__dict__.get(name) is replacement:
+                setattr(owner, name, original)
 
     def guard(self, what: str, exc: BaseException) -> None:
         """Count and log (once per kind) an error of the translation code; the framework never sees it."""
