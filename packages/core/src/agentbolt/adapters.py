@@ -317,17 +317,17 @@ class AdapterHooks(abc.ABC):
         """Count and log (once per kind) an error of the translation code; the framework never sees it."""
         self.recorder.guard(what, exc)
 
-    def warn(self, kind: str, message: str, category: type[Warning] = UserWarning) -> None:
+    def warn(
+        self, kind: str, message: str, category: type[Warning] = UserWarning, *, level: int = logging.WARNING
+    ) -> None:
         """A capture problem the user must act on: a warning each time (Python's filters show it
-        once per place) and a log line once per ``kind``. Never raises, not even when warnings
-        are turned into errors."""
-        try:
+        once per place) and a log line at ``level`` once per ``kind``. Never raises, not even
+        when warnings are turned into errors."""
+        with contextlib.suppress(Exception):
             warnings.warn(message, category, stacklevel=3)
-        except Exception:
-            pass
         if kind not in self._said:
             self._said.add(kind)
-            log.warning("%s adapter: %s", self.adapter, message)
+            log.log(level, "%s adapter: %s", self.adapter, message)
 
 
 @dataclass
