@@ -20,7 +20,8 @@ Every adapter package has the same skeleton (``agentbolt_<framework>``)::
     adapter.py    the Adapter subclass: name, framework distribution and supported versions,
                   options, make_hooks() (imports the hooks module lazily)
     _hooks.py     (or _handler.py, _processor.py) the AdapterHooks subclass: the framework
-                  translation, the only module that imports the framework
+                  translation; it and the private modules it uses are the only ones that
+                  import the framework
     errors.py     the package's warnings and errors, when it has any
     __init__.py   the public names and ``__version__``; ``py.typed``
 
