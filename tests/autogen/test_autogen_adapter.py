@@ -265,9 +265,6 @@ async def test_streamed_calls_are_llm_spans_without_a_response_id_and_say_so(
 ) -> None:
     from autogen_agentchat.agents import AssistantAgent
 
-    from agentbolt_autogen import adapter as module
-
-    module._HOOKS._said.discard("stream")  # said once per process
     sink = ListSink()
     client = ag.client_for(base_url=fake_server.base_url)
     agent = AssistantAgent(

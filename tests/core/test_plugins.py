@@ -166,7 +166,7 @@ def test_env_var_restricts_loading(site: Path, env: str, loaded: set[str]) -> No
         site, "abtest-good2", "1.0", "abtest_good2", GOOD.replace('"fake"', '"fake2"').replace('"booster"', '"b2"')
     )
     plugins = Plugins(environ={"AGENTBOLT_PLUGINS": env})
-    names = {i.name for i in plugins.infos()} - {"agentbolt", "torch", "verl"}
+    names = {i.name for i in plugins.infos()} - {"agentbolt", "torch"}
     assert names == loaded
     assert "sqlite" in plugins.stores  # built-ins always load
 

@@ -31,7 +31,7 @@ from agentbolt.testing.adapter_conformance import AdapterConformance, AdapterRun
 from agentbolt.testing.fake_llm import FakeLLMServer, FakeTokenizer
 from agentbolt.tracing import RolloutContext, rollout_context
 from agentbolt_openai_agents import CaptureOffError, CaptureWarning, OpenAIAgentsAdapter
-from agentbolt_openai_agents._processor import SENSITIVE_DATA, TOOL_ARGUMENTS, TOOL_RESULT
+from agentbolt_openai_agents._processor import SENSITIVE_DATA
 
 KIND = semconv.SPAN_KIND_ATTR
 
@@ -74,8 +74,8 @@ def test_handoff_is_recorded_between_the_two_agents(dev_run: AdapterRun) -> None
         assert set(agents) == {"retriever", "answerer"}
         (handoff,) = [s for s in own if s.attributes.get(semconv.OPERATION_NAME) == "handoff"]
         assert handoff.name == "handoff retriever -> answerer"
-        assert handoff.attributes["openai_agents.handoff.from_agent"] == "retriever"
-        assert handoff.attributes["openai_agents.handoff.to_agent"] == "answerer"
+        assert handoff.attributes[semconv.HANDOFF_FROM_AGENT] == "retriever"
+        assert handoff.attributes[semconv.HANDOFF_TO_AGENT] == "answerer"
         assert handoff.parent_span_id == agents["retriever"].span_id  # made by the retriever's turn
         (root,) = [s for s in own if s.parent_span_id not in by_id]
         assert root.name == "Agent workflow"
@@ -127,8 +127,8 @@ def test_a_failing_tool_is_an_error_span_and_the_run_goes_on(dev_run: AdapterRun
     assert bad.name == "execute_tool lookup_population"
     assert bad.status.message.startswith("Error running tool")
     assert bad.attributes[semconv.ERROR_TYPE]
-    assert bad.attributes[TOOL_ARGUMENTS] == '{"country":"Peru"}'
-    assert ok[0].attributes[TOOL_RESULT] == "Lima is the capital of Peru."
+    assert bad.attributes[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] == '{"country":"Peru"}'
+    assert ok[0].attributes[semconv.GEN_AI_TOOL_CALL_RESULT] == "Lima is the capital of Peru."
     # the tool call id comes from the LLM output that requested it (the gateway's first response)
     first = min(dev_run.gateway_spans(rollout.rollout_id), key=lambda s: s.seq or 0)
     (call,) = tool_calls_of(first.attributes[semconv.LLM_RESPONSE])
@@ -283,7 +283,7 @@ def test_a_run_without_sensitive_data_is_warned_about_and_marked(
     assert len(llm) == 3 and all(s.attributes[SENSITIVE_DATA] is False for s in llm)
     assert llm_ids(spans) == sdk_response_ids(result)  # the join still works: structure is kept
     tools = [s for s in spans if kind_of(s) == semconv.KIND_TOOL]
-    assert tools and all(TOOL_ARGUMENTS not in s.attributes for s in tools)  # what the SDK left out
+    assert tools and all(semconv.GEN_AI_TOOL_CALL_ARGUMENTS not in s.attributes for s in tools)  # what the SDK left out
 
 
 def test_a_run_with_tracing_disabled_is_warned_about(adapter: OpenAIAgentsAdapter, server: FakeLLMServer) -> None:

@@ -13,6 +13,14 @@ Importing this package is cheap: AutoGen is imported when the adapter is instrum
 
 from __future__ import annotations
 
-from .adapter import AutogenAdapter
+import importlib.metadata
 
-__all__ = ["AutogenAdapter"]
+from .adapter import AutogenAdapter
+from .errors import AutogenCaptureWarning
+
+try:
+    __version__ = importlib.metadata.version("agentbolt-autogen")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["AutogenAdapter", "AutogenCaptureWarning", "__version__"]

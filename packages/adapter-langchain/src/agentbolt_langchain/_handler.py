@@ -1,16 +1,17 @@
 """The callback handler and its LangChain configure hook (this module imports langchain-core).
 
-One handler per process is registered with ``register_configure_hook`` through a
-``ContextVar`` whose default is the handler, so LangChain adds it to every run's callback
-manager (``inheritable``: child runs get it too) without a ``callbacks=`` argument. LangChain
-offers no way to unregister a hook, so the handler stays registered; it is inert while no
-adapter is attached, and otherwise handles events only for runs that start while a rollout
-is current (or under a run that did): its ``ignore_*`` properties say so before LangChain
-dispatches an event.
+The handler is the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per process,
+registered with ``register_configure_hook`` through a ``ContextVar`` whose default is the
+handler, so LangChain adds it to every run's callback manager (``inheritable``: child runs get
+it too) without a ``callbacks=`` argument. LangChain offers no way to unregister a hook, so the
+handler stays registered; it is inert while no adapter is instrumented, and otherwise handles
+events only for runs that start while a rollout is current (or under a run that did): its
+``ignore_*`` properties say so before LangChain dispatches an event. The first instrumented
+adapter's options (``agent_names``, ``capture_content``) apply.
 
 Translation only: each callback turns LangChain's arguments into a
 :class:`~agentbolt.adapters.UnitRecord` keyed by LangChain's ``run_id`` (parent:
-``parent_run_id``), and the adapter's :class:`~agentbolt.adapters.SpanRecorder` builds and
+``parent_run_id``), and the hooks' :class:`~agentbolt.adapters.SpanRecorder` builds and
 routes the spans. No context is attached or detached here, and no exception reaches LangChain.
 """
 
@@ -18,25 +19,18 @@ from __future__ import annotations
 
 import contextvars
 import json
-import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers import context as lc_context
 
 from agentbolt import semconv
-from agentbolt.adapters import UnitRecord
-from agentbolt.tracing import current_rollout
-
-if TYPE_CHECKING:
-    from .adapter import LangChainAdapter
+from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call
 
 __all__ = ["HOOK_VAR_NAME", "AgentboltCallbackHandler", "installed_handler"]
-
-log = logging.getLogger(__name__)
 
 HOOK_VAR_NAME = "agentbolt_langchain_handler"
 """Name of the ``ContextVar`` registered with LangChain (how a second copy finds the first)."""
@@ -45,63 +39,51 @@ RUN_ID = "langchain.run_id"
 LANGGRAPH_NODE = "langgraph.node"
 LANGGRAPH_STEP = "langgraph.step"
 LANGGRAPH_CONTROL_FLOW = "langgraph.control_flow"
-TOOL_DESCRIPTION = "gen_ai.tool.description"
-TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
 _MAX_CONTENT = 65536
 
 
-class AgentboltCallbackHandler(BaseCallbackHandler):
-    """Translates LangChain callbacks into units of the attached adapter's recorder.
+class _Options(Protocol):
+    """What the handler reads from the recording adapter (a ``LangChainAdapter``)."""
 
-    Shared by every :class:`~agentbolt_langchain.LangChainAdapter` of the process: the first
-    attached adapter records, the others wait their turn.
-    """
+    agent_names: str
+    capture_content: bool
+
+
+class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
+    """Translates LangChain callbacks into units of the process's recorder (see the module docstring)."""
 
     run_inline = True  # thread-safe and non-blocking: no executor hop in async callback managers
     raise_error = False
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._adapters: list[LangChainAdapter] = []
-        self.adapter: LangChainAdapter | None = None
-        """The adapter recording now (the first attached), or ``None``."""
+        super().__init__("langchain")
         self._open: set[UUID] = set()  # runs recorded as units
         self._skipped: dict[UUID, UUID] = {}  # chain runs not recorded -> nearest recorded ancestor
-        self._logged: set[str] = set()
-        self.errors = 0
+
+    @property
+    def errors(self) -> int:
         """Translation errors swallowed (each type is logged once)."""
+        return self.recorder.errors
 
-    # -- adapters ---------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Nothing to do: the handler is registered with LangChain once, when created."""
 
-    def attach(self, adapter: LangChainAdapter) -> None:
-        """Add an instrumented adapter (it records if it is the first)."""
-        with self._lock:
-            if not any(a is adapter for a in self._adapters):
-                self._adapters.append(adapter)
-            self._set_active()
-
-    def detach(self, adapter: LangChainAdapter) -> None:
-        """Remove an adapter; the next attached one, if any, takes over."""
-        with self._lock:
-            self._adapters = [a for a in self._adapters if a is not adapter]
-            self._set_active()
-
-    def _set_active(self) -> None:
-        active = self._adapters[0] if self._adapters else None
-        if active is not self.adapter:
-            self._open.clear()  # units of the previous recorder are its own; it discards them
+    def uninstall(self) -> None:
+        with self.lock:
+            self._open.clear()
             self._skipped.clear()
-            self.adapter = active
+
+    def _options(self) -> _Options | None:
+        return cast("_Options | None", self.owner)
 
     # -- when LangChain dispatches to us ------------------------------------------------------------
 
     def _ignored(self) -> bool:
-        if self.adapter is None:
+        if self.owner is None:
             return True
-        return not self._open and not self._skipped and not _in_rollout()
+        return not self._open and not self._skipped and not in_rollout()
 
     @property
     def ignore_chain(self) -> bool:
@@ -133,41 +115,34 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
 
     # -- bookkeeping --------------------------------------------------------------------------------
 
-    def _guard(self, what: str, exc: BaseException) -> None:
-        self.errors += 1
-        kind = f"{what}:{type(exc).__name__}"
-        if kind not in self._logged:
-            self._logged.add(kind)
-            log.warning("langchain adapter: %s failed (%r); LangChain is unaffected", what, exc)
-
     def _parent(self, parent_run_id: UUID | None) -> tuple[UUID | None, bool]:
         """(nearest recorded ancestor, whether the parent run is one we track)."""
         if parent_run_id is None:
             return None, False
-        with self._lock:
+        with self.lock:
             if parent_run_id in self._open:
                 return parent_run_id, True
             ancestor = self._skipped.get(parent_run_id)
         return ancestor, ancestor is not None
 
-    def _start(self, adapter: LangChainAdapter, run_id: UUID, record: UnitRecord, parent: UUID | None) -> None:
-        with self._lock:
+    def _start(self, run_id: UUID, record: UnitRecord, parent: UUID | None) -> None:
+        with self.lock:
             self._open.add(run_id)
-        adapter.recorder.start(run_id, record, parent_key=parent)
+        self.recorder.start(run_id, record, parent_key=parent)
 
-    def _close(self, run_id: UUID) -> LangChainAdapter | None:
-        """Forget a run; the adapter whose unit it is, or ``None`` when it is not one."""
-        with self._lock:
+    def _close(self, run_id: UUID) -> bool:
+        """Forget a run; whether it is a unit to end."""
+        with self.lock:
             if self._skipped.pop(run_id, None) is not None or run_id not in self._open:
-                return None
+                return False
             self._open.discard(run_id)
-            return self.adapter
+            return self.owner is not None
 
     def _skip(self, run_id: UUID, ancestor: UUID | None) -> None:
         """Leave ``run_id`` out (not a span, or its start failed): its children attach to ``ancestor``."""
         if ancestor is None:
             return
-        with self._lock:
+        with self.lock:
             if run_id not in self._open:
                 self._skipped[run_id] = ancestor
 
@@ -184,13 +159,13 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        adapter = self.adapter
-        if adapter is None:
+        options = self._options()
+        if options is None:
             return
         parent, known = None, False
         try:
             parent, known = self._parent(parent_run_id)
-            if not known and not _in_rollout():
+            if not known and not in_rollout():
                 return
             name = kwargs.get("name") or _serialized_name(serialized) or "chain"
             meta = metadata or {}
@@ -200,36 +175,30 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
                 if node != name or not isinstance(node, str) or node.startswith("__"):
                     self._skip(run_id, parent)
                     return
-                agent = _node_path(meta, node) if adapter.agent_names == "path" else node
+                agent = _node_path(meta, node) if options.agent_names == "path" else node
                 attrs[LANGGRAPH_NODE] = node
                 attrs[LANGGRAPH_STEP] = meta.get("langgraph_step")
             else:  # the outermost run of this rollout's LangChain work
                 agent = str(name)
             attrs[semconv.GEN_AI_AGENT_NAME] = agent
-            self._start(adapter, run_id, UnitRecord(semconv.KIND_AGENT, f"invoke_agent {agent}", attrs), parent)
+            self._start(run_id, UnitRecord(semconv.KIND_AGENT, f"{semconv.OP_INVOKE_AGENT} {agent}", attrs), parent)
         except Exception as exc:
-            self._guard("on_chain_start", exc)
+            self.guard("on_chain_start", exc)
             self._skip(run_id, parent)
 
+    @never_raises("on_chain_end")
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            adapter = self._close(run_id)
-            if adapter is not None:
-                adapter.recorder.end(run_id)
-        except Exception as exc:
-            self._guard("on_chain_end", exc)
+        if self._close(run_id):
+            self.recorder.end(run_id)
 
+    @never_raises("on_chain_error")
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            adapter = self._close(run_id)
-            if adapter is None:
-                return
-            if _is_control_flow(error):  # interrupts, Command(graph=PARENT): not failures
-                adapter.recorder.end(run_id, attributes={LANGGRAPH_CONTROL_FLOW: type(error).__name__})
-            else:
-                adapter.recorder.end(run_id, error=error)
-        except Exception as exc:
-            self._guard("on_chain_error", exc)
+        if not self._close(run_id):
+            return
+        if _is_control_flow(error):  # interrupts, Command(graph=PARENT): not failures
+            self.recorder.end(run_id, attributes={LANGGRAPH_CONTROL_FLOW: type(error).__name__})
+        else:
+            self.recorder.end(run_id, error=error)
 
     # -- model calls ----------------------------------------------------------------------------------
 
@@ -259,6 +228,7 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
     ) -> None:
         self._model_start(semconv.OP_TEXT_COMPLETION, serialized, prompts, run_id, parent_run_id, metadata, kwargs)
 
+    @never_raises("on_llm_start")
     def _model_start(
         self,
         operation: str,
@@ -269,58 +239,50 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None,
         kwargs: Mapping[str, Any],
     ) -> None:
-        adapter = self.adapter
-        if adapter is None:
+        options = self._options()
+        if options is None:
+            return
+        parent, known = self._parent(parent_run_id)
+        if not known and not in_rollout():
+            return
+        meta = metadata or {}
+        params = kwargs.get("invocation_params") or {}
+        model = params.get("model") or params.get("model_name") or meta.get("ls_model_name")
+        attrs: dict[str, Any] = {
+            RUN_ID: str(run_id),
+            semconv.GEN_AI_OPERATION_NAME: operation,
+            semconv.GEN_AI_REQUEST_MODEL: model if isinstance(model, str) else None,
+            semconv.GEN_AI_SYSTEM: meta.get("ls_provider"),
+            semconv.GEN_AI_REQUEST_TEMPERATURE: _number(params.get("temperature", meta.get("ls_temperature"))),
+            semconv.GEN_AI_REQUEST_TOP_P: _number(params.get("top_p")),
+            semconv.GEN_AI_REQUEST_MAX_TOKENS: _number(
+                params.get("max_tokens") or params.get("max_completion_tokens") or meta.get("ls_max_tokens")
+            ),
+        }
+        if options.capture_content and inputs:
+            first = inputs[0]
+            attrs[semconv.GEN_AI_INPUT_MESSAGES] = _json(
+                [{"role": "user", "content": first}] if isinstance(first, str) else [_message(m) for m in first]
+            )
+        name = f"{operation} {model}" if isinstance(model, str) and model else operation
+        self._start(run_id, UnitRecord(semconv.KIND_LLM, name, attrs), parent)
+
+    @never_raises("on_llm_end")
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        options = self._options()
+        if options is None or not self._close(run_id):
             return
         try:
-            parent, known = self._parent(parent_run_id)
-            if not known and not _in_rollout():
-                return
-            meta = metadata or {}
-            params = kwargs.get("invocation_params") or {}
-            model = params.get("model") or params.get("model_name") or meta.get("ls_model_name")
-            attrs: dict[str, Any] = {
-                RUN_ID: str(run_id),
-                semconv.GEN_AI_OPERATION_NAME: operation,
-                semconv.GEN_AI_REQUEST_MODEL: model if isinstance(model, str) else None,
-                semconv.GEN_AI_SYSTEM: meta.get("ls_provider"),
-                semconv.GEN_AI_REQUEST_TEMPERATURE: _number(params.get("temperature", meta.get("ls_temperature"))),
-                semconv.GEN_AI_REQUEST_TOP_P: _number(params.get("top_p")),
-                semconv.GEN_AI_REQUEST_MAX_TOKENS: _number(
-                    params.get("max_tokens") or params.get("max_completion_tokens") or meta.get("ls_max_tokens")
-                ),
-            }
-            if adapter.capture_content and inputs:
-                first = inputs[0]
-                attrs[semconv.GEN_AI_INPUT_MESSAGES] = _json(
-                    [{"role": "user", "content": first}] if isinstance(first, str) else [_message(m) for m in first]
-                )
-            name = f"{operation} {model}" if isinstance(model, str) and model else operation
-            self._start(adapter, run_id, UnitRecord(semconv.KIND_LLM, name, attrs), parent)
-        except Exception as exc:
-            self._guard("on_llm_start", exc)
+            attrs = _result_attributes(response, options.capture_content)
+        except Exception as exc:  # a field we could not read does not lose the span
+            self.guard("reading the LLM result", exc)
+            attrs = {}
+        self.recorder.end(run_id, attributes=attrs)
 
-    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            adapter = self._close(run_id)
-            if adapter is None:
-                return
-            try:
-                attrs = _result_attributes(response, adapter.capture_content)
-            except Exception as exc:  # a field we could not read does not lose the span
-                self._guard("reading the LLM result", exc)
-                attrs = {}
-            adapter.recorder.end(run_id, attributes=attrs)
-        except Exception as exc:
-            self._guard("on_llm_end", exc)
-
+    @never_raises("on_llm_error")
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            adapter = self._close(run_id)
-            if adapter is not None:
-                adapter.recorder.end(run_id, error=error)
-        except Exception as exc:
-            self._guard("on_llm_error", exc)
+        if self._close(run_id):
+            self.recorder.end(run_id, error=error)
 
     # -- tools ----------------------------------------------------------------------------------------
 
@@ -336,13 +298,13 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
         inputs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        adapter = self.adapter
-        if adapter is None:
+        options = self._options()
+        if options is None:
             return
         parent = None
         try:
             parent, known = self._parent(parent_run_id)
-            if not known and not _in_rollout():
+            if not known and not in_rollout():
                 return
             name = kwargs.get("name") or _serialized_name(serialized) or "tool"
             attrs: dict[str, Any] = {
@@ -350,54 +312,43 @@ class AgentboltCallbackHandler(BaseCallbackHandler):
                 semconv.GEN_AI_TOOL_NAME: name,
                 semconv.GEN_AI_TOOL_CALL_ID: kwargs.get("tool_call_id"),
             }
-            if adapter.capture_content:
-                attrs[TOOL_DESCRIPTION] = (serialized or {}).get("description")
-                attrs[TOOL_CALL_ARGUMENTS] = _json(inputs) if inputs is not None else input_str
-            self._start(adapter, run_id, UnitRecord(semconv.KIND_TOOL, f"execute_tool {name}", attrs), parent)
+            if options.capture_content:
+                attrs[semconv.GEN_AI_TOOL_DESCRIPTION] = (serialized or {}).get("description")
+                attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(inputs) if inputs is not None else input_str
+            self._start(run_id, UnitRecord(semconv.KIND_TOOL, f"{semconv.OP_EXECUTE_TOOL} {name}", attrs), parent)
         except Exception as exc:
-            self._guard("on_tool_start", exc)
+            self.guard("on_tool_start", exc)
             self._skip(run_id, parent)  # runs the tool starts still attach to the nearest recorded run
 
+    @never_raises("on_tool_end")
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        options = self._options()
+        if options is None or not self._close(run_id):
+            return
+        attrs: dict[str, Any] = {}
+        error: str | None = None
         try:
-            adapter = self._close(run_id)
-            if adapter is None:
-                return
-            attrs: dict[str, Any] = {}
-            error: str | None = None
-            try:
-                call_id = getattr(output, "tool_call_id", None)  # a ToolMessage
-                if isinstance(call_id, str):
-                    attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
-                content = getattr(output, "content", output)
-                if getattr(output, "status", None) == "error":  # the tool handled its own error
-                    error = f"tool returned an error: {_text(content)[:2000]}"
-                if adapter.capture_content:
-                    attrs[TOOL_CALL_RESULT] = _text(content)[:_MAX_CONTENT]
-            except Exception as exc:  # a field we could not read does not lose the span
-                self._guard("reading the tool output", exc)
-            adapter.recorder.end(run_id, attributes=attrs, error=error)
-        except Exception as exc:
-            self._guard("on_tool_end", exc)
+            call_id = getattr(output, "tool_call_id", None)  # a ToolMessage
+            if isinstance(call_id, str):
+                attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
+            content = getattr(output, "content", output)
+            if getattr(output, "status", None) == "error":  # the tool handled its own error
+                error = f"tool returned an error: {_text(content)[:2000]}"
+            if options.capture_content:
+                attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = _text(content)[:_MAX_CONTENT]
+        except Exception as exc:  # a field we could not read does not lose the span
+            self.guard("reading the tool output", exc)
+        self.recorder.end(run_id, attributes=attrs, error=error)
 
+    @never_raises("on_tool_error")
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        try:
-            adapter = self._close(run_id)
-            if adapter is not None:
-                call_id = kwargs.get("tool_call_id")
-                attrs = {semconv.GEN_AI_TOOL_CALL_ID: call_id} if isinstance(call_id, str) else None
-                adapter.recorder.end(run_id, attributes=attrs, error=error)
-        except Exception as exc:
-            self._guard("on_tool_error", exc)
+        if self._close(run_id):
+            call_id = kwargs.get("tool_call_id")
+            attrs = {semconv.GEN_AI_TOOL_CALL_ID: call_id} if isinstance(call_id, str) else None
+            self.recorder.end(run_id, attributes=attrs, error=error)
 
 
 # -- translation helpers ------------------------------------------------------------------------------
-
-
-def _in_rollout() -> bool:
-    """A rollout that records spans is current (not one run with ``sink=None``, e.g. an agent's unit test)."""
-    ctx = current_rollout()
-    return ctx is not None and ctx.sink is not None
 
 
 def _serialized_name(serialized: Mapping[str, Any] | None) -> str | None:
@@ -451,12 +402,7 @@ def _message(message: Any) -> dict[str, Any]:
     calls = getattr(message, "tool_calls", None)
     if calls:
         out["tool_calls"] = [
-            {
-                "id": c.get("id"),
-                "type": "function",
-                "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args"), default=str)},
-            }
-            for c in calls
+            tool_call(c.get("id"), c.get("name"), json.dumps(c.get("args"), default=str)) for c in calls
         ]
     call_id = getattr(message, "tool_call_id", None)
     if call_id:
@@ -509,7 +455,6 @@ def _result_attributes(response: Any, capture_content: bool) -> dict[str, Any]:
 # -- the configure hook -------------------------------------------------------------------------------
 
 _INSTALL_LOCK = threading.Lock()
-_HANDLER: AgentboltCallbackHandler | None = None
 
 
 def installed_handler() -> AgentboltCallbackHandler:
@@ -517,20 +462,15 @@ def installed_handler() -> AgentboltCallbackHandler:
 
     Registered once per process: a hook already registered under :data:`HOOK_VAR_NAME` (by a
     reloaded or second copy of this module) is reused rather than registered again, so runs
-    are never recorded twice.
+    are never recorded twice. The adapter keeps the handler (``LangChainAdapter.shared_hooks()``).
     """
-    global _HANDLER
-    if _HANDLER is not None:
-        return _HANDLER
     with _INSTALL_LOCK:
-        if _HANDLER is None:
-            handler = _registered_handler()
-            if handler is None:
-                handler = AgentboltCallbackHandler()
-                var: contextvars.ContextVar[Any] = contextvars.ContextVar(HOOK_VAR_NAME, default=handler)
-                lc_context.register_configure_hook(var, inheritable=True)
-            _HANDLER = handler
-        return _HANDLER
+        handler = _registered_handler()
+        if handler is None:
+            handler = AgentboltCallbackHandler()
+            var: contextvars.ContextVar[Any] = contextvars.ContextVar(HOOK_VAR_NAME, default=handler)
+            lc_context.register_configure_hook(var, inheritable=True)
+        return handler
 
 
 def _registered_handler() -> AgentboltCallbackHandler | None:
@@ -542,6 +482,6 @@ def _registered_handler() -> AgentboltCallbackHandler | None:
             handler = contextvars.Context().run(var.get)  # type: ignore[union-attr]
         except LookupError:
             continue
-        if callable(getattr(handler, "attach", None)) and callable(getattr(handler, "detach", None)):
+        if callable(getattr(handler, "acquire", None)) and callable(getattr(handler, "release", None)):
             return handler  # type: ignore[no-any-return]
     return None

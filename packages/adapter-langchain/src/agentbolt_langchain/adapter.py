@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
-from agentbolt.adapters import Adapter
+from agentbolt.adapters import Adapter, check_distribution
 from agentbolt.errors import UserError
+
+if TYPE_CHECKING:
+    from ._handler import AgentboltCallbackHandler
 
 __all__ = ["LangChainAdapter"]
 
@@ -70,32 +70,19 @@ class LangChainAdapter(Adapter):
         unsupported (and when an installed ``langgraph`` is outside :attr:`langgraph_supported`)."""
         installed = super().check_version()
         try:
-            langgraph = importlib.metadata.version("langgraph")
+            importlib.metadata.version("langgraph")
         except importlib.metadata.PackageNotFoundError:
             return installed  # plain LangChain works without LangGraph
-        if Version(langgraph) not in SpecifierSet(self.langgraph_supported):
-            raise UserError(
-                f"the {self.name} adapter supports langgraph{self.langgraph_supported}, but {langgraph} is installed; "
-                f"install a supported version (pip install 'langgraph{self.langgraph_supported}')"
-            )
+        check_distribution("langgraph", self.langgraph_supported, f"the {self.name} adapter")
         return installed
+
+    @classmethod
+    def make_hooks(cls) -> AgentboltCallbackHandler:
+        from ._handler import installed_handler
+
+        return installed_handler()
 
     @property
     def recording(self) -> bool:
         """True when this instance is the one recording (instrumented and first in line)."""
-        if not self.instrumented:
-            return False
-        from ._handler import installed_handler
-
-        return installed_handler().adapter is self
-
-    def _instrument(self) -> None:
-        from ._handler import installed_handler
-
-        installed_handler().attach(self)
-
-    def _uninstrument(self) -> None:
-        from ._handler import installed_handler
-
-        installed_handler().detach(self)
-        self.recorder.discard_all()
+        return self.instrumented and self.hooks.owner is self

@@ -1,7 +1,6 @@
-"""agentbolt plugin entry point: registers the ``langchain`` adapter.
+"""Plugin entry module: registers the LangChain / LangGraph adapter under ``"langchain"`` (cheap to import).
 
-Imports nothing of LangChain: the factory builds the adapter, and the adapter imports
-langchain-core only when it is instrumented.
+LangChain itself is imported only when the adapter is instrumented.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from agentbolt import hookimpl
 from agentbolt.hookspecs import Register
 
 
-def _langchain_adapter() -> Any:
+def _make_adapter() -> Any:
     from .adapter import LangChainAdapter
 
     return LangChainAdapter()
@@ -20,4 +19,4 @@ def _langchain_adapter() -> Any:
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("langchain", _langchain_adapter)
+    register("langchain", _make_adapter)

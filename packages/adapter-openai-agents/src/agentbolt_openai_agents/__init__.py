@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from .adapter import CaptureOffError, CaptureWarning, OpenAIAgentsAdapter
-
-__all__ = ["CaptureOffError", "CaptureWarning", "OpenAIAgentsAdapter", "__version__"]
+from .adapter import OpenAIAgentsAdapter
+from .errors import CaptureOffError, CaptureWarning
 
 try:
     __version__ = importlib.metadata.version("agentbolt-openai-agents")
-except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["CaptureOffError", "CaptureWarning", "OpenAIAgentsAdapter", "__version__"]

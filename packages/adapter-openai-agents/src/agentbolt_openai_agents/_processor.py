@@ -1,6 +1,8 @@
 """The SDK side of the adapter: the trace processor, the response-id hook and the capture checks.
 
-Imported by :meth:`OpenAIAgentsAdapter.instrument` only (it imports ``agents``).
+Imported by :meth:`OpenAIAgentsAdapter.make_hooks` only (it imports ``agents``). The processor is
+the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per process, added to the SDK when
+the first adapter instance is instrumented.
 
 **Span mapping.** The SDK reports a trace per run (``Runner.run`` opens one unless the user
 opened one with ``agents.trace``) and a tree of spans keyed by its own ``trace_id`` /
@@ -35,14 +37,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from agents import RunConfig
 from agents.models.interface import ModelTracing
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from agents.tracing import (
@@ -56,15 +54,12 @@ from agents.tracing import (
     get_trace_provider,
 )
 from agents.tracing.spans import NoOpSpan
-from agents.tracing.traces import NoOpTrace
 
 from agentbolt import semconv
-from agentbolt.adapters import SpanRecorder, UnitRecord
-from agentbolt.tracing import current_rollout
+from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call, unix_ns
 
-from .adapter import CaptureOffError, CaptureWarning
-
-log = logging.getLogger("agentbolt_openai_agents")
+from ._capture import RUN_WARNINGS, SENSITIVE_DATA, check_capture_settings
+from .errors import CaptureWarning
 
 Key = tuple[str, str]
 """``("t", trace_id)`` for a trace, ``("s", span_id)`` for a span: the SDK's own ids."""
@@ -72,121 +67,27 @@ Key = tuple[str, str]
 # Attributes beyond agentbolt.semconv (framework-specific ones in the framework's namespace).
 TRACE_ID = "openai_agents.trace_id"
 SPAN_ID = "openai_agents.span_id"
-TOOL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_RESULT = "gen_ai.tool.call.result"
-TOOL_TYPE = "gen_ai.tool.type"
-HANDOFF_FROM = "openai_agents.handoff.from_agent"
-HANDOFF_TO = "openai_agents.handoff.to_agent"
 AGENT_TOOLS = "openai_agents.agent.tools"
 AGENT_HANDOFFS = "openai_agents.agent.handoffs"
 AGENT_OUTPUT_TYPE = "openai_agents.agent.output_type"
 MCP_DATA = "openai_agents.mcp_data"
-SENSITIVE_DATA = "openai_agents.trace_include_sensitive_data"
-"""``False`` on LLM spans of runs whose ``RunConfig`` excluded sensitive data."""
 
 MAX_TEXT = 16_384
 """Tool arguments and results are cut to this many characters."""
-
-ENV_DISABLE = "OPENAI_AGENTS_DISABLE_TRACING"
-ENV_SENSITIVE = "OPENAI_AGENTS_TRACE_INCLUDE_SENSITIVE_DATA"
-
-
-# -----------------------------------------------------------------------------------------------
-# Capture checks
-# -----------------------------------------------------------------------------------------------
-
-_WHY_LOCAL = (
-    "agentbolt's spans go only to the agentbolt store. To keep the SDK's own traces from being "
-    "exported to OpenAI, remove its default exporter with agents.tracing.set_trace_processors([]) "
-    "before the runner starts, not by disabling tracing"
-)
-
-
-def check_capture_settings() -> None:
-    """Raise :class:`CaptureOffError` when the process-wide SDK settings make spans useless."""
-    value = os.environ.get(ENV_DISABLE)
-    if value is not None and value.lower() in ("true", "1"):  # the SDK's own parsing
-        raise CaptureOffError(
-            f"the OpenAI Agents SDK's tracing is disabled ({ENV_DISABLE}={value}), and the agentbolt "
-            f"openai-agents adapter sees agents, tools and handoffs only through it: unset {ENV_DISABLE} "
-            f"in the processes that run agents for training. {_WHY_LOCAL}."
-        )
-    if isinstance(get_trace_provider().create_trace("agentbolt capture check"), NoOpTrace):
-        raise CaptureOffError(
-            "the OpenAI Agents SDK's tracing is disabled (agents.set_tracing_disabled(True), or a trace "
-            "provider that creates no traces), and the agentbolt openai-agents adapter sees agents, tools "
-            "and handoffs only through it: call agents.set_tracing_disabled(False) before the runner "
-            f"starts. {_WHY_LOCAL}."
-        )
-    if not RunConfig().trace_include_sensitive_data:
-        raise CaptureOffError(
-            f"{ENV_SENSITIVE}={os.environ.get(ENV_SENSITIVE)} makes the OpenAI Agents SDK leave LLM outputs "
-            "and tool arguments and results out of its spans, so the agentbolt openai-agents adapter would "
-            f"record empty spans: unset {ENV_SENSITIVE} (or set it to true) in the processes that run agents "
-            f"for training. {_WHY_LOCAL}."
-        )
-
-
-_RUN_WARNINGS = {
-    "run_tracing_disabled": (
-        "an OpenAI Agents SDK run inside an agentbolt rollout has tracing disabled "
-        "(RunConfig(tracing_disabled=True)): agentbolt records no agent, tool or handoff spans for it, so its "
-        "LLM calls carry no agent names. Drop tracing_disabled from the RunConfig of the runs you train on."
-    ),
-    "run_no_sensitive_data": (
-        "an OpenAI Agents SDK run inside an agentbolt rollout excludes sensitive data "
-        "(RunConfig(trace_include_sensitive_data=False)): its spans lack LLM outputs and tool arguments and "
-        "results, so agentbolt records structure only (agents, tool names, response ids) and marks its LLM spans "
-        f"{SENSITIVE_DATA}=false. Set trace_include_sensitive_data=True for the runs you train on. {_WHY_LOCAL}."
-    ),
-    "tracing_disabled": (
-        "the OpenAI Agents SDK's tracing was disabled after the agentbolt openai-agents adapter was instrumented "
-        "(agents.set_tracing_disabled(True)): agentbolt records no agent, tool or handoff spans. "
-        "Keep tracing enabled in the processes that run agents for training."
-    ),
-    "processor_missing": (
-        "agentbolt's trace processor did not see the span of an OpenAI Agents SDK LLM call inside a rollout: "
-        "it was removed (agents.tracing.set_trace_processors replaces every processor; use "
-        "add_trace_processor) or the SDK's trace provider was replaced after the adapter was instrumented. "
-        "Re-instrument the adapter after changing the SDK's processors."
-    ),
-    "no_response_id_hook": (
-        "this openai-agents version has no OpenAIChatCompletionsModel._fetch_response(..., span, tracing, stream): "
-        "the agentbolt adapter cannot read Chat Completions response ids, so LLM spans will not join the "
-        "gateway's calls. Install a supported openai-agents version."
-    ),
-}
-
-
-class _Warner:
-    def __init__(self) -> None:
-        self._logged: set[str] = set()
-
-    def __call__(self, reason: str) -> None:
-        message = _RUN_WARNINGS[reason]
-        warnings.warn(message, CaptureWarning, stacklevel=2)
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.error("%s", message)
-
-
-warn = _Warner()
-
 
 # -----------------------------------------------------------------------------------------------
 # The trace processor
 # -----------------------------------------------------------------------------------------------
 
 
-class AgentboltTraceProcessor(TracingProcessor):
+class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
     """Translates SDK traces and spans of rollouts into :class:`UnitRecord` s (see the module docstring).
 
-    Records only while ``shared.active``; never raises (the SDK would log, not raise, anyway).
+    Records only while :attr:`active`; never raises (the SDK would log, not raise, anyway).
     """
 
-    def __init__(self, shared: Any) -> None:
-        self._shared = shared
-        self._recorder: SpanRecorder = shared.recorder
+    def __init__(self, adapter: str) -> None:
+        super().__init__(adapter)
         self._lock = threading.Lock()
         self._alias: dict[str, Key] = {}
         """Unrecorded SDK span id -> key of its nearest recorded ancestor (or its trace)."""
@@ -194,82 +95,98 @@ class AgentboltTraceProcessor(TracingProcessor):
         """SDK parent span id -> tool calls (id, name, arguments) its LLM outputs requested, not yet run."""
         self._handoffs: dict[str, UnitRecord] = {}
         """Open handoff units: the SDK names the target agent after the span started."""
-        self._logged: set[str] = set()
         self.provider: Any = None
         """The SDK trace provider this processor was added to."""
 
+    # -- lifecycle (AdapterHooks) -------------------------------------------------------------------
+
+    def check(self) -> None:
+        check_capture_settings()
+
+    def install(self) -> None:
+        """Add the processor to the SDK's current trace provider (once) and hook response ids."""
+        provider = get_trace_provider()
+        if not _is_added(provider, self):
+            add_trace_processor(self)
+            self.provider = provider
+        _patch_chat_completions(self)
+
+    def uninstall(self) -> None:
+        """Stop recording: the processor stays added (the SDK cannot remove one processor without
+        replacing all of them) but is inert; the base class removes the response-id hook."""
+        with self._lock:
+            self._alias.clear()
+            self._tool_calls.clear()
+            self._handoffs.clear()
+
+    def capture_warning(self, reason: str) -> None:
+        """Warn that a run records less than training needs (logged once per reason, as an error)."""
+        self.warn(reason, RUN_WARNINGS[reason], CaptureWarning, level=logging.ERROR)
+
     # -- SDK callbacks ----------------------------------------------------------------------------
 
+    @never_raises("on_trace_start")
     def on_trace_start(self, trace: Any) -> None:
-        if not self._shared.active:
+        if not self.active:
             return
-        try:
-            name = getattr(trace, "name", None) or "Agent workflow"
-            attrs: dict[str, Any] = {semconv.OPERATION_NAME: "workflow", TRACE_ID: trace.trace_id}
-            group = getattr(trace, "group_id", None)
-            if group:
-                attrs[semconv.GEN_AI_CONVERSATION_ID] = group
-            self._recorder.start(("t", trace.trace_id), UnitRecord(semconv.KIND_OPERATION, str(name), attrs))
-        except Exception as exc:
-            self.failed("on_trace_start", exc)
+        name = getattr(trace, "name", None) or "Agent workflow"
+        attrs: dict[str, Any] = {semconv.OPERATION_NAME: "workflow", TRACE_ID: trace.trace_id}
+        group = getattr(trace, "group_id", None)
+        if group:
+            attrs[semconv.GEN_AI_CONVERSATION_ID] = group
+        self.recorder.start(("t", trace.trace_id), UnitRecord(semconv.KIND_OPERATION, str(name), attrs))
 
+    @never_raises("on_trace_end")
     def on_trace_end(self, trace: Any) -> None:
-        if not self._shared.active:
+        if not self.active:
             return
-        try:
-            self._recorder.end(("t", trace.trace_id))
-        except Exception as exc:
-            self.failed("on_trace_end", exc)
+        self.recorder.end(("t", trace.trace_id))
 
+    @never_raises("on_span_start")
     def on_span_start(self, span: Any) -> None:
-        if not self._shared.active:
+        if not self.active:
             return
-        try:
-            data = span.span_data
-            parent = self._parent_key(span)
-            mapping = _mapping_of(data)
-            if mapping is None:
-                with self._lock:
-                    self._alias[span.span_id] = parent
-                return
-            record = mapping.start(data)
-            record.attributes[SPAN_ID] = span.span_id
-            record.start_ns = _ns(span.started_at)
-            if isinstance(data, HandoffSpanData):
-                with self._lock:
-                    self._handoffs[span.span_id] = record
-            self._recorder.start(("s", span.span_id), record, parent_key=parent)
-        except Exception as exc:
-            self.failed("on_span_start", exc)
-
-    def on_span_end(self, span: Any) -> None:
-        if not self._shared.active:
-            return
-        try:
-            span_id = span.span_id
-            data = span.span_data
-            mapping = _mapping_of(data)
-            if mapping is None:
-                with self._lock:
-                    self._alias.pop(span_id, None)
-                    self._tool_calls.pop(span_id, None)
-                return
-            key: Key = ("s", span_id)
+        data = span.span_data
+        parent = self._parent_key(span)
+        mapping = _mapping_of(data)
+        if mapping is None:
             with self._lock:
-                self._tool_calls.pop(span_id, None)  # calls requested under it and never run
-                record = self._handoffs.pop(span_id, None)
-            if record is not None:  # the recorder holds this record: name it now both agents are known
-                record.name = _handoff_name(data)
-            if self._recorder.span_id_of(key) is None:  # not part of a rollout
-                return
-            attributes: dict[str, Any] | None = None
-            try:
-                attributes = mapping.end(self, span, data)
-            except Exception as exc:  # one bad field does not lose the span
-                self.failed(f"reading {data.type} span data", exc)
-            self._recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=_ns(span.ended_at))
-        except Exception as exc:
-            self.failed("on_span_end", exc)
+                self._alias[span.span_id] = parent
+            return
+        record = mapping.start(data)
+        record.attributes[SPAN_ID] = span.span_id
+        record.start_ns = unix_ns(span.started_at)
+        if isinstance(data, HandoffSpanData):
+            with self._lock:
+                self._handoffs[span.span_id] = record
+        self.recorder.start(("s", span.span_id), record, parent_key=parent)
+
+    @never_raises("on_span_end")
+    def on_span_end(self, span: Any) -> None:
+        if not self.active:
+            return
+        span_id = span.span_id
+        data = span.span_data
+        mapping = _mapping_of(data)
+        if mapping is None:
+            with self._lock:
+                self._alias.pop(span_id, None)
+                self._tool_calls.pop(span_id, None)
+            return
+        key: Key = ("s", span_id)
+        with self._lock:
+            self._tool_calls.pop(span_id, None)  # calls requested under it and never run
+            record = self._handoffs.pop(span_id, None)
+        if record is not None:  # the recorder holds this record: name it now both agents are known
+            record.name = _handoff_name(data)
+        if self.recorder.span_id_of(key) is None:  # not part of a rollout
+            return
+        attributes: dict[str, Any] | None = None
+        try:
+            attributes = mapping.end(self, span, data)
+        except Exception as exc:  # one bad field does not lose the span
+            self.guard(f"reading {data.type} span data", exc)
+        self.recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=unix_ns(span.ended_at))
 
     def shutdown(self) -> None:
         """Nothing to flush: spans go to the rollout's sink as they end."""
@@ -279,21 +196,12 @@ class AgentboltTraceProcessor(TracingProcessor):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def discard(self) -> None:
-        with self._lock:
-            self._alias.clear()
-            self._tool_calls.clear()
-            self._handoffs.clear()
-
     def _parent_key(self, span: Any) -> Key:
         parent_id = span.parent_id
         if not parent_id:
             return ("t", span.trace_id)
         with self._lock:
             return self._alias.get(parent_id) or ("s", parent_id)
-
-    def failed(self, what: str, exc: BaseException) -> None:
-        self._recorder.guard(what, exc)  # counts, logs once per kind
 
     def note_tool_calls(self, parent_id: str | None, messages: Sequence[Mapping[str, Any]]) -> None:
         """Remember the tool calls an LLM output requested (matched to function spans of the same parent)."""
@@ -392,15 +300,15 @@ def _function_start(data: FunctionSpanData) -> UnitRecord:
     return UnitRecord(
         semconv.KIND_TOOL,
         f"execute_tool {data.name}",
-        {semconv.GEN_AI_TOOL_NAME: data.name, TOOL_TYPE: "function"},
+        {semconv.GEN_AI_TOOL_NAME: data.name, semconv.GEN_AI_TOOL_TYPE: "function"},
     )
 
 
 def _function_end(proc: AgentboltTraceProcessor, span: Any, data: FunctionSpanData) -> dict[str, Any]:
     return {
         semconv.GEN_AI_TOOL_CALL_ID: proc.take_tool_call(span.parent_id, data.name, data.input),
-        TOOL_ARGUMENTS: _cut(data.input),
-        TOOL_RESULT: _cut(data.output),
+        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: _cut(data.input),
+        semconv.GEN_AI_TOOL_CALL_RESULT: _cut(data.output),
         MCP_DATA: data.mcp_data or None,
     }
 
@@ -410,7 +318,7 @@ def _handoff_start(data: HandoffSpanData) -> UnitRecord:
 
 
 def _handoff_end(proc: AgentboltTraceProcessor, span: Any, data: HandoffSpanData) -> dict[str, Any]:
-    return {HANDOFF_FROM: data.from_agent, HANDOFF_TO: data.to_agent}
+    return {semconv.HANDOFF_FROM_AGENT: data.from_agent, semconv.HANDOFF_TO_AGENT: data.to_agent}
 
 
 def _handoff_name(data: HandoffSpanData) -> str:
@@ -438,16 +346,6 @@ def _mapping_of(data: Any) -> _Mapping | None:
 
 
 # -- field conversions --------------------------------------------------------------------------------
-
-
-def _ns(stamp: str | None) -> int:
-    """ISO-8601 SDK timestamp to Unix nanoseconds (0: unknown, the recorder uses now)."""
-    if not stamp:
-        return 0
-    try:
-        return int(datetime.fromisoformat(stamp).timestamp() * 1_000_000) * 1000
-    except (TypeError, ValueError):
-        return 0
 
 
 def _usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -508,13 +406,7 @@ def _response_messages(items: Sequence[Any]) -> list[dict[str, Any]]:
                 elif isinstance(part, Mapping) and part.get("type") == "refusal":
                     texts.append(str(part.get("refusal") or ""))
         elif kind == "function_call":
-            calls.append(
-                {
-                    "id": entry.get("call_id"),
-                    "type": "function",
-                    "function": {"name": entry.get("name"), "arguments": entry.get("arguments")},
-                }
-            )
+            calls.append(tool_call(entry.get("call_id"), entry.get("name"), entry.get("arguments")))
     if not texts and not calls:
         return []
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
@@ -557,9 +449,9 @@ class _IdStream:
 class _ResponseIdHook:
     """What the ``_fetch_response`` wrapper does around the real call (every step guarded)."""
 
-    def __init__(self, shared: Any, positions: Mapping[str, int]) -> None:
-        self.shared = shared
-        self.recorder: SpanRecorder = shared.recorder
+    def __init__(self, hooks: AgentboltTraceProcessor, positions: Mapping[str, int]) -> None:
+        self.hooks = hooks
+        self.recorder = hooks.recorder
         self.positions = positions
 
     def _arg(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -571,27 +463,26 @@ class _ResponseIdHook:
     def before(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Key | None, bool]:
         """The key of the open LLM unit to complete (``None``: nothing to do) and whether it streams."""
         try:
-            ctx = current_rollout()
-            if ctx is None or ctx.sink is None:
+            if not in_rollout():
                 return None, False
             tracing = self._arg(args, kwargs, "tracing")
             if isinstance(tracing, ModelTracing) and tracing.is_disabled():
-                warn("run_tracing_disabled")
+                self.hooks.capture_warning("run_tracing_disabled")
                 return None, False
             span = self._arg(args, kwargs, "span")
             if span is None or isinstance(span, NoOpSpan) or span.span_id == "no-op":
-                warn("tracing_disabled")
+                self.hooks.capture_warning("tracing_disabled")
                 return None, False
             key: Key = ("s", span.span_id)
             if self.recorder.span_id_of(key) is None:
-                warn("processor_missing")
+                self.hooks.capture_warning("processor_missing")
                 return None, False
             if isinstance(tracing, ModelTracing) and not tracing.include_data():
-                warn("run_no_sensitive_data")
+                self.hooks.capture_warning("run_no_sensitive_data")
                 self.recorder.update(key, {SENSITIVE_DATA: False})
             return key, bool(self._arg(args, kwargs, "stream", False))
         except Exception as exc:
-            self.shared.processor.failed("reading the LLM call", exc)
+            self.hooks.guard("reading the LLM call", exc)
             return None, False
 
     def after(self, key: Key | None, stream: bool, result: Any) -> Any:
@@ -605,7 +496,7 @@ class _ResponseIdHook:
                 return result
             self._completed(key, result)
         except Exception as exc:
-            self.shared.processor.failed("reading the response id", exc)
+            self.hooks.guard("reading the response id", exc)
         return result
 
     def _completed(self, key: Key, completion: Any) -> None:
@@ -619,43 +510,28 @@ class _ResponseIdHook:
         self.recorder.update(key, attrs)
 
 
-def _patch_chat_completions(shared: Any) -> None:
-    cls = OpenAIChatCompletionsModel
-    original = cls.__dict__.get("_fetch_response")
-    if original is None or getattr(original, "__agentbolt__", False):
-        if original is None:
-            warn("no_response_id_hook")
-        return
+def _patch_chat_completions(hooks: AgentboltTraceProcessor) -> None:
+    original = OpenAIChatCompletionsModel.__dict__.get("_fetch_response")
     try:
         names = list(inspect.signature(original).parameters)[1:]  # without self
         positions = {name: names.index(name) for name in ("span", "tracing", "stream")}
     except (TypeError, ValueError):
-        warn("no_response_id_hook")
+        hooks.capture_warning("no_response_id_hook")
         return
-    hook = _ResponseIdHook(shared, positions)
+    hook = _ResponseIdHook(hooks, positions)
 
-    @functools.wraps(original)
-    async def _fetch_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not shared.active:
-            return await original(self, *args, **kwargs)
-        key, stream = hook.before(args, kwargs)
-        result = await original(self, *args, **kwargs)
-        return hook.after(key, stream, result)
+    def wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        async def _fetch_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not hooks.active:
+                return await original(self, *args, **kwargs)
+            key, stream = hook.before(args, kwargs)
+            result = await original(self, *args, **kwargs)
+            return hook.after(key, stream, result)
 
-    _fetch_response.__agentbolt__ = True  # type: ignore[attr-defined]
-    cls._fetch_response = _fetch_response  # type: ignore[method-assign]
+        return _fetch_response
 
-
-def _unpatch_chat_completions() -> None:
-    cls = OpenAIChatCompletionsModel
-    current = cls.__dict__.get("_fetch_response")
-    if getattr(current, "__agentbolt__", False):  # someone wrapping ours keeps a pass-through
-        cls._fetch_response = current.__wrapped__  # type: ignore[union-attr,method-assign]
-
-
-# -----------------------------------------------------------------------------------------------
-# Install / uninstall (called under the shared lock)
-# -----------------------------------------------------------------------------------------------
+    hooks.patch(OpenAIChatCompletionsModel, "_fetch_response", wrap)
 
 
 def _is_added(provider: Any, processor: AgentboltTraceProcessor) -> bool:
@@ -663,23 +539,3 @@ def _is_added(provider: Any, processor: AgentboltTraceProcessor) -> bool:
     if isinstance(processors, tuple):  # the default provider: look, since set_trace_processors may have dropped it
         return any(p is processor for p in processors)
     return processor.provider is provider
-
-
-def install(shared: Any) -> None:
-    """Add the processor to the SDK's current trace provider (once) and hook response ids."""
-    processor = shared.processor
-    if processor is None:
-        processor = shared.processor = AgentboltTraceProcessor(shared)
-    provider = get_trace_provider()
-    if not _is_added(provider, processor):
-        add_trace_processor(processor)
-        processor.provider = provider
-    _patch_chat_completions(shared)
-
-
-def uninstall(shared: Any) -> None:
-    """Stop recording: the processor stays added (the SDK cannot remove one processor without
-    replacing all of them) but is inert; the response-id hook is removed."""
-    _unpatch_chat_completions()
-    if shared.processor is not None:
-        shared.processor.discard()

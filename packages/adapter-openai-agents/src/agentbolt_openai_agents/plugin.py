@@ -1,21 +1,22 @@
-"""Plugin entry module: registers the OpenAI Agents SDK adapter (imports neither ``agents`` nor the adapter)."""
+"""Plugin entry module: registers the OpenAI Agents SDK adapter under ``"openai-agents"`` (cheap to import).
+
+The SDK (``agents``) itself is imported only when the adapter is instrumented.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from agentbolt import hookimpl
+from agentbolt.hookspecs import Register
 
-ADAPTER_NAME = "openai-agents"
 
-
-def make_adapter() -> Any:
-    """The adapter factory the registry holds: ``agents`` is imported at ``instrument()``."""
+def _make_adapter() -> Any:
     from .adapter import OpenAIAgentsAdapter
 
     return OpenAIAgentsAdapter()
 
 
 @hookimpl
-def agentbolt_register_adapters(register: Any) -> None:
-    register(ADAPTER_NAME, make_adapter)
+def agentbolt_register_adapters(register: Register) -> None:
+    register("openai-agents", _make_adapter)

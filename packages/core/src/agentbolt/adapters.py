@@ -13,20 +13,41 @@ does).
 
 Runners instrument every installed adapter plugin at start (see
 :func:`instrument_adapters`); the user's code needs no change.
+
+Every adapter package has the same skeleton (``agentbolt_<framework>``)::
+
+    plugin.py     registers the adapter factory (imports neither the framework nor the adapter)
+    adapter.py    the Adapter subclass: name, framework distribution and supported versions,
+                  options, make_hooks() (imports the hooks module lazily)
+    _hooks.py     (or _handler.py, _processor.py) the AdapterHooks subclass: the framework
+                  translation; it and the private modules it uses are the only ones that
+                  import the framework
+    errors.py     the package's warnings and errors, when it has any
+    __init__.py   the public names and ``__version__``; ``py.typed``
+
+What they share lives here: the lifecycle (:class:`Adapter`: version check, install once per
+process, idempotent instrument/uninstrument), the hooks' state and guards
+(:class:`AdapterHooks`, :func:`never_raises`), and the span building (:class:`SpanRecorder`).
+Attribute names come from :mod:`agentbolt.semconv`; framework-specific ones are spelt in the
+framework's namespace (``autogen.*``, ``langgraph.*``, ``openai_agents.*``) in the hooks module.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
+import functools
 import importlib.metadata
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Hashable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
 
 from opentelemetry import trace as otel_trace
 from packaging.specifiers import SpecifierSet
@@ -39,10 +60,16 @@ from .tracing import RolloutContext, current_rollout
 
 __all__ = [
     "Adapter",
+    "AdapterHooks",
     "SpanRecorder",
     "UnitRecord",
     "capture_span",
+    "check_distribution",
+    "in_rollout",
     "instrument_adapters",
+    "never_raises",
+    "tool_call",
+    "unix_ns",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,12 +82,17 @@ _KINDS = {
 
 
 class Adapter(abc.ABC):
-    """Base class of framework adapters.
+    """Base class of framework adapters: the lifecycle every adapter shares.
 
     Subclasses set :attr:`name`, :attr:`distribution` (the framework's distribution, whose
     version is checked) and :attr:`supported` (a PEP 440 specifier), and implement
-    :meth:`_instrument` / :meth:`_uninstrument`. ``instrument()`` and ``uninstrument()`` are
-    idempotent and thread-safe.
+    :meth:`make_hooks`, which builds the adapter's :class:`AdapterHooks` (the framework
+    translation). The hooks are process-wide: built once per adapter class, on the class (the
+    one place an adapter's state lives), installed into the framework when the first instance is
+    instrumented and removed when the last one is uninstrumented, so two instances never record
+    a unit twice. ``instrument()`` and ``uninstrument()`` are idempotent and thread-safe; an
+    ``instrument()`` that raises leaves nothing installed, and :func:`instrument_adapters`
+    reports why (runners record it for ``agentbolt dev`` / ``agentbolt doctor``).
     """
 
     name: ClassVar[str] = "adapter"
@@ -70,7 +102,33 @@ class Adapter(abc.ABC):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._instrumented = False
-        self.recorder = SpanRecorder(self.name)
+
+    @classmethod
+    @abc.abstractmethod
+    def make_hooks(cls) -> AdapterHooks:
+        """Build the process's hooks into the framework (imports the framework; called once)."""
+
+    @classmethod
+    def shared_hooks(cls) -> AdapterHooks:
+        """The process's hooks of this adapter class (built on first use)."""
+        hooks = cls.__dict__.get("_shared_hooks")
+        if hooks is None:
+            with _SHARED_LOCK:
+                hooks = cls.__dict__.get("_shared_hooks")
+                if hooks is None:
+                    hooks = cls.make_hooks()
+                    cls._shared_hooks = hooks  # type: ignore[attr-defined]
+        return hooks  # type: ignore[no-any-return]
+
+    @property
+    def hooks(self) -> AdapterHooks:
+        """The hooks shared by every instance of this adapter class."""
+        return type(self).shared_hooks()
+
+    @property
+    def recorder(self) -> SpanRecorder:
+        """The recorder the hooks hand units to (shared by every instance, for the process)."""
+        return self.hooks.recorder
 
     @property
     def instrumented(self) -> bool:
@@ -78,16 +136,7 @@ class Adapter(abc.ABC):
 
     def check_version(self) -> str:
         """The installed framework version; raises a clear error when missing or unsupported."""
-        try:
-            installed = importlib.metadata.version(self.distribution)
-        except importlib.metadata.PackageNotFoundError:
-            raise MissingDependencyError(self.distribution, self.distribution, f"the {self.name} adapter") from None
-        if self.supported and Version(installed) not in SpecifierSet(self.supported):
-            raise UserError(
-                f"the {self.name} adapter supports {self.distribution}{self.supported}, but {installed} is installed; "
-                f"install a supported version (pip install '{self.distribution}{self.supported}')"
-            )
-        return installed
+        return check_distribution(self.distribution, self.supported, f"the {self.name} adapter")
 
     def instrument(self) -> None:
         """Start recording the framework's runs as spans (no-op if already instrumented)."""
@@ -95,7 +144,7 @@ class Adapter(abc.ABC):
             if self._instrumented:
                 return
             self.check_version()
-            self._instrument()
+            self.hooks.acquire(self)
             self._instrumented = True
 
     def uninstrument(self) -> None:
@@ -103,14 +152,183 @@ class Adapter(abc.ABC):
         with self._lock:
             if not self._instrumented:
                 return
-            self._uninstrument()
+            self.hooks.release(self)
             self._instrumented = False
 
-    @abc.abstractmethod
-    def _instrument(self) -> None: ...
+
+def check_distribution(distribution: str, supported: str, what: str) -> str:
+    """The installed version of ``distribution``; a clear error when it is missing or outside
+    the PEP 440 specifier ``supported`` (empty: any version)."""
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise MissingDependencyError(distribution, distribution, what) from None
+    if supported and Version(installed) not in SpecifierSet(supported):
+        raise UserError(
+            f"{what} supports {distribution}{supported}, but {installed} is installed; "
+            f"install a supported version (pip install '{distribution}{supported}')"
+        )
+    return installed
+
+
+_SHARED_LOCK = threading.Lock()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def never_raises(what: str) -> Callable[[_F], _F]:
+    """Decorate a method the host framework calls: an exception it raises is counted and logged
+    once per kind by ``self.guard(what, exc)`` (:meth:`AdapterHooks.guard`,
+    :meth:`SpanRecorder.guard`) and the method returns ``None``. The framework never sees it."""
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                self.guard(what, exc)
+                return None
+
+        return guarded  # type: ignore[return-value]
+
+    return decorate
+
+
+def in_rollout() -> bool:
+    """A rollout that records spans is current (not a run with ``sink=None``, e.g. an agent's
+    unit test): what adapters check before translating a framework event."""
+    ctx = current_rollout()
+    return ctx is not None and ctx.sink is not None
+
+
+def unix_ns(value: Any) -> int:
+    """Unix nanoseconds of a framework's timestamp: a ``datetime``, an ISO-8601 string or Unix
+    seconds; 0 when unknown (:class:`SpanRecorder` then uses now)."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return 0
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1_000_000) * 1000
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value * 1e9)
+    return 0
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """A tool call as ``gen_ai.output.messages`` hold it (an OpenAI chat ``tool_calls`` entry)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class AdapterHooks(abc.ABC):
+    """An adapter's hooks into its framework (a callback handler, a trace or span processor, a
+    patched method): one object per adapter class and process, shared by every instance.
+
+    :meth:`install` runs when the first instance is instrumented and :meth:`uninstall` when the
+    last one is uninstrumented (both under :attr:`lock`); :attr:`active` says, without a lock,
+    whether framework callbacks should record. Callbacks translate framework events into
+    :class:`UnitRecord` s for :attr:`recorder`, and never raise into the framework: decorate them
+    with :func:`never_raises` (or call :meth:`guard` in an ``except``). Capture problems the user
+    must act on go through :meth:`warn`.
+    """
+
+    def __init__(self, adapter: str) -> None:
+        self.adapter = adapter
+        self.recorder = SpanRecorder(adapter)
+        self.lock = threading.RLock()
+        self.active = False
+        """Whether callbacks record (read without the lock: a plain attribute read is atomic)."""
+        self._owners: list[Adapter] = []
+        self._said: set[str] = set()
+        self._patches: list[tuple[type, str, Any, Any]] = []
+
+    @property
+    def owner(self) -> Adapter | None:
+        """The first instrumented instance (whose options apply), or ``None``."""
+        owners = self._owners
+        return owners[0] if owners else None
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Raise a clear error when the framework is configured so that capture cannot work
+        (called by every ``instrument()``, before :meth:`install`)."""
 
     @abc.abstractmethod
-    def _uninstrument(self) -> None: ...
+    def install(self) -> None:
+        """Hook into the framework (idempotent across install/uninstall cycles)."""
+
+    @abc.abstractmethod
+    def uninstall(self) -> None:
+        """Unhook from the framework, or make the hooks inert where it offers no way to unhook."""
+
+    def acquire(self, adapter: Adapter) -> None:
+        """``adapter`` is instrumented: install the hooks if it is the first."""
+        with self.lock:
+            self.check()
+            if not self.active:
+                try:
+                    self.install()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        self.uninstall()
+                    self._unpatch()
+                    raise
+                self.active = True
+            if not any(o is adapter for o in self._owners):
+                self._owners.append(adapter)
+
+    def release(self, adapter: Adapter) -> None:
+        """``adapter`` is uninstrumented: uninstall the hooks if it was the last."""
+        with self.lock:
+            self._owners = [o for o in self._owners if o is not adapter]
+            if self._owners or not self.active:
+                return
+            self.active = False
+            try:
+                self.uninstall()
+            finally:
+                self._unpatch()
+                self.recorder.discard_all()
+
+    def patch(self, owner: type, name: str, wrap: Callable[[Any], Any]) -> bool:
+        """Replace the framework method ``owner.name`` by ``wrap(original)`` until the hooks are
+        uninstalled (for frameworks without a hook point where one is needed). The wrapper should
+        do its work only while :attr:`active`. Returns False when ``owner`` defines no ``name``
+        (a framework version that changed: say so with :meth:`warn`)."""
+        original = owner.__dict__.get(name)
+        if original is None:
+            return False
+        if getattr(original, "__agentbolt_hooks__", None) is self:
+            return True  # ours is still in place, possibly under someone else's wrapper (functools.wraps)
+        replacement = wrap(original)
+        replacement.__agentbolt_hooks__ = self
+        setattr(owner, name, replacement)
+        self._patches.append((owner, name, original, replacement))
+        return True
+
+    def _unpatch(self) -> None:
+        """Put back what :meth:`patch` replaced (unless someone replaced our wrapper since: theirs
+        keeps calling ours, which passes through once inactive)."""
+        while self._patches:
+            owner, name, original, replacement = self._patches.pop()
+            if owner.__dict__.get(name) is replacement:
+                setattr(owner, name, original)
+
+    def guard(self, what: str, exc: BaseException) -> None:
+        """Count and log (once per kind) an error of the translation code; the framework never sees it."""
+        self.recorder.guard(what, exc)
+
+    def warn(
+        self, kind: str, message: str, category: type[Warning] = UserWarning, *, level: int = logging.WARNING
+    ) -> None:
+        """A capture problem the user must act on: a warning each time (Python's filters show it
+        once per place) and a log line at ``level`` once per ``kind``. Never raises, not even
+        when warnings are turned into errors."""
+        with contextlib.suppress(Exception):
+            warnings.warn(message, category, stacklevel=3)
+        if kind not in self._said:
+            self._said.add(kind)
+            log.log(level, "%s adapter: %s", self.adapter, message)
 
 
 @dataclass
@@ -162,40 +380,37 @@ class SpanRecorder:
                 "%s adapter: %s failed (%r); recording continues, the framework is unaffected", self.adapter, what, exc
             )
 
+    @never_raises("start")
     def start(self, key: Hashable, record: UnitRecord, *, parent_key: Hashable | None = None) -> None:
         """A unit began. Ignored outside rollouts (unless its parent belongs to one)."""
-        try:
-            with self._lock:
-                parent = self._open.get(parent_key) if parent_key is not None else None
-            ctx = current_rollout()
-            if ctx is None or ctx.sink is None:
-                if parent is None:
-                    return
-                ctx = parent.ctx  # e.g. a callback reported from another thread
-            elif parent is not None and parent.ctx.rollout_id != ctx.rollout_id:
-                parent = None
+        with self._lock:
+            parent = self._open.get(parent_key) if parent_key is not None else None
+        ctx = current_rollout()
+        if ctx is None or ctx.sink is None:
             if parent is None:
-                trace_id, parent_span = _otel_parent()
-                trace_id = trace_id or os.urandom(16).hex()
-            else:
-                trace_id, parent_span = parent.trace_id, parent.span_id
-            if not record.start_ns:
-                record.start_ns = time.time_ns()
-            with self._lock:
-                self._open[key] = _Open(ctx, os.urandom(8).hex(), trace_id, parent_span, record)
-        except Exception as exc:
-            self.guard("start", exc)
+                return
+            ctx = parent.ctx  # e.g. a callback reported from another thread
+        elif parent is not None and parent.ctx.rollout_id != ctx.rollout_id:
+            parent = None
+        if parent is None:
+            trace_id, parent_span = _otel_parent()
+            trace_id = trace_id or os.urandom(16).hex()
+        else:
+            trace_id, parent_span = parent.trace_id, parent.span_id
+        if not record.start_ns:
+            record.start_ns = time.time_ns()
+        with self._lock:
+            self._open[key] = _Open(ctx, os.urandom(8).hex(), trace_id, parent_span, record)
 
+    @never_raises("update")
     def update(self, key: Hashable, attributes: Mapping[str, Any]) -> None:
         """Add attributes to an open unit (e.g. the response id once the LLM answered)."""
-        try:
-            with self._lock:
-                unit = self._open.get(key)
-            if unit is not None:
-                unit.record.attributes.update({k: v for k, v in attributes.items() if v is not None})
-        except Exception as exc:
-            self.guard("update", exc)
+        with self._lock:
+            unit = self._open.get(key)
+        if unit is not None:
+            unit.record.attributes.update({k: v for k, v in attributes.items() if v is not None})
 
+    @never_raises("end")
     def end(
         self,
         key: Hashable,
@@ -207,62 +422,58 @@ class SpanRecorder:
     ) -> t.Span | None:
         """A unit ended: emit its span (status ERROR with the error when given; ``name``
         renames it, for units whose name is known only at the end)."""
-        try:
-            with self._lock:
-                unit = self._open.pop(key, None)
-            if unit is None:
-                return None
-            attrs = dict(unit.record.attributes)
-            attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
-            attrs[semconv.SPAN_KIND_ATTR] = unit.record.kind
-            attrs.setdefault(semconv.GEN_AI_OPERATION_NAME, _KINDS.get(unit.record.kind, unit.record.kind))
-            attrs.pop(semconv.TOKEN_SOURCE, None)  # only the gateway states token provenance
-            attrs[semconv.ADAPTER] = self.adapter
-            status = t.SpanStatus()
-            events: list[t.SpanEvent] = []
-            if error is not None:
-                message = str(error) if not isinstance(error, BaseException) else f"{type(error).__name__}: {error}"
-                status = t.SpanStatus(code=t.StatusCode.ERROR, message=message[:2000])
-                attrs[semconv.ERROR_TYPE] = type(error).__name__ if isinstance(error, BaseException) else "error"
-                if isinstance(error, BaseException):
-                    info = t.ErrorInfo.from_exception(error)
-                    events.append(
-                        t.SpanEvent(
-                            name="exception",
-                            time_ns=time.time_ns(),
-                            attributes={
-                                semconv.EXCEPTION_TYPE: info.type,
-                                semconv.EXCEPTION_MESSAGE: info.message,
-                                semconv.EXCEPTION_STACKTRACE: info.traceback or "",
-                            },
-                        )
-                    )
-            # Attributes went through _clean (primitives, lists of str/int, finite floats only), so the
-            # span is built without re-validating it: adapters run inside the agent's hot path.
-            span = t.Span.model_construct(
-                rollout_id=unit.ctx.rollout_id,
-                attempt_id=unit.ctx.attempt_id,
-                trace_id=unit.trace_id,
-                span_id=unit.span_id,
-                parent_span_id=unit.parent_span_id,
-                name=name or unit.record.name,
-                kind=t.SpanKind.CLIENT if unit.record.kind == semconv.KIND_LLM else t.SpanKind.INTERNAL,
-                start_time_ns=unit.record.start_ns,
-                end_time_ns=end_ns or time.time_ns(),
-                status=status,
-                attributes=_clean(attrs),
-                events=events,
-                links=[],
-                resource={},
-                scope=f"agentbolt.adapter.{self.adapter}",
-                schema_version=semconv.SCHEMA_VERSION,
-                seq=None,
-            )
-            unit.ctx.record(span)
-            return span
-        except Exception as exc:
-            self.guard("end", exc)
+        with self._lock:
+            unit = self._open.pop(key, None)
+        if unit is None:
             return None
+        attrs = dict(unit.record.attributes)
+        attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
+        attrs[semconv.SPAN_KIND_ATTR] = unit.record.kind
+        attrs.setdefault(semconv.GEN_AI_OPERATION_NAME, _KINDS.get(unit.record.kind, unit.record.kind))
+        attrs.pop(semconv.TOKEN_SOURCE, None)  # only the gateway states token provenance
+        attrs[semconv.ADAPTER] = self.adapter
+        status = t.SpanStatus()
+        events: list[t.SpanEvent] = []
+        if error is not None:
+            message = str(error) if not isinstance(error, BaseException) else f"{type(error).__name__}: {error}"
+            status = t.SpanStatus(code=t.StatusCode.ERROR, message=message[:2000])
+            attrs[semconv.ERROR_TYPE] = type(error).__name__ if isinstance(error, BaseException) else "error"
+            if isinstance(error, BaseException):
+                info = t.ErrorInfo.from_exception(error)
+                events.append(
+                    t.SpanEvent(
+                        name="exception",
+                        time_ns=time.time_ns(),
+                        attributes={
+                            semconv.EXCEPTION_TYPE: info.type,
+                            semconv.EXCEPTION_MESSAGE: info.message,
+                            semconv.EXCEPTION_STACKTRACE: info.traceback or "",
+                        },
+                    )
+                )
+        # Attributes went through _clean (primitives, lists of str/int, finite floats only), so the
+        # span is built without re-validating it: adapters run inside the agent's hot path.
+        span = t.Span.model_construct(
+            rollout_id=unit.ctx.rollout_id,
+            attempt_id=unit.ctx.attempt_id,
+            trace_id=unit.trace_id,
+            span_id=unit.span_id,
+            parent_span_id=unit.parent_span_id,
+            name=name or unit.record.name,
+            kind=t.SpanKind.CLIENT if unit.record.kind == semconv.KIND_LLM else t.SpanKind.INTERNAL,
+            start_time_ns=unit.record.start_ns,
+            end_time_ns=end_ns or time.time_ns(),
+            status=status,
+            attributes=_clean(attrs),
+            events=events,
+            links=[],
+            resource={},
+            scope=f"agentbolt.adapter.{self.adapter}",
+            schema_version=semconv.SCHEMA_VERSION,
+            seq=None,
+        )
+        unit.ctx.record(span)
+        return span
 
     def span_id_of(self, key: Hashable) -> str | None:
         """The span id given to an open unit (to link framework ids to spans)."""

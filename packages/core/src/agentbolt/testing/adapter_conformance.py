@@ -225,6 +225,15 @@ class AdapterConformance:
         assert all(r.status is t.RolloutStatus.SUCCEEDED for r in run.rollouts)
         assert adapter.recorder.errors > before
 
+    def test_package_has_version_and_type_marker(self) -> None:
+        import importlib
+        import importlib.resources
+
+        package = type(self.make_adapter()).__module__.split(".")[0]
+        module = importlib.import_module(package)
+        assert isinstance(getattr(module, "__version__", None), str), f"{package} has no __version__"
+        assert importlib.resources.files(package).joinpath("py.typed").is_file(), f"{package} ships no py.typed"
+
     def test_supported_versions_are_checked(self, monkeypatch: pytest.MonkeyPatch) -> None:
         adapter = self.make_adapter()
         assert adapter.distribution and adapter.supported, "declare distribution and supported versions"

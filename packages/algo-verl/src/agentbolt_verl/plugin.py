@@ -1,1 +1,0 @@
-"""Plugin entry module: registers agentbolt-verl's algorithm (cheap to import)."""
