@@ -2,7 +2,9 @@
 
 One :meth:`PolicyUpdater.update` call turns a batch of transitions (one per LLM call, with an
 advantage computed by LightningRL) into ``epochs x mini_batches`` AdamW steps, then bumps the
-policy version. Read top to bottom:
+policy version. It stays one module (~850 lines, over the project's 600) because the steps
+below share one batch layout and are read in order; the config and metrics types open it.
+Read top to bottom:
 
 1. **Token weights** (``loss_agg``). ``rollout-mean`` (default): every rollout weighs the same,
    however many calls it made: each response token of rollout *r* gets weight
