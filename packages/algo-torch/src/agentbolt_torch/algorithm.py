@@ -158,12 +158,12 @@ class TorchGRPO(Algorithm):
     # -- the loop ---------------------------------------------------------------------------------
 
     async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> TorchGRPOResult:
-        from agentbolt.lightningrl import EmptyBatchError, LightningRL
+        from agentbolt.lightningrl import LightningRL
 
         from .metrics import MetricsLogger, plot_curves
 
         if not train and self.steps:
-            raise UserError("torch-grpo needs training tasks (fit(train=...))")
+            raise UserError(f"{self.name} needs training tasks (fit(train=...))")
         policy, updater = await asyncio.to_thread(self._load)
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
@@ -191,35 +191,35 @@ class TorchGRPO(Algorithm):
             rollouts = await ctx.run_rollouts(
                 batch,
                 group_size=self.group_size,
-                tag=f"step{step}",
-                description=f"step {step}/{self.steps}",
+                tag=f"{self._step_tag}{step}",
+                description=f"{self._step_label} {step}/{self.steps}",
                 step=step,
             )
             generated = time.monotonic()
             engine = _engine_delta(engine_before, self._engine.stats)
-            spans = await ctx.spans(rollouts)
-            try:
-                processed = lrl.process(rollouts, spans)
-            except EmptyBatchError as exc:
-                log.error("step %d: no transition to train on; skipping the update.\n%s", step, exc)
-                log_step(step, {"train/reward": _mean_reward(rollouts), "train/skipped": 1.0})
+            reward = _mean_reward(rollouts)
+            chosen = self._transitions_to_train(
+                step, rollouts, await ctx.spans(rollouts), lrl, first=not step_times, close=metrics.close
+            )
+            if chosen is None:
+                log_step(step, {"train/reward": reward, "train/skipped": 1.0})
                 continue
-            update = await self._update(ctx, updater, processed.transitions)
+            transitions, extra = chosen
+            update = await self._update(ctx, updater, transitions)
             elapsed = time.monotonic() - started
             step_times.append(elapsed)
-            reward = _mean_reward(rollouts)
             rewards.append(reward)
             values = {
                 "train/reward": reward,
                 "train/accuracy": self._accuracy(rollouts),
                 "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
-                "train/transitions": float(len(processed.transitions)),
+                "train/transitions": float(len(transitions)),
                 "time/step_s": elapsed,
                 "time/rollouts_s": generated - started,
                 "time/update_s": update.seconds,
                 **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
                 **engine,
-                **processed.report.metrics("lightningrl/"),
+                **extra,
             }
             log_step(step, values)
             if val and self.val_every and step % self.val_every == 0 and step < self.steps:
@@ -238,7 +238,7 @@ class TorchGRPO(Algorithm):
         if self.plot:
             curve = str(
                 await asyncio.to_thread(
-                    plot_curves, metrics.path, self.out_dir / "curve.png", title=f"torch-grpo on {policy.name}"
+                    plot_curves, metrics.path, self.out_dir / "curve.png", title=f"{self.name} on {policy.name}"
                 )
             )
         metrics.close()
@@ -257,6 +257,36 @@ class TorchGRPO(Algorithm):
             checkpoint=checkpoint,
             history=history,
         )
+
+    _step_tag = "step"
+    """Rollout-id tag of a training step (``step3``)."""
+    _step_label = "step"
+    """What the progress line calls a training step."""
+
+    def _transitions_to_train(
+        self,
+        step: int,
+        rollouts: Sequence[t.Rollout],
+        spans: Mapping[str, Sequence[t.Span]],
+        lrl: Any,
+        *,
+        first: bool,
+        close: Any,
+    ) -> tuple[list[t.Transition], dict[str, float]] | None:
+        """The step's transitions and extra metrics, or ``None`` to skip its update (logged here).
+
+        GRPO trains every transition LightningRL makes; subclasses choose (:class:`TorchSFT`
+        keeps the best rollouts'). ``first`` is true until a step has been trained; ``close``
+        closes the run's metrics file before a subclass raises.
+        """
+        from agentbolt.lightningrl import EmptyBatchError
+
+        try:
+            processed = lrl.process(rollouts, spans)
+        except EmptyBatchError as exc:
+            log.error("step %d: no transition to train on; skipping the update.\n%s", step, exc)
+            return None
+        return list(processed.transitions), processed.report.metrics("lightningrl/")
 
     async def close(self) -> None:
         if self._server is not None:

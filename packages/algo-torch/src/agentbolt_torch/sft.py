@@ -16,23 +16,17 @@ SFT then RL: give ``torch-grpo`` the SFT checkpoint's model directory,
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import math
-import statistics
-import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentbolt import types as t
-from agentbolt.algorithm import AlgorithmContext, batches
 from agentbolt.errors import UserError
-from agentbolt.gateway import Upstream
 
-from .algorithm import TorchGRPO, TorchGRPOResult, _engine_delta, _mean_reward
+from .algorithm import TorchGRPO
 
 __all__ = ["TorchSFT", "select_transitions"]
 
@@ -112,120 +106,42 @@ class TorchSFT(TorchGRPO):
         self.threshold = threshold
         self.best_k = best_k
 
-    async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> TorchGRPOResult:
-        from agentbolt.lightningrl import EmptyBatchError, LightningRL
+    _step_tag = "sft"
+    _step_label = "SFT step"
 
-        from .metrics import MetricsLogger, plot_curves
+    def _transitions_to_train(
+        self,
+        step: int,
+        rollouts: Sequence[t.Rollout],
+        spans: Mapping[str, Sequence[t.Span]],
+        lrl: Any,
+        *,
+        first: bool,
+        close: Any,
+    ) -> tuple[list[t.Transition], dict[str, float]] | None:
+        """The transitions of the rollouts that pass ``threshold`` / ``best_k``; a first step with
+        none stops the run with a :class:`~agentbolt.errors.UserError` (nothing to imitate)."""
+        from agentbolt.lightningrl import EmptyBatchError
 
-        if not train and self.steps:
-            raise UserError("torch-sft needs training tasks (fit(train=...))")
-        policy, updater = await asyncio.to_thread(self._load)
-        await asyncio.to_thread(
-            ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
-        )
-        lrl = LightningRL(**self.lightningrl_options)  # type: ignore[arg-type]
-        metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
-        history: list[dict[str, float]] = []
-
-        def log_step(step: int, values: dict[str, float]) -> None:
-            values = {k: v for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
-            history.append({"step": step, **values})
-            metrics.log(values, step=step)
-            ctx.log_metrics(step, values)
-
-        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
-        step_times: list[float] = []
-        rewards: list[float] = []
-        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
-        for step, batch in enumerate(batches(train, self.batch_size, epochs=epochs, seed=self.seed), start=1):
-            if step > self.steps:
-                break
-            started = time.monotonic()
-            engine_before = self._engine.stats
-            await self._publish(ctx, policy, self.sampling)
-            rollouts = await ctx.run_rollouts(
-                batch,
-                group_size=self.group_size,
-                tag=f"sft{step}",
-                description=f"SFT step {step}/{self.steps}",
-                step=step,
+        try:
+            processed = lrl.process(rollouts, spans)
+            kept = select_transitions(rollouts, processed.transitions, threshold=self.threshold, best_k=self.best_k)
+            report = processed.report.metrics("lightningrl/")
+        except EmptyBatchError:
+            kept, report = [], {}
+        if not kept:
+            passing = sum(r.final_reward is not None and r.final_reward >= self.threshold for r in rollouts)
+            message = (
+                f"torch-sft step {step}: no transition to train on ({passing} of {len(rollouts)} rollouts "
+                f"reached threshold={self.threshold}, best reward "
+                f"{max((r.final_reward or 0.0 for r in rollouts), default=0.0):g})"
             )
-            generated = time.monotonic()
-            engine = _engine_delta(engine_before, self._engine.stats)
-            reward = _mean_reward(rollouts)
-            try:
-                processed = lrl.process(rollouts, await ctx.spans(rollouts))
-                kept = select_transitions(rollouts, processed.transitions, threshold=self.threshold, best_k=self.best_k)
-                report = processed.report.metrics("lightningrl/")
-            except EmptyBatchError:
-                kept, report = [], {}
-            if not kept:
-                passing = sum(r.final_reward is not None and r.final_reward >= self.threshold for r in rollouts)
-                message = (
-                    f"torch-sft step {step}: no transition to train on ({passing} of {len(rollouts)} rollouts "
-                    f"reached threshold={self.threshold}, best reward "
-                    f"{max((r.final_reward or 0.0 for r in rollouts), default=0.0):g})"
+            if first:
+                close()
+                raise UserError(
+                    message + ". Nothing was updated. Lower threshold, raise group_size or temperature, "
+                    "or start from a better policy (init_from=)."
                 )
-                if not step_times:
-                    metrics.close()
-                    raise UserError(
-                        message + ". Nothing was updated. Lower threshold, raise group_size or temperature, "
-                        "or start from a better policy (init_from=)."
-                    )
-                log.warning("%s; skipping this step's update", message)
-                log_step(step, {"train/reward": reward, "train/skipped": 1.0})
-                continue
-            update = await self._update(ctx, updater, kept)
-            elapsed = time.monotonic() - started
-            step_times.append(elapsed)
-            rewards.append(reward)
-            log_step(
-                step,
-                {
-                    "train/reward": reward,
-                    "train/accuracy": self._accuracy(rollouts),
-                    "train/kept_rollouts": float(len({tr.rollout_id for tr in kept})),
-                    "train/transitions": float(len(kept)),
-                    "time/step_s": elapsed,
-                    "time/rollouts_s": generated - started,
-                    "time/update_s": update.seconds,
-                    **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
-                    **engine,
-                    **report,
-                },
-            )
-            if val and self.val_every and step % self.val_every == 0 and step < self.steps:
-                await self._evaluate(ctx, policy, val, step=step, log_step=log_step)
-            if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
-                await asyncio.to_thread(updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
-        accuracy_after, val_reward_after = (
-            await self._evaluate(ctx, policy, val, step=self.steps, log_step=log_step)
-            if self.steps
-            else (accuracy_before, val_reward_before)
-        )
-        checkpoint = None
-        if self.checkpoint_every:
-            checkpoint = str(await asyncio.to_thread(updater.save_checkpoint, self.out_dir / "checkpoint-final"))
-        curve = None
-        if self.plot:
-            curve = str(
-                await asyncio.to_thread(
-                    plot_curves, metrics.path, self.out_dir / "curve.png", title=f"torch-sft on {policy.name}"
-                )
-            )
-        metrics.close()
-        return TorchGRPOResult(
-            steps=len(step_times),
-            accuracy_before=accuracy_before,
-            accuracy_after=accuracy_after,
-            val_reward_before=val_reward_before,
-            val_reward_after=val_reward_after,
-            reward_first=rewards[0] if rewards else None,
-            reward_last=rewards[-1] if rewards else None,
-            seconds_per_step=statistics.fmean(step_times) if step_times else 0.0,
-            policy_version=policy.version,
-            metrics_path=str(metrics.path),
-            curve_png=curve,
-            checkpoint=checkpoint,
-            history=history,
-        )
+            log.warning("%s; skipping this step's update", message)
+            return None
+        return list(kept), {"train/kept_rollouts": float(len({tr.rollout_id for tr in kept})), **report}
