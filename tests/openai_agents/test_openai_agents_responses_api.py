@@ -10,6 +10,7 @@ import pytest
 from agents import Runner
 from agents.models.openai_provider import OpenAIProvider
 from agents.run import RunConfig
+from openai import AsyncOpenAI
 from openai_agents_rag import RETRIEVER, TASKS, build_agents, make_backend
 
 from agentbolt import semconv
@@ -21,15 +22,17 @@ from agentbolt_openai_agents import OpenAIAgentsAdapter
 
 async def _run(task: dict[str, str], resources: Any, *, stream: bool) -> float:
     # The SDK's defaults: a model *name* and the OpenAI provider, which speaks the Responses API.
-    provider = OpenAIProvider(base_url=resources.llm.base_url, api_key="x")
-    config = RunConfig(model=resources.llm.model, model_provider=provider)
-    retriever = build_agents(None)  # type: ignore[arg-type]  # model from the RunConfig
-    if stream:
-        result = Runner.run_streamed(retriever, task["question"], run_config=config)
-        async for _ in result.stream_events():
-            pass
-    else:
-        result = await Runner.run(retriever, task["question"], run_config=config)
+    # The client is this run's own: the provider's default one is shared by the whole process, and
+    # its pooled connections belong to the event loop of the first dev() that used them.
+    async with AsyncOpenAI(base_url=resources.llm.base_url, api_key="x", max_retries=0) as client:
+        config = RunConfig(model=resources.llm.model, model_provider=OpenAIProvider(openai_client=client))
+        retriever = build_agents(None)  # type: ignore[arg-type]  # model from the RunConfig
+        if stream:
+            result = Runner.run_streamed(retriever, task["question"], run_config=config)
+            async for _ in result.stream_events():
+                pass
+        else:
+            result = await Runner.run(retriever, task["question"], run_config=config)
     return 1.0 if task["answer"] in str(result.final_output) else 0.0
 
 
