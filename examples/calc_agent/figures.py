@@ -126,14 +126,3 @@ async def run_figures(store_url: str, *, steps: int, threshold: float = 1.0) -> 
         "exact_token_id_share": sources.get(semconv.TOKEN_SOURCE_EXACT, 0) / calls if calls else None,
         "train_llm_calls": calls,
     }
-
-
-def per_rollout(history: Sequence[Mapping[str, float]]) -> dict[str, float | None]:
-    """LLM calls and transitions per training rollout, from the per-step ``lightningrl/*`` metrics."""
-    rollouts = sum(h.get("lightningrl/rollouts", 0.0) for h in history)
-    if not rollouts:
-        return {"calls_per_rollout": None, "transitions_per_rollout": None}
-    return {
-        "calls_per_rollout": sum(h.get("lightningrl/calls", 0.0) for h in history) / rollouts,
-        "transitions_per_rollout": sum(h.get("lightningrl/transitions", 0.0) for h in history) / rollouts,
-    }

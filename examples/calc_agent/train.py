@@ -25,12 +25,12 @@ sys.path.insert(0, str(HERE))  # agent.py, calculator.py, data.py; also in the r
 
 from agent import calc_agent  # noqa: E402
 from data import DataError, load  # noqa: E402
-from figures import per_rollout, run_figures  # noqa: E402
+from figures import run_figures  # noqa: E402
 
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.metrics import step_means  # noqa: E402
+from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
 
 NAME = "calc_agent"
 

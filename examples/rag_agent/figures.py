@@ -109,15 +109,5 @@ def main() -> None:
     print(json.dumps(asyncio.run(run_figures(sys.argv[1], int(sys.argv[2]))), indent=2))
 
 
-def per_rollout_means(history: Sequence[dict[str, float]]) -> tuple[float | None, float | None]:
-    """LLM calls and transitions per training rollout, from the steps' ``lightningrl/*`` metrics."""
-    rollouts = sum(h.get("lightningrl/rollouts", 0.0) for h in history)
-    if not rollouts:
-        return None, None
-    calls = sum(h.get("lightningrl/calls", 0.0) for h in history)
-    transitions = sum(h.get("lightningrl/transitions", 0.0) for h in history)
-    return calls / rollouts, transitions / rollouts
-
-
 if __name__ == "__main__":
     main()

@@ -29,13 +29,13 @@ sys.path.insert(0, str(HERE))  # agent.py, data.py, ..., also in the runner proc
 
 from agent import rag_agent  # noqa: E402
 from data import corpus, load_split, to_tasks, write_bundled  # noqa: E402
-from figures import per_rollout_means, run_figures  # noqa: E402
+from figures import run_figures  # noqa: E402
 from retrieval import build_index  # noqa: E402
 
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.metrics import step_means  # noqa: E402
+from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentbolt/examples/rag_agent"
 
@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     result = trainer.fit(train, val)
     figures = asyncio.run(run_figures(args.store, result.steps))
-    calls, transitions = per_rollout_means(result.history)
+    counts = per_rollout(result.history)
+    calls, transitions = counts["calls_per_rollout"], counts["transitions_per_rollout"]
     summary = {
         **result.to_dict(),
         "example": "rag_agent",

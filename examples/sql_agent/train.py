@@ -31,7 +31,7 @@ from data import SpiderDataError, ensure_bundled, load_split  # noqa: E402
 
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.metrics import step_means  # noqa: E402
+from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
 
 AGENT_SETS = {
     "writer+rewriter": "^(write_query|rewrite_query)$",
@@ -80,9 +80,6 @@ def capture_figures(store_url: str, since: float, history: list[dict[str, float]
     from agentbolt.store import open_store
     from agentbolt.types import RolloutMode
 
-    steps = [h for h in history if h.get("lightningrl/rollouts")]
-    rollouts = sum(h["lightningrl/rollouts"] for h in steps)
-
     async def share() -> float | None:
         store = open_store(store_url)
         try:
@@ -101,11 +98,7 @@ def capture_figures(store_url: str, since: float, history: list[dict[str, float]
         finally:
             await store.close()
 
-    return {
-        "calls_per_rollout": sum(h["lightningrl/calls"] for h in steps) / rollouts if rollouts else None,
-        "transitions_per_rollout": sum(h["lightningrl/transitions"] for h in steps) / rollouts if rollouts else None,
-        "exact_token_id_share": asyncio.run(share()),
-    }
+    return {**per_rollout(history), "exact_token_id_share": asyncio.run(share())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,9 +198,13 @@ class TorchGRPO(Algorithm):
             generated = time.monotonic()
             engine = _engine_delta(engine_before, self._engine.stats)
             reward = _mean_reward(rollouts)
-            chosen = self._transitions_to_train(
-                step, rollouts, await ctx.spans(rollouts), lrl, first=not step_times, close=metrics.close
-            )
+            try:
+                chosen = self._transitions_to_train(
+                    step, rollouts, await ctx.spans(rollouts), lrl, first=not step_times
+                )
+            except BaseException:
+                metrics.close()
+                raise
             if chosen is None:
                 log_step(step, {"train/reward": reward, "train/skipped": 1.0})
                 continue
@@ -271,13 +275,12 @@ class TorchGRPO(Algorithm):
         lrl: Any,
         *,
         first: bool,
-        close: Any,
     ) -> tuple[list[t.Transition], dict[str, float]] | None:
         """The step's transitions and extra metrics, or ``None`` to skip its update (logged here).
 
         GRPO trains every transition LightningRL makes; subclasses choose (:class:`TorchSFT`
-        keeps the best rollouts'). ``first`` is true until a step has been trained; ``close``
-        closes the run's metrics file before a subclass raises.
+        keeps the best rollouts'). ``first`` is true until a step has been trained; raising stops
+        the run (the metrics file is closed first).
         """
         from agentbolt.lightningrl import EmptyBatchError
 

@@ -33,6 +33,7 @@ __all__ = [
     "MetricsLogger",
     "TrainingProgress",
     "format_metrics",
+    "per_rollout",
     "plot_curves",
     "read_metrics",
     "step_means",
@@ -194,6 +195,19 @@ STEP_KEYS = (
     "update/response_len_mean",
 )
 """What :func:`step_means` averages by default: where a training step's time goes."""
+
+
+def per_rollout(records: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
+    """LLM calls and transitions per training rollout, summed over the steps' ``lightningrl/*``
+    metrics (``calls_per_rollout``, ``transitions_per_rollout``; ``None`` without a trained step)."""
+    steps = [r for r in records if _is_number(r.get("lightningrl/rollouts"))]
+    rollouts = sum(float(r["lightningrl/rollouts"]) for r in steps)
+    if not rollouts:
+        return {"calls_per_rollout": None, "transitions_per_rollout": None}
+    return {
+        "calls_per_rollout": sum(float(r.get("lightningrl/calls", 0.0)) for r in steps) / rollouts,
+        "transitions_per_rollout": sum(float(r.get("lightningrl/transitions", 0.0)) for r in steps) / rollouts,
+    }
 
 
 def step_means(records: Iterable[Mapping[str, Any]], keys: Sequence[str] = STEP_KEYS) -> dict[str, float]:

@@ -117,7 +117,6 @@ class TorchSFT(TorchGRPO):
         lrl: Any,
         *,
         first: bool,
-        close: Any,
     ) -> tuple[list[t.Transition], dict[str, float]] | None:
         """The transitions of the rollouts that pass ``threshold`` / ``best_k``; a first step with
         none stops the run with a :class:`~agentbolt.errors.UserError` (nothing to imitate)."""
@@ -137,7 +136,6 @@ class TorchSFT(TorchGRPO):
                 f"{max((r.final_reward or 0.0 for r in rollouts), default=0.0):g})"
             )
             if first:
-                close()
                 raise UserError(
                     message + ". Nothing was updated. Lower threshold, raise group_size or temperature, "
                     "or start from a better policy (init_from=)."
