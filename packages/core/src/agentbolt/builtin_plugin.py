@@ -37,6 +37,17 @@ def agentbolt_register_stores(register: Register) -> None:
     register("https", _http)
 
 
+def _apo(**config: Any) -> Any:
+    from .apo import APO
+
+    return APO.from_config(config)
+
+
+@hookimpl
+def agentbolt_register_algorithms(register: Register) -> None:
+    register("apo", _apo)
+
+
 @hookimpl
 def agentbolt_register_credit(register: Register) -> None:
     from .lightningrl.registry import register_builtins

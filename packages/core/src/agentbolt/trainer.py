@@ -373,6 +373,9 @@ class Trainer:
                 label = "seconds running rollouts" if key == "seconds" else key
                 table.add_row(label, f"{value:.4g}" if isinstance(value, float) else str(value))
         self.console.print(table)
+        details = getattr(result, "rich_summary", None)  # e.g. APO's table of prompt versions
+        if callable(details):
+            self.console.print(details())
 
     def _print_evaluate(self, result: EvaluateResult) -> None:
         if result.failures:
