@@ -16,6 +16,7 @@ from agentbolt import types as t
 from agentbolt.apo import APO, APOResult
 from agentbolt.errors import UserError
 from agentbolt.plugins import default_plugins
+from agentbolt.runs import RolloutSearch
 from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLMServer
 from agentbolt.testing.fake_optimizer import EditRequest, ScriptedOptimizer
@@ -61,7 +62,8 @@ def fit(agent: Any, optimizer: ScriptedOptimizer, tmp_path: Path, *, n_runners: 
         return trainer.fit(TRAIN, VAL)
 
 
-async def stored_resources(db: Path, versions: list[int]) -> dict[int, t.Resources]:
+async def stored(db: Path, versions: list[int]) -> tuple[dict[int, t.Resources], dict[int, int]]:
+    """The resources versions, and how many rollouts ran with each version."""
     store = open_store(f"sqlite:///{db}")
     try:
         out = {}
@@ -69,7 +71,12 @@ async def stored_resources(db: Path, versions: list[int]) -> dict[int, t.Resourc
             res = await store.get_resources(v)
             assert res is not None
             out[v] = res
-        return out
+        page = await store.search_rollouts(RolloutSearch(limit=1000))
+        per_version: dict[int, int] = {}
+        for r in page.items:
+            assert r.status is t.RolloutStatus.SUCCEEDED and r.resources_version is not None
+            per_version[r.resources_version] = per_version.get(r.resources_version, 0) + 1
+        return out, per_version
     finally:
         await store.close()
 
@@ -120,9 +127,12 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
     assert all(c.val_scores == {2: 1.0} and c.final_val_score == 1.0 for c in by_round[2])
     assert seed.train_scores[1] < 1.0
 
-    resources = asyncio.run(
-        stored_resources(tmp_path / "apo.db", [v.version for v in result.versions] + [result.published_version])
+    resources, rollouts = asyncio.run(
+        stored(tmp_path / "apo.db", [v.version for v in result.versions] + [result.published_version])
     )
+    # Real rollouts pinned to each version; a version never reruns on tasks it was scored on:
+    # seed 4 val + 4 train (r1) + 4 train (r2); polite 4 val + 4 train (r2); each child 4 val.
+    assert rollouts == {seed.version: 12, polite.version: 8, **{c.version: 4 for c in by_round[2]}}
     for v in result.versions:
         res = resources[v.version]
         assert res.prompts["system"] == v.prompt
@@ -143,8 +153,8 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
 def test_an_agent_that_ignores_the_prompt_is_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     optimizer = ScriptedOptimizer(critique=CRITIQUE, edit=add_uppercase)
     with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
-        result = fit(apo_agents.deaf_agent, optimizer, tmp_path, rounds=1, branch_factor=1)
-    assert len(result.versions) == 2  # the edit was made and evaluated...
+        result = fit(apo_agents.deaf_agent, optimizer, tmp_path, rounds=1, branch_factor=1, val_batch_size=2)
+    assert len(result.versions) == 2  # the edit was made and evaluated (on 2 tasks, then on all 4)...
     assert result.score_before == result.score_after == pytest.approx(0.25)  # ...and changed nothing
     assert result.prompt_ignored
     message = "every prompt version scored 0.25 on the same validation tasks: does the agent read resources.prompts['system']?"

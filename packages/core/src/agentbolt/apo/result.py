@@ -91,14 +91,14 @@ class APOResult:
     def versions_table(self) -> Table:
         """Every prompt version: parent, round, scores, and the start of its prompt and critique."""
         table = Table(title=f"APO: versions of resources.prompts[{self.prompt_name!r}]")
-        for column in ("version", "parent", "round", "train", "val (per round)", "val (all)", "prompt", "critique"):
+        for column in ("version", "parent", "round", "train (per round)", "val (per round)", "val (all)", "prompt", "critique"):
             table.add_column(column, overflow="fold")
         for v in self.versions:
             table.add_row(
                 f"{v.version}{' *' if v.version == self.best_version else ''}",
                 "-" if v.parent_version is None else str(v.parent_version),
                 str(v.round),
-                " ".join(f"{s:.2f}" for _, s in sorted(v.train_scores.items())) or "-",
+                " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.train_scores.items())) or "-",
                 " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.val_scores.items())) or "-",
                 "-" if v.final_val_score is None else f"{v.final_val_score:.3f}",
                 _short(v.prompt, 80),
