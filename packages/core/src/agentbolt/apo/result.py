@@ -91,7 +91,16 @@ class APOResult:
     def versions_table(self) -> Table:
         """Every prompt version: parent, round, scores, and the start of its prompt and critique."""
         table = Table(title=f"APO: versions of resources.prompts[{self.prompt_name!r}]")
-        for column in ("version", "parent", "round", "train (per round)", "val (per round)", "val (all)", "prompt", "critique"):
+        for column in (
+            "version",
+            "parent",
+            "round",
+            "train (per round)",
+            "val (per round)",
+            "val (all)",
+            "prompt",
+            "critique",
+        ):
             table.add_column(column, overflow="fold")
         for v in self.versions:
             table.add_row(
