@@ -10,6 +10,9 @@
     # SmolLM2-135M-Instruct served by agentbolt-torch, as the policy and (unless --optimizer-url) the optimizer
     uv run python examples/apo/train.py --smollm2
 
+    # SmolLM2 as the policy, the scripted optimizer of --fake (its one edit: "Reply with only the number")
+    uv run python examples/apo/train.py --smollm2 --scripted-optimizer
+
 The agent (``apo_agent.py``) reads its system prompt from ``resources.prompts["system"]``. The
 held-out score of the initial prompt and of the best prompt are printed at the end, with the
 table of every prompt version APO tried.
@@ -43,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--fake", action="store_true", help="fake policy and scripted optimizer (no model)")
     mode.add_argument("--smollm2", action="store_true", help="serve SmolLM2-135M-Instruct with agentbolt-torch")
+    p.add_argument(
+        "--scripted-optimizer", action="store_true", help="the scripted optimizer of --fake with a real policy"
+    )
     p.add_argument("--policy-url", help="OpenAI-compatible base URL of the policy (the agent's LLM)")
     p.add_argument("--policy-model", default="policy", help="the policy's model name")
     p.add_argument("--policy-key-env", default=None, help="env variable with the policy's API key")
@@ -102,6 +108,11 @@ def main(argv: list[str] | None = None) -> APOResult:
             policy_url = args.policy_url
         if args.optimizer_url:
             options["optimizer_base_url"] = args.optimizer_url
+        if args.scripted_optimizer:
+            from agentbolt.testing.fake_llm import FakeLLMServer
+
+            optimizer = stack.enter_context(FakeLLMServer(fake_optimizer().fake_llm())).base_url
+            options.update(optimizer_base_url=optimizer, optimizer_model="fake-model", optimizer_api_key_env=None)
         key = os.environ.get(args.policy_key_env) if args.policy_key_env else None
         algorithm = APO(
             args.initial_prompt,

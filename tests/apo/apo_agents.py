@@ -55,3 +55,11 @@ async def deaf_agent(task: dict[str, Any], resources: t.Resources) -> float:
     """Ignores the prompt resource (its own fixed system prompt): APO must say so."""
     answer = await _ask(resources, "Repeat the word.", task["word"])
     return float(answer == task["expected"])
+
+
+async def conformance_agent(task: dict[str, Any], resources: t.Resources) -> float:
+    """The conformance suite's parity agent, reading its system prompt from the resources."""
+    if task.get("fail"):
+        raise RuntimeError(f"task {task['task_id']} fails on purpose (conformance: failed rollouts)")
+    answer = await _ask(resources, resources.prompts["system"], task["question"])
+    return float(len(answer) % 2)
