@@ -3,6 +3,10 @@
     ./dev quickstart                                  # the defaults below (about 20 minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
+    # SFT, then RL from its weights (--init-from: a checkpoint directory or a Hugging Face model dir)
+    uv run python examples/quickstart/train.py --algorithm torch-sft --steps 5 --out runs/quickstart-sft
+    uv run python examples/quickstart/train.py --init-from runs/quickstart-sft/checkpoint-final --steps 20
+
 What runs: a SQLite store (``runs/quickstart.db``), the gateway, one runner process executing
 the agent of ``agent.py`` 32 rollouts at a time, and ``torch-grpo``, which serves the policy
 (exact token ids and logprobs), turns the recorded calls into transitions with LightningRL and
@@ -17,6 +21,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner processes
@@ -24,14 +29,26 @@ sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
 
+from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import step_means  # noqa: E402
+from agentbolt_torch.sft import TorchSFT, model_dir_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
+    p.add_argument(
+        "--algorithm", choices=["torch-grpo", "torch-sft"], default="torch-grpo", help="GRPO (default) or SFT"
+    )
+    p.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="start from these weights instead of --model: a checkpoint directory of an earlier run "
+        "(e.g. runs/quickstart-sft/checkpoint-final) or a Hugging Face model directory",
+    )
+    p.add_argument("--threshold", type=float, default=1.0, help="torch-sft: imitate rollouts with this reward or more")
     p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
@@ -46,7 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/quickstart", help="metrics, curve and checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="log lines instead of progress bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.init_from is not None:
+        try:
+            args.model = model_dir_of(args.init_from)
+        except UserError as exc:
+            p.error(f"--init-from: {exc}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,20 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     train = make_tasks(4000, seed=1, prefix="train-")
     val = make_tasks(args.val, seed=2, prefix="val-")
-    algorithm = TorchGRPO(
-        args.model,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        group_size=args.group_size,
-        temperature=1.0,
-        max_tokens=args.max_tokens,
-        val_every=args.val_every,
-        update={"lr": args.lr, "seed": args.seed},
-        out_dir=args.out,
-        checkpoint_every=args.steps or None,
-        autocast=None if args.autocast == "none" else args.autocast,
-        seed=args.seed,
-    )
+    options: dict[str, Any] = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "group_size": args.group_size,
+        "temperature": 1.0,
+        "max_tokens": args.max_tokens,
+        "val_every": args.val_every,
+        "update": {"lr": args.lr, "seed": args.seed},
+        "out_dir": args.out,
+        "checkpoint_every": args.steps or None,
+        "autocast": None if args.autocast == "none" else args.autocast,
+        "seed": args.seed,
+    }
+    if args.algorithm == "torch-sft":
+        algorithm: TorchGRPO = TorchSFT(args.model, threshold=args.threshold, **options)
+    else:
+        algorithm = TorchGRPO(args.model, **options)
     trainer = Trainer(
         math_agent_no_tool if args.no_tool else math_agent,
         algorithm,

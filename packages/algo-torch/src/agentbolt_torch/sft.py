@@ -28,7 +28,7 @@ from agentbolt.errors import UserError
 
 from .algorithm import TorchGRPO
 
-__all__ = ["TorchSFT", "select_transitions"]
+__all__ = ["TorchSFT", "model_dir_of", "select_transitions"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,21 @@ def select_transitions(
         ranked = sorted(group, key=lambda r: -(r.final_reward or 0.0))
         ids.update(r.rollout_id for r in (ranked[:best_k] if best_k else ranked))
     return [tr.model_copy(update={"advantage": 1.0}) for tr in transitions if tr.rollout_id in ids]
+
+
+def model_dir_of(init_from: str | Path) -> str:
+    """The model directory whose weights start a run: an agentbolt-torch checkpoint's ``model/``
+    (e.g. ``runs/torch-sft/checkpoint-final``) or a Hugging Face model directory as it is. Give
+    the result to ``torch-grpo`` as its model to run RL from an SFT checkpoint."""
+    source = Path(init_from)
+    if (source / "model").is_dir():
+        source = source / "model"
+    if not (source / "config.json").is_file():
+        raise UserError(
+            f"init_from={init_from!s}: no model there (expected an agentbolt-torch checkpoint with "
+            "model/ or a Hugging Face model directory; LoRA checkpoints: use resume=)"
+        )
+    return str(source)
 
 
 class TorchSFT(TorchGRPO):
@@ -85,15 +100,7 @@ class TorchSFT(TorchGRPO):
         if best_k is not None and best_k < 1:
             raise UserError("best_k must be >= 1 (or None to keep every passing rollout)")
         if init_from is not None:
-            source = Path(init_from)
-            if (source / "model").is_dir():
-                source = source / "model"
-            if not (source / "config.json").is_file():
-                raise UserError(
-                    f"init_from={init_from!s}: no model there (expected an agentbolt-torch checkpoint with "
-                    "model/ or a Hugging Face model directory; LoRA checkpoints: use resume=)"
-                )
-            model = str(source)
+            model = model_dir_of(init_from)
         update = dict(update) if isinstance(update, Mapping) else update
         if update is None:
             update = {"objective": "nll", "lr": 1e-5}
