@@ -3,9 +3,10 @@
     # No model at all: a fake policy and a scripted optimizer (seconds; shows the mechanics)
     uv run python examples/apo/train.py --fake
 
-    # Any OpenAI-compatible endpoints, e.g. OpenAI for both (key in $OPENAI_API_KEY)
-    uv run python examples/apo/train.py --policy-url https://api.openai.com/v1 --policy-model gpt-4.1-nano \\
-        --optimizer-url https://api.openai.com/v1 --optimizer-model gpt-4.1-mini
+    # Any OpenAI-compatible endpoints, e.g. a vLLM server as the policy and OpenAI as the
+    # optimizer (key in $OPENAI_API_KEY)
+    uv run python examples/apo/train.py --policy-url http://127.0.0.1:8000/v1 \\
+        --policy-model Qwen/Qwen2.5-1.5B-Instruct --optimizer-url https://api.openai.com/v1 --optimizer-model gpt-4.1-mini
 
     # SmolLM2-135M-Instruct served by agentbolt-torch, as the policy and (unless --optimizer-url) the optimizer
     uv run python examples/apo/train.py --smollm2
