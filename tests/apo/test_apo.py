@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from pathlib import Path
@@ -160,6 +161,8 @@ def test_an_agent_that_ignores_the_prompt_is_detected(tmp_path: Path, caplog: py
     message = "every prompt version scored 0.25 on the same validation tasks: does the agent read resources.prompts['system']?"
     assert result.warnings == [message]
     assert message in caplog.text
+    resources, _ = asyncio.run(stored(tmp_path / "apo.db", [result.published_version]))
+    assert resources[result.published_version].extra["apo"]["warnings"] == [message]
 
 
 def test_malformed_optimizer_answers_are_skipped_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -281,5 +284,25 @@ def test_apo_is_a_listed_builtin_algorithm() -> None:
 
     entry = default_plugins().algorithms.entry("apo")
     assert entry.plugin == "agentbolt"
-    listing = CliRunner().invoke(app, ["plugins"])
-    assert listing.exit_code == 0 and "apo" in listing.output
+    listing = CliRunner().invoke(app, ["plugins", "--json"])
+    assert listing.exit_code == 0
+    (core,) = [p for p in json.loads(listing.output) if p["name"] == "agentbolt"]
+    assert "apo" in core["registered"]["algorithms"]
+
+
+def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
+    optimizer = ScriptedOptimizer(critique=CRITIQUE, edit=add_uppercase)
+    backend = optimizer.fake_llm(failures=[Failure(kind="status", status=503, times=1)])
+    with FakeLLMServer(apo_agents.policy()) as policy, FakeLLMServer(backend) as opt:
+        result = Trainer(
+            apo_agents.prompt_agent,
+            algorithm="apo",
+            algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
+            store="memory://",
+            upstream=policy.base_url,
+            n_runners=0,
+            progress=False,
+        ).fit(TRAIN, VAL)
+        answered = len(backend.requests)
+    assert result.score_after == pytest.approx(1.0) and result.optimizer_calls == 2
+    assert answered == 3  # the critique twice (503, then answered), the edit once

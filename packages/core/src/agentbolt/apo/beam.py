@@ -221,7 +221,7 @@ class BeamSearch:
         for w in warnings:
             log.warning("APO: %s", w)
         table = [pv.to_dict() for pv in sorted(self.versions.values(), key=lambda pv: pv.version)]
-        published = await self.publish_best(best, seed, table)
+        published = await self.publish_best(best, seed, table, warnings)
         ctx.log_metrics(
             apo.rounds + 1, {"apo/val_score_initial": seed.final_val_score, "apo/val_score_final": best.final_val_score}
         )
@@ -256,7 +256,9 @@ class BeamSearch:
             return None
         return next(iter(groups[-1].values()))
 
-    async def publish_best(self, best: PromptVersion, seed: PromptVersion, table: list[dict[str, Any]]) -> int:
+    async def publish_best(
+        self, best: PromptVersion, seed: PromptVersion, table: list[dict[str, Any]], warnings: list[str]
+    ) -> int:
         apo = self.apo
         stored = await self.ctx.publish(
             t.Resources(
@@ -270,6 +272,7 @@ class BeamSearch:
                         "score_before": seed.final_val_score,
                         "score_after": best.final_val_score,
                         "versions": table,
+                        "warnings": warnings,
                     }
                 },
             )
