@@ -63,3 +63,10 @@ async def conformance_agent(task: dict[str, Any], resources: t.Resources) -> flo
         raise RuntimeError(f"task {task['task_id']} fails on purpose (conformance: failed rollouts)")
     answer = await _ask(resources, resources.prompts["system"], task["question"])
     return float(len(answer) % 2)
+
+
+def no_llm_agent(task: dict[str, Any], resources: t.Resources) -> float:
+    """Calls no LLM through the gateway (as an agent calling a hosted model directly): the reward
+    still depends on the prompt."""
+    answer = task["word"].upper() if "uppercase" in resources.prompts["system"].lower() else task["word"]
+    return float(answer == task["expected"])

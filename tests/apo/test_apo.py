@@ -306,3 +306,18 @@ def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
         answered = len(backend.requests)
     assert result.score_after == pytest.approx(1.0) and result.optimizer_calls == 2
     assert answered == 3  # the critique twice (503, then answered), the edit once
+
+
+def test_an_agent_that_calls_no_llm_through_the_gateway_is_optimized_too(tmp_path: Path) -> None:
+    optimizer = ScriptedOptimizer(critique=CRITIQUE, edit=add_uppercase)
+    with FakeLLMServer(optimizer.fake_llm()) as opt:
+        result = Trainer(
+            apo_agents.no_llm_agent,
+            algorithm="apo",
+            algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
+            store=f"sqlite:///{tmp_path}/apo.db",
+            n_runners=0,
+            progress=False,
+        ).fit(TRAIN, VAL)
+    assert (result.score_before, result.score_after) == (pytest.approx(0.25), pytest.approx(1.0))
+    assert "(no LLM reply was recorded for this task)" in optimizer.critiques[0].failures
