@@ -144,11 +144,23 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
     table = {row["version"]: row for row in final.extra["apo"]["versions"]}
     assert table[seed.version]["final_val_score"] == 0.25 and table[result.best_version]["final_val_score"] == 1.0
 
-    # The run's summary shows the versions, the scores and the best prompt.
+    # The run's summary shows the versions, the scores and the best prompt...
     err = capsys.readouterr().err
     assert "APO: versions of resources.prompts['system']" in err
     assert "held-out score 0.250 -> 1.000" in err
     assert "score_after" in err and "UPPERCASE" in err
+    # ... and so does `agentbolt runs show` afterwards, from the store.
+    from typer.testing import CliRunner
+
+    from agentbolt.cli import app
+
+    url = f"sqlite:///{tmp_path}/apo.db"
+    listing = CliRunner().invoke(app, ["runs", "list", "--store", url], env={"COLUMNS": "200"})
+    run_id = next(w for w in listing.output.split() if w.startswith("run-"))
+    shown = CliRunner().invoke(app, ["runs", "show", run_id, "--store", url], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "APO: versions of resources.prompts['system']" in shown.output
+    assert "held-out score 0.250 -> 1.000" in shown.output and f"{result.best_version} *" in shown.output
 
 
 def test_an_agent_that_ignores_the_prompt_is_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

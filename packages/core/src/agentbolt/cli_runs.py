@@ -158,16 +158,19 @@ def runs_show(
 ) -> None:
     """One run: its settings, latest metrics and metrics per step."""
 
-    async def work(s: Any) -> tuple[Any, Any, Any]:
+    async def work(s: Any) -> tuple[Any, Any, Any, Any]:
         from .runs import RolloutSearch
 
+        run = await s.get_run(run_id)
+        published = run.latest.get("apo/published_version")  # APO's best prompt, with its table
         return (
-            await s.get_run(run_id),
+            run,
             await s.get_run_metrics(run_id),
             (await s.search_rollouts(RolloutSearch(run_id=run_id, limit=1))).total,
+            await s.get_resources(int(published)) if published is not None else None,
         )
 
-    run, metrics, n_rollouts = _run(store, store_token, work)
+    run, metrics, n_rollouts, apo_resources = _run(store, store_token, work)
     console = Console()
     console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]")
     console.print(f"algorithm {run.algorithm}  model {run.model or '-'}  steps {run.steps}  rollouts {n_rollouts}")
@@ -181,6 +184,12 @@ def runs_show(
     for m in metrics:
         table.add_row(str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items()))
     console.print(table)
+    if apo_resources is not None:
+        from .apo.result import stored_summary
+
+        summary = stored_summary(apo_resources.extra)
+        if summary is not None:
+            console.print(summary)
 
 
 # -- rollouts --------------------------------------------------------------------------------------

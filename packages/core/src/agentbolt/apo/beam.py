@@ -223,7 +223,12 @@ class BeamSearch:
         table = [pv.to_dict() for pv in sorted(self.versions.values(), key=lambda pv: pv.version)]
         published = await self.publish_best(best, seed, table, warnings)
         ctx.log_metrics(
-            apo.rounds + 1, {"apo/val_score_initial": seed.final_val_score, "apo/val_score_final": best.final_val_score}
+            apo.rounds + 1,
+            {
+                "apo/val_score_initial": seed.final_val_score,
+                "apo/val_score_final": best.final_val_score,
+                "apo/published_version": float(published),
+            },
         )
         result = APOResult(
             prompt_name=apo.prompt_name,
@@ -267,6 +272,7 @@ class BeamSearch:
                 extra={
                     "apo": {
                         "run_id": self.ctx.run_id,
+                        "prompt_name": apo.prompt_name,
                         "best": True,
                         "best_version": best.version,
                         "score_before": seed.final_val_score,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -9,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["APOResult", "PromptVersion"]
+__all__ = ["APOResult", "PromptVersion", "stored_summary", "versions_table"]
 
 
 @dataclass
@@ -37,6 +38,20 @@ class PromptVersion:
         if self.final_val_score is not None:
             return self.final_val_score
         return self.val_scores[max(self.val_scores)] if self.val_scores else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PromptVersion:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            version=int(data["version"]),
+            prompt=str(data["prompt"]),
+            round=int(data["round"]),
+            parent_version=data.get("parent_version"),
+            critique=data.get("critique"),
+            train_scores={int(k): float(v) for k, v in (data.get("train_scores") or {}).items()},
+            val_scores={int(k): float(v) for k, v in (data.get("val_scores") or {}).items()},
+            final_val_score=data.get("final_val_score"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stored in the final resources version's ``extra``)."""
@@ -90,30 +105,7 @@ class APOResult:
 
     def versions_table(self) -> Table:
         """Every prompt version: parent, round, scores, and the start of its prompt and critique."""
-        table = Table(title=f"APO: versions of resources.prompts[{self.prompt_name!r}]")
-        for column in (
-            "version",
-            "parent",
-            "round",
-            "train (per round)",
-            "val (per round)",
-            "val (all)",
-            "prompt",
-            "critique",
-        ):
-            table.add_column(column, overflow="fold")
-        for v in self.versions:
-            table.add_row(
-                f"{v.version}{' *' if v.version == self.best_version else ''}",
-                "-" if v.parent_version is None else str(v.parent_version),
-                str(v.round),
-                " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.train_scores.items())) or "-",
-                " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.val_scores.items())) or "-",
-                "-" if v.final_val_score is None else f"{v.final_val_score:.3f}",
-                _short(v.prompt, 80),
-                _short(v.critique or "", 80) or "-",
-            )
-        return table
+        return versions_table(self.versions, self.prompt_name, self.best_version)
 
     def rich_summary(self) -> Group:
         """What the trainer prints after its table: the versions, the best prompt and warnings."""
@@ -127,6 +119,45 @@ class APOResult:
         ]
         parts += [Text(f"warning: {w}", style="yellow") for w in self.warnings]
         return Group(*parts)
+
+
+def versions_table(versions: Sequence[PromptVersion], prompt_name: str, best_version: int | None) -> Table:
+    """The table of prompt versions the trainer's summary and ``agentbolt runs show`` print."""
+    table = Table(title=f"APO: versions of resources.prompts[{prompt_name!r}]")
+    for column in ("version", "parent", "round", "train (per round)", "val (per round)", "val (all)"):
+        table.add_column(column, overflow="fold")
+    table.add_column("prompt", overflow="fold")
+    table.add_column("critique", overflow="fold")
+    for v in versions:
+        table.add_row(
+            f"{v.version}{' *' if v.version == best_version else ''}",
+            "-" if v.parent_version is None else str(v.parent_version),
+            str(v.round),
+            " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.train_scores.items())) or "-",
+            " ".join(f"r{r}:{s:.2f}" for r, s in sorted(v.val_scores.items())) or "-",
+            "-" if v.final_val_score is None else f"{v.final_val_score:.3f}",
+            _short(v.prompt, 80),
+            _short(v.critique or "", 80) or "-",
+        )
+    return table
+
+
+def stored_summary(extra: Mapping[str, Any]) -> Group | None:
+    """The summary of an APO run from its published best version's ``extra`` (``None`` when
+    ``extra`` holds no APO table)."""
+    apo = extra.get("apo")
+    if not isinstance(apo, Mapping) or not isinstance(apo.get("versions"), list):
+        return None
+    versions = [PromptVersion.from_dict(row) for row in apo["versions"]]
+    best = apo.get("best_version")
+    parts: list[Any] = [
+        versions_table(versions, str(apo.get("prompt_name", "system")), best),
+        Text(
+            f"held-out score {apo.get('score_before', float('nan')):.3f} -> {apo.get('score_after', float('nan')):.3f}"
+        ),
+    ]
+    parts += [Text(f"warning: {w}", style="yellow") for w in apo.get("warnings") or ()]
+    return Group(*parts)
 
 
 def _short(text: str, limit: int) -> str:
