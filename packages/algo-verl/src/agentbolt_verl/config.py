@@ -180,7 +180,7 @@ class AgentboltSettings(_Strict):
     """Store the runners and the binding share, e.g. ``sqlite:///runs/agentbolt.db``."""
     transitions: str = "agentbolt_verl.binding.rollouts:lightningrl_transitions"
     """``module:callable`` factory returning ``spans_to_transitions(rollouts, spans)``; called
-    with ``**transitions_options``."""
+    with ``lightningrl=`` (the :attr:`lightningrl` config) and ``**transitions_options``."""
     transitions_options: dict[str, Any] = Field(default_factory=dict)
     """More keyword options of a custom ``transitions`` factory (it is always called with
     ``lightningrl=`` the config below; the default factory takes nothing else)."""
