@@ -286,7 +286,7 @@ _VERL_ADVANTAGE_OPTIONS = ("level", "norm_std")
 
 
 def verl_advantage(lrl: LightningRLConfig) -> tuple[str, str, bool]:
-    """(verl estimator, level, norm_by_std) for a LightningRL config, or a :class:`ValueError`
+    """(verl estimator, level, norm_std) for a LightningRL config, or a :class:`ValueError`
     saying what verl cannot run (the message names the ``lightningrl`` fields)."""
     if not isinstance(lrl.advantage, str) or lrl.advantage not in VERL_ESTIMATORS:
         raise ValueError(
@@ -299,11 +299,11 @@ def verl_advantage(lrl: LightningRLConfig) -> tuple[str, str, bool]:
             + ", ".join(_VERL_ADVANTAGE_OPTIONS)
         )
     level = lrl.advantage_options.get("level", "rollout")
-    norm_by_std = lrl.advantage_options.get("norm_std", True)
+    norm_std = lrl.advantage_options.get("norm_std", True)
     if level not in ("rollout", "transition"):
         raise ValueError(f"lightningrl.advantage_options.level must be 'rollout' or 'transition', got {level!r}")
-    if not isinstance(norm_by_std, bool):
-        raise ValueError(f"lightningrl.advantage_options.norm_std must be true or false, got {norm_by_std!r}")
+    if not isinstance(norm_std, bool):
+        raise ValueError(f"lightningrl.advantage_options.norm_std must be true or false, got {norm_std!r}")
     if "norm_std" in lrl.advantage_options and lrl.advantage != "grpo":
         raise ValueError("lightningrl.advantage_options.norm_std applies to advantage 'grpo' only")
     if lrl.loss_aggregation == "rollout-mean-token-mean" and level != "rollout":
@@ -311,12 +311,12 @@ def verl_advantage(lrl: LightningRLConfig) -> tuple[str, str, bool]:
             "lightningrl.loss_aggregation='rollout-mean-token-mean' needs advantage_options.level='rollout' (the "
             "per-rollout weights are folded into the advantages by the rollout-level estimator)"
         )
-    if level == "transition" and not norm_by_std and lrl.advantage == "grpo":
+    if level == "transition" and not norm_std and lrl.advantage == "grpo":
         raise ValueError(
             "lightningrl.advantage_options.norm_std=false (Dr.GRPO) with level='transition' is not honoured by "
             "verl's per-row GRPO (grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo); use level='rollout'"
         )
-    return VERL_ESTIMATORS[lrl.advantage], level, norm_by_std
+    return VERL_ESTIMATORS[lrl.advantage], level, norm_std
 
 
 def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
@@ -327,7 +327,7 @@ def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
     :data:`agentbolt_verl.losses.LOSS_MODE` (weights in the advantages; ``loss_agg_mode``
     ``token-mean`` for the entropy and KL terms), verl's own modes pass through as ``loss_agg_mode``.
     """
-    estimator, level, norm_by_std = verl_advantage(settings.lightningrl)
+    estimator, level, norm_std = verl_advantage(settings.lightningrl)
     if level == "rollout":
         estimator = f"agentbolt_rollout_{estimator}"
     elif estimator == "grpo":
@@ -338,7 +338,7 @@ def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
     per_rollout = aggregation == "rollout-mean-token-mean"
     return {
         "algorithm.adv_estimator": estimator,
-        "algorithm.norm_adv_by_std_in_grpo": norm_by_std,
+        "algorithm.norm_adv_by_std_in_grpo": norm_std,
         "actor_rollout_ref.actor.policy_loss.loss_mode": "agentbolt_rollout_mean" if per_rollout else "vanilla",
         "actor_rollout_ref.actor.loss_agg_mode": "token-mean" if per_rollout else aggregation,
         "actor_rollout_ref.rollout.name": "vllm",
