@@ -17,7 +17,7 @@ before and after training.
   (token-mean), one backward pass over the whole batch. Nothing of agentbolt but the task file.
 - **agentbolt**: ``Trainer`` + ``torch-grpo``: SQLite store, gateway, one runner process
   running the quickstart agent on the OpenAI client, the policy server, spans, LightningRL,
-  the updater (rollout-mean loss, micro-batches of 2,048 tokens), on its defaults: the
+  the updater (rollout-mean-token-mean loss, micro-batches of 2,048 tokens), on its defaults: the
   engine's prompt cache and the updater's ``share_prompts`` run each group's shared prompt once
   (the bare loop runs every sequence whole, as hand-written loops usually do).
 

@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner proces
 from agent import sql_agent  # noqa: E402
 from data import SpiderDataError, ensure_bundled, load_split  # noqa: E402
 
+from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=args.temperature,
         max_tokens=args.max_tokens,
         val_every=args.val_every or None,
-        agent_match=agent_match,
+        lightningrl=LightningRLConfig(agent_match=agent_match),
         update={"lr": args.lr, "seed": args.seed},
         out_dir=args.out,
         checkpoint_every=args.steps or None,

@@ -216,7 +216,7 @@ def test_verl_config_composes_with_the_published_setup() -> None:
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     assert cfg.data.train_batch_size == 32 and cfg.actor_rollout_ref.rollout.n == 4
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
-    assert cfg.agentbolt.transitions_options["agent_match"] == "^(write_query|rewrite_query)$"
+    assert cfg.agentbolt.lightningrl.agent_match == "^(write_query|rewrite_query)$"
 
 
 def test_jsonl_export_is_agentbolt_tasks(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import LightningRLConfig
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
@@ -79,6 +80,27 @@ def test_registered_by_name_and_validates() -> None:
     assert isinstance(default_plugins().algorithms.get("torch-grpo")(model="tiny", steps=1), TorchGRPO)
     with pytest.raises(UserError, match="batch_size"):
         TorchGRPO("tiny", batch_size=0)
+
+
+def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -> None:
+    config = LightningRLConfig(agent_match="solver", loss_aggregation="token-mean")
+    trainer = Trainer(
+        lambda task, resources: 1.0,
+        "torch-grpo",
+        algorithm_config={"model": "tiny", "out_dir": str(tmp_path)},
+        lightningrl=config,
+        n_runners=0,
+        store="memory://",
+    )
+    algorithm = trainer._make_algorithm()
+    assert isinstance(algorithm, TorchGRPO) and algorithm.lightningrl is config
+    recorded = algorithm.run_config()["lightningrl"]  # what the dashboard rebuilds LightningRL from
+    assert recorded["agent_match"] == "solver" and recorded["loss_aggregation"] == "token-mean"
+    assert TorchGRPO("tiny", lightningrl={"credit": "discounted"}).lightningrl.credit == "discounted"
+    with pytest.raises(UserError, match="valid fields"):
+        TorchGRPO("tiny", lightningrl={"agent_matcher": "solver"})
+    with pytest.raises(UserError, match="pass it to the algorithm's own constructor"):
+        Trainer(lambda task, resources: 1.0, TorchGRPO("tiny"), lightningrl=config, n_runners=0, store="memory://")
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import LOSS_AGGREGATIONS, row_weights
 from agentbolt.types import Transition
 from agentbolt_torch.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig, kl_penalty, token_weights
+from agentbolt_torch.update import PolicyUpdater, UpdateConfig, kl_penalty
 
 
 def fresh_policy(*, lora: LoraSettings | None = None, autocast: bool = True, seed: int = 0) -> Policy:
@@ -56,14 +57,25 @@ def trainable(policy: Policy) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in policy.model.named_parameters() if v.requires_grad}
 
 
-def test_token_weights() -> None:
-    # rollout r1 made two calls (6 + 4 tokens), r2 one call (5 tokens)
-    w = token_weights(["r1", "r1", "r2"], [6, 4, 5], "rollout-mean")
-    assert w == pytest.approx([1 / 20, 1 / 20, 1 / 10])
-    assert 6 * w[0] + 4 * w[1] == pytest.approx(5 * w[2])  # each rollout weighs the same
-    assert token_weights(["r1", "r1", "r2"], [6, 4, 5], "token-mean") == pytest.approx([1 / 15] * 3)
-    assert token_weights(["r1", "r1", "r2"], [6, 4, 5], "seq-mean") == pytest.approx([1 / 18, 1 / 12, 1 / 15])
-    assert token_weights(["r1", "r2"], [0, 5], "rollout-mean") == pytest.approx([0.0, 1 / 5])
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_loss_is_aggregated_with_cores_weights(mode: str) -> None:
+    """On policy (ratio exactly 1) the policy-gradient loss is -Σ_t w_t · n_t · A_t with core's
+    row weights: the updater has no aggregation of its own."""
+    policy = fresh_policy()
+    transitions = rollout_transitions(policy)
+    weights = row_weights([t.rollout_id for t in transitions], [len(t.response_ids) for t in transitions], mode)
+    expected = -math.fsum(
+        w * len(t.response_ids) * (t.advantage or 0.0) for t, w in zip(transitions, weights, strict=True)
+    )
+    updater = PolicyUpdater(policy, UpdateConfig(old_logprobs="recompute"), loss_aggregation=mode)  # type: ignore[arg-type]
+    metrics = updater.update(transitions)
+    assert metrics.ratio_mean == pytest.approx(1.0)
+    assert metrics.pg_loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_unknown_loss_aggregation_lists_the_valid_ones() -> None:
+    with pytest.raises(UserError, match="valid names: rollout-mean-token-mean, token-mean"):
+        PolicyUpdater(fresh_policy(), loss_aggregation="rollout-mean")  # type: ignore[arg-type]
 
 
 def test_kl_estimators_zero_when_equal() -> None:

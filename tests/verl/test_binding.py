@@ -399,7 +399,7 @@ def test_advantages_get_rollout_membership_from_verls_keys() -> None:
         rows.non_tensors["rollout_id"],
         rows.non_tensors["transition_index"],
         singleton_groups="zero",
-        aggregation="rollout",
+        aggregation="rollout-mean-token-mean",
     )
     assert (out.batch["advantages"] - expected).abs().max().item() <= 1e-6
     assert out.batch["advantages"][4].abs().sum() == 0  # singleton group → 0

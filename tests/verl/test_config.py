@@ -62,12 +62,20 @@ def test_unknown_verl_key_is_rejected_with_valid_keys() -> None:
     ("section", "message"),
     [
         ({"bogus": 1}, "unknown key(s) 'bogus'; valid keys: store_url, transitions"),
-        ({"loss": {"aggregaton": "token"}}, "agentbolt.loss: unknown key(s) 'aggregaton'; valid keys: aggregation"),
-        ({"advantage": {"estimator": "gae"}}, "agentbolt.advantage.estimator"),
-        ({"advantage": {"level": "transition"}}, "needs advantage.level='rollout'"),
+        ({"loss": {"aggregation": "token"}}, "unknown key(s) 'loss'"),
+        ({"lightningrl": {"aggregaton": "token-mean"}}, "agentbolt.lightningrl.aggregaton: Extra inputs"),
+        ({"lightningrl": {"loss_aggregation": "token"}}, "agentbolt.lightningrl.loss_aggregation: Input should be"),
+        ({"lightningrl": {"advantage": "gae"}}, "lightningrl.advantage='gae' has no verl estimator"),
+        ({"lightningrl": {"advantage_options": {"epsilon": 0.1}}}, "advantage_options epsilon cannot be passed"),
+        ({"lightningrl": {"advantage_options": {"level": "transition"}}}, "needs advantage_options.level='rollout'"),
         ({"rollout": {"max_attempts": 0}}, "agentbolt.rollout.max_attempts"),
         (
-            {"loss": {"aggregation": "token"}, "advantage": {"level": "transition", "norm_by_std": False}},
+            {
+                "lightningrl": {
+                    "loss_aggregation": "token-mean",
+                    "advantage_options": {"level": "transition", "norm_std": False},
+                }
+            },
             "not honoured by verl's per-row GRPO",
         ),
     ],
@@ -91,31 +99,37 @@ def test_keys_our_settings_decide_cannot_be_overridden() -> None:
 
 
 @pytest.mark.parametrize(
-    ("agentbolt", "estimator", "loss_mode", "agg"),
+    ("lightningrl", "estimator", "loss_mode", "agg"),
     [
-        ({"loss": {"aggregation": "token"}}, "agentbolt_rollout_grpo", "vanilla", "token-mean"),
+        ({"loss_aggregation": "token-mean"}, "agentbolt_rollout_grpo", "vanilla", "token-mean"),
         (
-            {"loss": {"aggregation": "sequence"}, "advantage": {"estimator": "rloo"}},
+            {"loss_aggregation": "seq-mean-token-mean", "advantage": "rloo"},
             "agentbolt_rollout_rloo",
             "vanilla",
             "seq-mean-token-mean",
         ),
         (
-            {"loss": {"aggregation": "token"}, "advantage": {"level": "transition"}},
+            {"loss_aggregation": "seq-mean-token-sum", "advantage": "reinforce_pp"},
+            "agentbolt_rollout_reinforce_plus_plus_baseline",
+            "vanilla",
+            "seq-mean-token-sum",
+        ),
+        (
+            {"loss_aggregation": "token-mean", "advantage_options": {"level": "transition"}},
             "grpo_vectorized",
             "vanilla",
             "token-mean",
         ),
         (
-            {"loss": {"aggregation": "token"}, "advantage": {"level": "transition", "estimator": "rloo"}},
+            {"loss_aggregation": "token-mean", "advantage": "rloo", "advantage_options": {"level": "transition"}},
             "rloo",
             "vanilla",
             "token-mean",
         ),
     ],
 )
-def test_settings_map_to_verl_keys(agentbolt, estimator, loss_mode, agg) -> None:
-    cfg = compose(agentbolt=agentbolt)
+def test_settings_map_to_verl_keys(lightningrl, estimator, loss_mode, agg) -> None:
+    cfg = compose(agentbolt={"lightningrl": lightningrl})
     assert cfg.algorithm.adv_estimator == estimator
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode
     assert cfg.actor_rollout_ref.actor.loss_agg_mode == agg
@@ -129,7 +143,7 @@ def test_response_limit_cannot_exceed_verls() -> None:
 def test_load_config_from_yaml_file(tmp_path) -> None:
     path = tmp_path / "train.yaml"
     path.write_text(
-        "agentbolt:\n  store_url: sqlite:///x.db\n  advantage: {estimator: rloo}\n"
+        "agentbolt:\n  store_url: sqlite:///x.db\n  lightningrl: {advantage: rloo}\n"
         "verl:\n  data.train_batch_size: 4\n  actor_rollout_ref:\n    rollout: {n: 2}\n"
     )
     cfg = c.compose_verl_config(path)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from agentbolt.lightningrl import row_weights
 from agentbolt_verl import advantage as adv
 from agentbolt_verl import losses
 
@@ -85,10 +86,10 @@ def test_equals_vanilla_over_concatenated_rollouts() -> None:
         concat(old), concat(new), concat(a), cmask, loss_agg_mode="seq-mean-token-mean", config=actor_config()
     )
     assert abs(ours.item() - ref.item()) <= TOL
-    # and the reference aggregation of the unweighted per-token losses
+    # and core's aggregation (the one torch uses) of the unweighted per-token losses
     pg = torch.maximum(-a * torch.exp(new - old), -a * torch.clamp(torch.exp(new - old), 0.8, 1.28))
     pg = torch.where(a < 0, torch.minimum(-a * 3.0, pg), pg)
-    assert abs(ours.item() - losses.per_rollout_mean(pg, mask, rids).item()) <= TOL
+    assert abs(ours.item() - core_aggregate(pg, mask, rids, "rollout-mean-token-mean").item()) <= TOL
 
 
 def test_without_weights_it_is_vanilla_seq_mean_token_sum() -> None:
@@ -114,8 +115,40 @@ def test_uses_verls_global_batch_normalization() -> None:
     assert ours.item() == pytest.approx(local.item() * 4 / 8 * 2, abs=TOL)  # 4 local rows
 
 
-def test_per_rollout_mean_reference() -> None:
+def core_aggregate(loss_mat, mask, rollout_ids, mode):
+    """Σ_r w_r Σ_k mask·loss with core's row weights (agentbolt.lightningrl.row_weights)."""
+    w = row_weights(rollout_ids, mask.sum(-1).tolist(), mode)
+    return ((loss_mat * mask).sum(-1) * torch.tensor(w, dtype=loss_mat.dtype)).sum()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_core_aggregation_equals_verls_agg_loss(mode) -> None:
+    """Core's weights for verl's modes give exactly verl's own agg_loss (empty rows included)."""
+    g = torch.Generator().manual_seed(7)
+    loss = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    mask = (torch.rand(5, 7, generator=g) > 0.4).long()
+    mask[3] = 0  # a row without a trained token
+    rids = ["a", "a", "b", "c", "c"]
+    ref = core_algos.agg_loss(loss, mask, mode)
+    assert abs(core_aggregate(loss, mask, rids, mode).item() - ref.item()) <= 1e-12
+
+
+def test_core_rollout_mean_is_verls_seq_mean_over_concatenated_rollouts() -> None:
+    g = torch.Generator().manual_seed(11)
+    loss = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    mask = (torch.rand(4, 6, generator=g) > 0.3).long()
+    rids = ["a", "a", "a", "b"]
+    concat = torch.zeros(2, 18, dtype=torch.float64)
+    cmask = torch.zeros(2, 18, dtype=torch.long)
+    concat[0] = loss[:3].reshape(-1)
+    cmask[0] = mask[:3].reshape(-1)
+    concat[1, :6], cmask[1, :6] = loss[3], mask[3]
+    ref = core_algos.agg_loss(concat, cmask, "seq-mean-token-mean")
+    assert abs(core_aggregate(loss, mask, rids, "rollout-mean-token-mean").item() - ref.item()) <= 1e-12
+
+
+def test_core_rollout_mean_leaves_empty_rollouts_out() -> None:
     loss = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0], [2.0, 2.0, 2.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     # rollout a: tokens 1, 3, 5 → 3; rollout b has no token and is left out
-    assert losses.per_rollout_mean(loss, mask, ["a", "a", "b"]).item() == pytest.approx(3.0)
+    assert core_aggregate(loss, mask, ["a", "a", "b"], "rollout-mean-token-mean").item() == pytest.approx(3.0)

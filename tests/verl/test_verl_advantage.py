@@ -136,7 +136,7 @@ def test_rollout_weights_make_each_rollout_weigh_the_same() -> None:
         per_rollout[r] += float(w[i] * tokens[i])
     assert all(v == pytest.approx(b / 6) for v in per_rollout.values())
     weighted, returns, _ = adv.compute_rollout_advantage(
-        batch.tensors["token_level_scores"], mask, batch.non_tensors["uid"], rids, aggregation="rollout"
+        batch.tensors["token_level_scores"], mask, batch.non_tensors["uid"], rids, aggregation="rollout-mean-token-mean"
     )
     assert torch.allclose(weighted, returns * w.unsqueeze(-1).float())
 
@@ -152,7 +152,7 @@ def test_through_verl_compute_advantage_with_membership_scope() -> None:
         batch.non_tensors["rollout_id"],
         batch.non_tensors["transition_index"],
         singleton_groups="zero",
-        aggregation="rollout",
+        aggregation="rollout-mean-token-mean",
     )
 
     def fresh():
@@ -165,7 +165,7 @@ def test_through_verl_compute_advantage_with_membership_scope() -> None:
     with adv.rollout_membership(
         batch.non_tensors["rollout_id"],
         batch.non_tensors["transition_index"],
-        aggregation="rollout",
+        aggregation="rollout-mean-token-mean",
         singleton_groups="zero",
     ) as m:
         out = compute_advantage(

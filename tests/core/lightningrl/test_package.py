@@ -15,7 +15,7 @@ def test_every_public_name_resolves() -> None:
 
 def test_lightningrl_imports_neither_torch_nor_numpy() -> None:
     code = (
-        "import sys, agentbolt.lightningrl as l; l.LightningRL; l.per_rollout_mean; l.AIRCredit; "
+        "import sys, agentbolt.lightningrl as l; l.LightningRL; l.LightningRLConfig; l.row_weights; l.AIRCredit; "
         "from agentbolt.plugins import Plugins; Plugins(load_entry_points=False).credit_assigners; "
         "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     )

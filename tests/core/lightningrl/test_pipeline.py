@@ -15,7 +15,7 @@ from agentbolt.lightningrl import (
     EmptyBatchError,
     FinalCredit,
     LightningRL,
-    per_rollout_mean,
+    loss_weights,
 )
 from agentbolt.types import AttemptStatus, RolloutSpec, Span, TokenSource
 
@@ -69,7 +69,7 @@ def test_multi_agent_selective_training_with_rollout_level_grpo() -> None:
     assert report.advantage["groups"] == 1
     assert report.extraction["joined_by_response_id"] == 14
     # the per-rollout mean keeps r1 from dominating the loss
-    weights = per_rollout_mean(batch.transitions)
+    weights = loss_weights(batch.transitions)
     r1 = sum(w for t, w in zip(batch.transitions, weights, strict=True) if t.rollout_id == "r1")
     assert r1 == pytest.approx(0.25)
 

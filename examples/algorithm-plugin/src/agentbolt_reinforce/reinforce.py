@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import LightningRLConfig
 
 __all__ = ["Reinforce", "ReinforceResult"]
 
@@ -72,6 +73,9 @@ class Reinforce(Algorithm):
         temperature, max_tokens: sampling of training calls (held-out calls use ``temperature=0``).
         seed: seeds the model's sampling and the batch order.
         device: ``"cpu"`` or ``"cuda"``.
+        lightningrl: which calls are trained, their credit and the loss aggregation: an
+            :class:`agentbolt.lightningrl.LightningRLConfig` or a mapping of its fields (its
+            advantage estimator is replaced by reward - baseline here).
     """
 
     name = "reinforce"
@@ -88,6 +92,7 @@ class Reinforce(Algorithm):
         max_tokens: int = 64,
         seed: int = 0,
         device: str = "cpu",
+        lightningrl: LightningRLConfig | Mapping[str, Any] | None = None,
     ) -> None:
         if steps < 0 or batch_size < 1:
             raise UserError(f"steps must be >= 0 and batch_size >= 1, got steps={steps}, batch_size={batch_size}")
@@ -102,6 +107,7 @@ class Reinforce(Algorithm):
         self.max_tokens = max_tokens
         self.seed = seed
         self.device = device
+        self.lightningrl = LightningRLConfig.from_value(lightningrl)
         self.policy: Any = None
         """The trained ``agentbolt_torch.Policy`` once :meth:`run` has loaded it."""
         self._engine: Any = None
@@ -118,13 +124,15 @@ class Reinforce(Algorithm):
 
         # the policy, served over HTTP; the gateway forwards the agent's calls to it
         self.policy = policy = await asyncio.to_thread(Policy.load, self.model, device=self.device, seed=self.seed)
-        updater = PolicyUpdater(policy, UpdateConfig(lr=self.lr, seed=self.seed))
+        updater = PolicyUpdater(
+            policy, UpdateConfig(lr=self.lr, seed=self.seed), loss_aggregation=self.lightningrl.loss_aggregation
+        )
         self._engine = GenerationEngine(policy, seed=self.seed)
         self._server = await asyncio.to_thread(PolicyServer(self._engine, served_model_name=policy.name).start)
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
-        lightningrl = LightningRL(credit="final")
+        lightningrl = LightningRL(self.lightningrl)
 
         val_before = await self._evaluate(ctx, val, step=0)
         baseline: float | None = None  # set from the first batch's mean reward

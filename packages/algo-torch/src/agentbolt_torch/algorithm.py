@@ -27,6 +27,7 @@ from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
+from agentbolt.lightningrl import LightningRLConfig
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -72,8 +73,9 @@ class TorchGRPO(Algorithm):
         val_every: evaluate on ``val`` every this many steps (and before and after training).
         val_samples: rollouts per held-out task; ``val_temperature`` (default: ``temperature``).
         success_threshold: a rollout counts as correct when its final reward is at least this.
-        credit, advantage, agent_match, merge: LightningRL settings (``credit_options`` and
-            ``advantage_options`` are passed to the assigner / estimator).
+        lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
+            ``loss_aggregation``, ...): a :class:`~agentbolt.lightningrl.LightningRLConfig` or a
+            mapping of its fields (``None``: the defaults).
         update: :class:`~agentbolt_torch.update.UpdateConfig` or its fields as a dict.
         lora: :class:`~agentbolt_torch.policy.LoraSettings` or a dict (``None``: full fine-tune).
         engine: keyword arguments of :class:`~agentbolt_torch.engine.GenerationEngine`.
@@ -101,12 +103,7 @@ class TorchGRPO(Algorithm):
         val_samples: int = 1,
         val_temperature: float | None = None,
         success_threshold: float = 1.0,
-        credit: str = "final",
-        advantage: str = "grpo",
-        credit_options: Mapping[str, Any] | None = None,
-        advantage_options: Mapping[str, Any] | None = None,
-        agent_match: str | Sequence[str] | None = None,
-        merge: bool = False,
+        lightningrl: LightningRLConfig | Mapping[str, Any] | None = None,
         update: Any = None,
         lora: Any = None,
         engine: Mapping[str, Any] | None = None,
@@ -120,7 +117,8 @@ class TorchGRPO(Algorithm):
     ) -> None:
         if steps < 0 or batch_size < 1 or group_size < 1:
             raise UserError("steps must be >= 0, batch_size and group_size >= 1")
-        if group_size < 2 and advantage == "grpo":
+        self.lightningrl = LightningRLConfig.from_value(lightningrl)
+        if group_size < 2 and self.lightningrl.advantage == "grpo":
             log.warning("group_size=1 with GRPO: every advantage is 0 (nothing to compare within a group)")
         self.model = model
         self.steps = steps
@@ -134,14 +132,6 @@ class TorchGRPO(Algorithm):
             "temperature": temperature if val_temperature is None else val_temperature,
         }
         self.success_threshold = success_threshold
-        self.lightningrl_options = {
-            "credit": credit,
-            "advantage": advantage,
-            "agent_match": agent_match,
-            "merge": merge,
-            "credit_options": dict(credit_options or {}),
-            "advantage_options": dict(advantage_options or {}),
-        }
         self.update_config = update
         self.lora = lora
         self.engine_options = {"max_batch_size": max(batch_size * group_size, 8), **dict(engine or {})}
@@ -168,7 +158,7 @@ class TorchGRPO(Algorithm):
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
-        lrl = LightningRL(**self.lightningrl_options)  # type: ignore[arg-type]
+        lrl = LightningRL(self.lightningrl)
         metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
         history: list[dict[str, float]] = []
 
@@ -311,7 +301,9 @@ class TorchGRPO(Algorithm):
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
         log.info("loading %s", self.model)
         policy = Policy.load(self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed)
-        updater = PolicyUpdater(policy, config or UpdateConfig(seed=self.seed))
+        updater = PolicyUpdater(
+            policy, config or UpdateConfig(seed=self.seed), loss_aggregation=self.lightningrl.loss_aggregation
+        )
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
         self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)

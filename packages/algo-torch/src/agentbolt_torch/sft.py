@@ -108,7 +108,6 @@ class TorchSFT(TorchGRPO):
             update = {**update, "objective": "nll"}
         else:
             update = dataclasses.replace(update, objective="nll")
-        options.setdefault("advantage", "grpo")
         super().__init__(model, update=update, out_dir=out_dir, **options)
         self.threshold = threshold
         self.best_k = best_k

@@ -6,11 +6,12 @@ policy version. It stays one module (~850 lines, over the project's 600) because
 below share one batch layout and are read in order; the config and metrics types open it.
 Read top to bottom:
 
-1. **Token weights** (``loss_agg``). ``rollout-mean`` (default): every rollout weighs the same,
-   however many calls it made: each response token of rollout *r* gets weight
-   ``1 / (n_rollouts * tokens_of_r)``. ``token-mean``: ``1 / total_tokens``. ``seq-mean``:
-   ``1 / (n_transitions * tokens_of_transition)``. Weights are computed per mini-batch, so
-   gradient accumulation over micro-batches gives exactly the mini-batch loss.
+1. **Token weights** (``loss_aggregation``, a
+   :class:`~agentbolt.lightningrl.LightningRLConfig` choice): core's
+   :func:`agentbolt.lightningrl.aggregation.row_weights` gives each transition the weight of
+   each of its response tokens (by default every rollout weighs the same, however many calls it
+   made). Weights are computed per mini-batch, so gradient accumulation over micro-batches gives
+   exactly the mini-batch loss.
 2. **Micro-batches** packed to a padded-token budget (``micro_batch_tokens``). Sequences are
    laid out like in generation: prompts left-padded to a common length so all responses start
    at the same column, responses right-padded; ``position_ids = cumsum(mask) - 1``. Logits are
@@ -56,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import DEFAULT_LOSS_AGGREGATION, LossAggregation, check_loss_aggregation, row_weights
 from agentbolt.types import Transition
 
 from ._kv import cache_select
@@ -65,11 +67,10 @@ if TYPE_CHECKING:
 
     from .policy import Policy
 
-__all__ = ["PolicyUpdater", "UpdateConfig", "UpdateMetrics", "kl_penalty", "token_weights"]
+__all__ = ["PolicyUpdater", "UpdateConfig", "UpdateMetrics", "kl_penalty"]
 
 logger = logging.getLogger(__name__)
 
-LossAgg = Literal["rollout-mean", "token-mean", "seq-mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
 _CHECKPOINT_FORMAT = 1
 
@@ -95,8 +96,6 @@ class UpdateConfig:
     DAPO's clip-higher uses e.g. 0.28."""
     clip_ratio_c: float | None = None
     """Dual-clip constant (> 1) bounding the loss of negative-advantage tokens; ``None`` disables."""
-    loss_agg: LossAgg = "rollout-mean"
-    """How token losses are weighted (see the module doc)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the reference model; 0 disables it (and the reference)."""
     kl_estimator: KLEstimator = "k3"
@@ -135,8 +134,6 @@ class UpdateConfig:
     def __post_init__(self) -> None:
         if self.objective not in ("policy-gradient", "nll"):
             raise UserError(f"objective must be policy-gradient or nll, got {self.objective!r}")
-        if self.loss_agg not in ("rollout-mean", "token-mean", "seq-mean"):
-            raise UserError(f"loss_agg must be rollout-mean, token-mean or seq-mean, got {self.loss_agg!r}")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             raise UserError(f"kl_estimator must be k1, k2 or k3, got {self.kl_estimator!r}")
         if self.old_logprobs not in ("rollout", "recompute"):
@@ -235,34 +232,6 @@ class _Item:
         self.prompt_key = tuple(self.prompt)
 
 
-def token_weights(
-    rollout_ids: Sequence[str], token_counts: Sequence[int], mode: LossAgg = "rollout-mean"
-) -> list[float]:
-    """Per-transition weight of each of its tokens so that the weighted sum is the chosen mean.
-
-    ``rollout-mean``: ``1 / (n_rollouts * tokens of the transition's rollout)``; ``token-mean``:
-    ``1 / total tokens``; ``seq-mean``: ``1 / (n_transitions * tokens of the transition)``.
-    Transitions without tokens get weight 0.
-    """
-    live = [(r, n) for r, n in zip(rollout_ids, token_counts, strict=True) if n > 0]
-    if not live:
-        return [0.0] * len(token_counts)
-    if mode == "token-mean":
-        total = sum(n for _, n in live)
-        return [1.0 / total if n > 0 else 0.0 for n in token_counts]
-    if mode == "seq-mean":
-        return [1.0 / (len(live) * n) if n > 0 else 0.0 for n in token_counts]
-    if mode == "rollout-mean":
-        per_rollout: dict[str, int] = {}
-        for r, n in live:
-            per_rollout[r] = per_rollout.get(r, 0) + n
-        return [
-            1.0 / (len(per_rollout) * per_rollout[r]) if n > 0 else 0.0
-            for r, n in zip(rollout_ids, token_counts, strict=True)
-        ]
-    raise UserError(f"unknown loss aggregation {mode!r}")
-
-
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from sampled-token logprobs.
 
@@ -289,16 +258,27 @@ class PolicyUpdater:
     Args:
         policy: the shared policy; its trainable parameters are optimized in place.
         config: hyper-parameters.
+        loss_aggregation: how token losses are weighted: the
+            :class:`~agentbolt.lightningrl.LightningRLConfig` field of the same name (the algorithm
+            passes its config's; see :mod:`agentbolt.lightningrl.aggregation`).
         reference_model: the frozen reference for the KL term in full fine-tuning; by default a
             copy of the policy's model taken here (so create the updater *before*
             :meth:`load_checkpoint` when resuming, or pass the original model).
     """
 
-    def __init__(self, policy: Policy, config: UpdateConfig | None = None, *, reference_model: Any = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        config: UpdateConfig | None = None,
+        *,
+        loss_aggregation: LossAggregation = DEFAULT_LOSS_AGGREGATION,
+        reference_model: Any = None,
+    ) -> None:
         import torch
 
         self.policy = policy
         self.config = config or UpdateConfig()
+        self.loss_aggregation = check_loss_aggregation(loss_aggregation)
         self.step = 0
         self._params = [p for p in policy.model.parameters() if p.requires_grad]
         if not self._params:
@@ -362,7 +342,9 @@ class PolicyUpdater:
                 first_step = True
                 for _ in range(cfg.epochs):
                     for mini in self._mini_batches(items):
-                        weights = token_weights([it.rollout for it in mini], [it.n_tokens for it in mini], cfg.loss_agg)
+                        weights = row_weights(
+                            [it.rollout for it in mini], [it.n_tokens for it in mini], self.loss_aggregation
+                        )
                         for it, w in zip(mini, weights, strict=True):
                             it.weight = w
                         self.optimizer.zero_grad(set_to_none=True)
@@ -786,6 +768,7 @@ class PolicyUpdater:
                     "policy_version": self.policy.version,
                     "lora": self.policy.is_lora,
                     "config": asdict(self.config),
+                    "loss_aggregation": self.loss_aggregation,
                     "saved_at": time.time(),
                 }
             (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))

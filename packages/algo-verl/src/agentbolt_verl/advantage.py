@@ -12,8 +12,9 @@ the group mean and standard deviation towards long rollouts. Here each rollout c
 
 With one row per rollout this is exactly verl's estimator (the tests check the difference is
 at most 1e-6). Options: ``singleton_groups="zero"`` gives 0 to a rollout alone in its group
-(verl gives it its raw reward); ``aggregation="rollout"`` folds the per-rollout loss weights
-into the advantages for :mod:`agentbolt_verl.losses` (see :func:`rollout_weights`).
+(verl gives it its raw reward); ``aggregation="rollout-mean-token-mean"`` (a
+:class:`~agentbolt.lightningrl.LightningRLConfig` ``loss_aggregation``) folds the per-rollout
+loss weights into the advantages for :mod:`agentbolt_verl.losses` (see :func:`rollout_weights`).
 
 verl calls a registered estimator as ``fn(token_level_rewards=, response_mask=, config=,
 index=uid)`` (``verl/trainer/ppo/ray_trainer.py`` ``compute_advantage``): it passes no rollout
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from agentbolt.errors import SchemaError, UserError
+from agentbolt.lightningrl import LossAggregation, check_loss_aggregation, row_weights
 
 from ._verl import import_verl
 
@@ -62,7 +64,8 @@ REGISTERED_ESTIMATORS = {
 """Names registered in verl's ``ADV_ESTIMATOR_REGISTRY`` → the verl estimator they wrap.
 Select one with ``algorithm.adv_estimator=<name>``."""
 
-Aggregation = Literal["token", "rollout"]
+_FOLDED = "rollout-mean-token-mean"
+"""The aggregation whose weights are folded into the advantages (verl's loss cannot see rollouts)."""
 Singletons = Literal["raw", "zero"]
 
 
@@ -98,8 +101,9 @@ class RolloutMembership:
     """Rollout of each row, in batch order."""
     turn_index: tuple[int, ...] | None = None
     """Call index of each row within its rollout (the highest one carries the final score)."""
-    aggregation: Aggregation = "token"
-    """``rollout``: fold :func:`rollout_weights` into the advantages."""
+    aggregation: LossAggregation = "token-mean"
+    """``rollout-mean-token-mean``: fold :func:`rollout_weights` into the advantages (other
+    modes are verl's own ``loss_agg_mode``: advantages stay plain)."""
     singleton_groups: Singletons = "raw"
     """``zero``: a rollout alone in its group gets advantage 0."""
     stats: dict[str, float] = field(default_factory=dict)
@@ -114,11 +118,11 @@ def rollout_membership(
     rollout_ids: Sequence[str],
     turn_index: Sequence[int] | None = None,
     *,
-    aggregation: Aggregation = "token",
+    aggregation: LossAggregation = "token-mean",
     singleton_groups: Singletons = "raw",
 ) -> Iterator[RolloutMembership]:
     """Make row → rollout membership visible to the registered estimators for a scope."""
-    _check_choice("aggregation", aggregation, ("token", "rollout"))
+    check_loss_aggregation(aggregation)
     _check_choice("singleton_groups", singleton_groups, ("raw", "zero"))
     membership = RolloutMembership(
         rollout_ids=tuple(str(r) for r in rollout_ids),
@@ -163,13 +167,9 @@ def rollout_weights(response_mask: torch.Tensor, rollout_ids: Sequence[str]) -> 
     b = response_mask.shape[0]
     if len(rollout_ids) != b:
         raise SchemaError(f"{len(rollout_ids)} rollout ids for {b} rows")
-    tokens = response_mask.to(torch.float64).sum(dim=-1)
-    per_rollout: dict[str, float] = {}
-    for rid, n in zip(rollout_ids, tokens.tolist(), strict=True):
-        per_rollout[rid] = per_rollout.get(rid, 0.0) + n
-    j = sum(1 for n in per_rollout.values() if n > 0)
-    weights = [b / (j * per_rollout[rid]) if per_rollout[rid] > 0 else 0.0 for rid in rollout_ids]
-    return torch.tensor(weights, dtype=torch.float64)
+    tokens = response_mask.to(torch.float64).sum(dim=-1).tolist()
+    weights = row_weights([str(r) for r in rollout_ids], tokens, _FOLDED)  # core's one aggregation primitive
+    return torch.tensor(weights, dtype=torch.float64) * b
 
 
 def compute_rollout_advantage(
@@ -183,7 +183,7 @@ def compute_rollout_advantage(
     norm_adv_by_std_in_grpo: bool = True,
     epsilon: float = 1e-6,
     singleton_groups: Singletons = "raw",
-    aggregation: Aggregation = "token",
+    aggregation: LossAggregation = "token-mean",
     config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor, RolloutAdvantageStats]:
     """One advantage per rollout with verl's ``estimator``, broadcast to the rollout's rows.
@@ -199,7 +199,8 @@ def compute_rollout_advantage(
         norm_adv_by_std_in_grpo: GRPO divides by the group std (``False``: Dr.GRPO).
         epsilon: verl's std epsilon.
         singleton_groups: ``raw`` (verl) or ``zero``.
-        aggregation: ``token`` (plain advantages) or ``rollout`` (times :func:`rollout_weights`).
+        aggregation: ``rollout-mean-token-mean``: advantages times :func:`rollout_weights`;
+            any other :data:`~agentbolt.lightningrl.LOSS_AGGREGATIONS` mode: plain advantages.
         config: verl's ``AlgoConfig`` (passed through to the estimator).
 
     Returns:
@@ -207,7 +208,7 @@ def compute_rollout_advantage(
     """
     _check_choice("estimator", estimator, BASE_ESTIMATORS)
     _check_choice("singleton_groups", singleton_groups, ("raw", "zero"))
-    _check_choice("aggregation", aggregation, ("token", "rollout"))
+    check_loss_aggregation(aggregation)
     b = token_level_rewards.shape[0]
     if tuple(response_mask.shape) != tuple(token_level_rewards.shape):
         raise SchemaError(
@@ -275,7 +276,7 @@ def compute_rollout_advantage(
     mask = response_mask.to(adv_scalar.dtype)
     advantages = adv_scalar[per_row].unsqueeze(-1) * mask
     returns = ret_scalar[per_row].unsqueeze(-1) * mask
-    if aggregation == "rollout":
+    if aggregation == _FOLDED:
         weights = rollout_weights(response_mask, [str(r) for r in rollout_ids]).to(advantages.dtype)
         advantages = advantages * weights.unsqueeze(-1)
     return advantages, returns, stats
@@ -292,7 +293,7 @@ def _registered_estimator(name: str, base: str) -> Any:
         turn_index: Sequence[int] | None = None,
         epsilon: float = 1e-6,
         norm_adv_by_std_in_grpo: bool | None = None,
-        aggregation: Aggregation = "token",
+        aggregation: LossAggregation = "token-mean",
         singleton_groups: Singletons = "raw",
         **_: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,10 @@ A training config file has two top-level sections::
     agentbolt:                 # ours, validated here (unknown keys rejected)
       store_url: sqlite:///runs/agentbolt.db
       gateway: {url: http://10.0.0.5:8100/v1, control: mypkg.gateway:control}
-      advantage: {estimator: grpo, level: rollout}
-      loss: {aggregation: rollout}
+      lightningrl:             # agentbolt.lightningrl.LightningRLConfig, field for field
+        advantage: grpo
+        advantage_options: {level: rollout}
+        loss_aggregation: rollout-mean-token-mean
     verl:                      # verl's keys, passed through as Hydra overrides
       actor_rollout_ref.model.path: Qwen/Qwen2.5-0.5B-Instruct
       data.train_batch_size: 8
@@ -14,7 +16,8 @@ A training config file has two top-level sections::
 
 :func:`compose_verl_config` composes verl's own ``ppo_trainer.yaml`` (shipped in the verl
 wheel) with Hydra's compose API, applying the verl keys our settings decide
-(:func:`derived_overrides`), then the user's ``verl`` overrides; Hydra rejects unknown verl
+(:func:`derived_overrides`: the advantage estimator and ``loss_agg_mode`` come from the
+``lightningrl`` section), then the user's ``verl`` overrides; Hydra rejects unknown verl
 keys, and overriding a key that our settings decide is an error naming the setting to use
 instead. The result is verl's ``DictConfig`` with our settings under ``agentbolt``.
 Composition does not import verl (it only reads its YAML), so it is cheap.
@@ -33,18 +36,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import LightningRLConfig
 
 from ._verl import check_verl_version
 
 __all__ = [
     "AGENT_LOOP_NAME",
     "TRAINER_MODE",
-    "AdvantageSettings",
+    "VERL_ESTIMATORS",
     "AgentboltSettings",
     "BatchSettings",
     "DataSettings",
     "GatewaySettings",
-    "LossSettings",
     "RolloutSettings",
     "RunnersSettings",
     "TrainConfig",
@@ -131,29 +134,6 @@ class BatchSettings(_Strict):
     """Calls whose ids were re-tokenized from text."""
 
 
-class AdvantageSettings(_Strict):
-    """How advantages are computed (in verl's driver, by a registered estimator)."""
-
-    estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline"] = "grpo"
-    """verl estimator applied per rollout (or per row with ``level="transition"``)."""
-    level: Literal["rollout", "transition"] = "rollout"
-    """``rollout``: one advantage per rollout, broadcast to its calls (agentbolt's estimators);
-    ``transition``: verl's built-in estimator over rows, each call counting as a sample (the
-    over-weighting of long rollouts, kept for comparison; GRPO runs as ``grpo_vectorized``)."""
-    norm_by_std: bool = True
-    """GRPO divides by the group's std (``False``: Dr.GRPO)."""
-    singleton_groups: Literal["zero", "raw"] = "zero"
-    """A rollout alone in its group: advantage 0, or its raw reward (verl's behaviour)."""
-
-
-class LossSettings(_Strict):
-    """How per-token policy losses become one number."""
-
-    aggregation: Literal["rollout", "token", "sequence"] = "rollout"
-    """``rollout``: mean over rollouts (``agentbolt_rollout_mean``); ``token``: verl
-    ``token-mean``; ``sequence``: verl ``seq-mean-token-mean`` (each call weighs the same)."""
-
-
 class DataSettings(_Strict):
     """Tasks to train on (JSON Lines of :class:`agentbolt.types.Task`)."""
 
@@ -200,19 +180,24 @@ class AgentboltSettings(_Strict):
     """Store the runners and the binding share, e.g. ``sqlite:///runs/agentbolt.db``."""
     transitions: str = "agentbolt_verl.binding.rollouts:lightningrl_transitions"
     """``module:callable`` factory returning ``spans_to_transitions(rollouts, spans)``; called
-    with ``**transitions_options``."""
+    with ``lightningrl=`` (the :attr:`lightningrl` config) and ``**transitions_options``."""
     transitions_options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword options of the ``transitions`` factory (e.g. LightningRL's ``credit``)."""
+    """More keyword options of a custom ``transitions`` factory (it is always called with
+    ``lightningrl=`` the config below; the default factory takes nothing else)."""
+    lightningrl: LightningRLConfig = Field(default_factory=LightningRLConfig)
+    """Credit, advantage estimator and level, selective optimization (``agent_match``) and loss
+    aggregation: :class:`agentbolt.lightningrl.LightningRLConfig`'s fields. verl's
+    ``algorithm.adv_estimator``, ``norm_adv_by_std_in_grpo``, ``policy_loss.loss_mode`` and
+    ``loss_agg_mode`` are derived from it (:func:`derived_overrides`)."""
+    singleton_groups: Literal["zero", "raw"] = "zero"
+    """verl only: a rollout alone in its group gets advantage 0 (as LightningRL's estimators
+    give it), or its raw reward (verl's behaviour)."""
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     """The gateway."""
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     """Rollouts."""
     batch: BatchSettings = Field(default_factory=BatchSettings)
     """Drop and truncation rules."""
-    advantage: AdvantageSettings = Field(default_factory=AdvantageSettings)
-    """Advantages."""
-    loss: LossSettings = Field(default_factory=LossSettings)
-    """Loss aggregation."""
     data: DataSettings = Field(default_factory=DataSettings)
     """Task files."""
     runners: RunnersSettings = Field(default_factory=RunnersSettings)
@@ -220,20 +205,7 @@ class AgentboltSettings(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentboltSettings:
-        if self.loss.aggregation == "rollout" and self.advantage.level != "rollout":
-            raise ValueError(
-                "loss.aggregation='rollout' needs advantage.level='rollout' (the per-rollout weights "
-                "are computed by the rollout-level estimator)"
-            )
-        if (
-            self.advantage.level == "transition"
-            and not self.advantage.norm_by_std
-            and self.advantage.estimator == "grpo"
-        ):
-            raise ValueError(
-                "advantage.norm_by_std=false (Dr.GRPO) with advantage.level='transition' is not honoured by verl's "
-                "per-row GRPO (grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo); use level='rollout'"
-            )
+        verl_advantage(self.lightningrl)  # raises on what verl cannot run
         return self
 
 
@@ -308,22 +280,67 @@ def agent_loop_config_path() -> Path:
     return Path(__file__).parent / "binding" / "agent_loops.yaml"
 
 
+VERL_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus_baseline"}
+"""LightningRL estimator name → the verl estimator that computes it in verl's driver."""
+_VERL_ADVANTAGE_OPTIONS = ("level", "norm_std")
+
+
+def verl_advantage(lrl: LightningRLConfig) -> tuple[str, str, bool]:
+    """(verl estimator, level, norm_std) for a LightningRL config, or a :class:`ValueError`
+    saying what verl cannot run (the message names the ``lightningrl`` fields)."""
+    if not isinstance(lrl.advantage, str) or lrl.advantage not in VERL_ESTIMATORS:
+        raise ValueError(
+            f"lightningrl.advantage={lrl.advantage!r} has no verl estimator; valid: {', '.join(VERL_ESTIMATORS)}"
+        )
+    unknown = sorted(set(lrl.advantage_options) - set(_VERL_ADVANTAGE_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"lightningrl.advantage_options {', '.join(unknown)} cannot be passed to verl; valid: "
+            + ", ".join(_VERL_ADVANTAGE_OPTIONS)
+        )
+    level = lrl.advantage_options.get("level", "rollout")
+    norm_std = lrl.advantage_options.get("norm_std", True)
+    if level not in ("rollout", "transition"):
+        raise ValueError(f"lightningrl.advantage_options.level must be 'rollout' or 'transition', got {level!r}")
+    if not isinstance(norm_std, bool):
+        raise ValueError(f"lightningrl.advantage_options.norm_std must be true or false, got {norm_std!r}")
+    if "norm_std" in lrl.advantage_options and lrl.advantage != "grpo":
+        raise ValueError("lightningrl.advantage_options.norm_std applies to advantage 'grpo' only")
+    if lrl.loss_aggregation == "rollout-mean-token-mean" and level != "rollout":
+        raise ValueError(
+            "lightningrl.loss_aggregation='rollout-mean-token-mean' needs advantage_options.level='rollout' (the "
+            "per-rollout weights are folded into the advantages by the rollout-level estimator)"
+        )
+    if level == "transition" and not norm_std and lrl.advantage == "grpo":
+        raise ValueError(
+            "lightningrl.advantage_options.norm_std=false (Dr.GRPO) with level='transition' is not honoured by "
+            "verl's per-row GRPO (grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo); use level='rollout'"
+        )
+    return VERL_ESTIMATORS[lrl.advantage], level, norm_std
+
+
 def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
-    """The verl keys our settings decide. Overriding them through ``verl`` is an error."""
-    adv = settings.advantage
-    if adv.level == "rollout":
-        estimator = f"agentbolt_rollout_{adv.estimator}"
-    else:
+    """The verl keys our settings decide. Overriding them through ``verl`` is an error.
+
+    From ``settings.lightningrl``: the estimator (rollout level: ours, registered in verl;
+    transition level: verl's own per-row one) and the loss: ``rollout-mean-token-mean`` runs as
+    :data:`agentbolt_verl.losses.LOSS_MODE` (weights in the advantages; ``loss_agg_mode``
+    ``token-mean`` for the entropy and KL terms), verl's own modes pass through as ``loss_agg_mode``.
+    """
+    estimator, level, norm_std = verl_advantage(settings.lightningrl)
+    if level == "rollout":
+        estimator = f"agentbolt_rollout_{estimator}"
+    elif estimator == "grpo":
         # verl V1 treats "grpo" per session already (compute_advantage_for_multi_trajectories);
         # "grpo_vectorized" is the same estimator through the per-row path
-        estimator = "grpo_vectorized" if adv.estimator == "grpo" else adv.estimator
-    loss_mode = "agentbolt_rollout_mean" if settings.loss.aggregation == "rollout" else "vanilla"
-    agg_mode = {"rollout": "token-mean", "token": "token-mean", "sequence": "seq-mean-token-mean"}
+        estimator = "grpo_vectorized"
+    aggregation = settings.lightningrl.loss_aggregation
+    per_rollout = aggregation == "rollout-mean-token-mean"
     return {
         "algorithm.adv_estimator": estimator,
-        "algorithm.norm_adv_by_std_in_grpo": adv.norm_by_std,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": loss_mode,
-        "actor_rollout_ref.actor.loss_agg_mode": agg_mode[settings.loss.aggregation],
+        "algorithm.norm_adv_by_std_in_grpo": norm_std,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": "agentbolt_rollout_mean" if per_rollout else "vanilla",
+        "actor_rollout_ref.actor.loss_agg_mode": "token-mean" if per_rollout else aggregation,
         "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(agent_loop_config_path()),
@@ -408,7 +425,7 @@ def compose_verl_config(config: TrainConfig | Mapping[str, Any] | str | os.PathL
     clashes = sorted({_override_key(o) for o in users} & derived_keys)
     if clashes:
         raise UserError(
-            f"verl key(s) {', '.join(clashes)} are set by agentbolt's settings (advantage, loss, and the "
+            f"verl key(s) {', '.join(clashes)} are set by agentbolt's settings (lightningrl, and the "
             "binding's trainer, agent loop and registries); change the agentbolt section instead"
         )
     overrides = [format_override(k, v) for k, v in derived.items()] + users

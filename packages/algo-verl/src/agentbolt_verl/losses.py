@@ -8,12 +8,15 @@ over the ``J`` rollouts and their ``N_j`` trained tokens.
 verl hands a policy loss only ``old_log_prob, log_prob, advantages, response_mask,
 loss_agg_mode, config, rollout_is_weights`` (``verl/workers/utils/losses.py`` ``ppo_loss``), so
 rollout membership cannot reach it. The weights therefore travel inside the advantages: the
-rollout-level estimators of :mod:`agentbolt_verl.advantage` (``aggregation="rollout"``)
+rollout-level estimators of :mod:`agentbolt_verl.advantage` (``aggregation="rollout-mean-token-mean"``)
 multiply each row's advantage by :func:`~agentbolt_verl.advantage.rollout_weights`, and the loss
 registered here, :data:`LOSS_MODE`, is verl's clipped PPO objective
 (``compute_policy_loss_vanilla``) summed per row and divided by the mini-batch's row count
 (verl's ``seq-mean-token-sum``). The clipped objective is positively homogeneous in the
-advantage, so this equals the per-rollout mean of the unweighted per-token losses.
+advantage, so this equals the per-rollout mean of the unweighted per-token losses. The weights
+are core's (:func:`agentbolt.lightningrl.row_weights`, mode ``rollout-mean-token-mean``, the
+:class:`~agentbolt.lightningrl.LightningRLConfig` default); verl's own modes (``token-mean``,
+``seq-mean-token-mean``, ``seq-mean-token-sum``) run as verl's ``loss_agg_mode`` instead.
 
 Select it with ``actor_rollout_ref.actor.policy_loss.loss_mode=agentbolt_rollout_mean``. The
 loss runs in verl's worker processes: make them import this module
@@ -23,18 +26,17 @@ Entropy and KL terms keep ``actor.loss_agg_mode`` (``token-mean`` by default).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from agentbolt.errors import SchemaError, UserError
+from agentbolt.errors import UserError
 
 from ._verl import import_verl
 
 core_algos = import_verl("verl.trainer.ppo.core_algos")
 
-__all__ = ["LOSS_MODE", "compute_policy_loss_rollout_mean", "per_rollout_mean", "register_losses"]
+__all__ = ["LOSS_MODE", "compute_policy_loss_rollout_mean", "register_losses"]
 
 LOSS_MODE = "agentbolt_rollout_mean"
 """Registered name (``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
@@ -63,25 +65,6 @@ def compute_policy_loss_rollout_mean(
         config=config,
         rollout_is_weights=rollout_is_weights,
     )
-
-
-def per_rollout_mean(loss_mat: torch.Tensor, response_mask: torch.Tensor, rollout_ids: Sequence[str]) -> torch.Tensor:
-    """Reference aggregation: the mean over rollouts of each rollout's token-mean loss.
-
-    Rollouts without a trained token are left out; an all-empty batch gives 0.
-    """
-    if len(rollout_ids) != loss_mat.shape[0]:
-        raise SchemaError(f"{len(rollout_ids)} rollout ids for {loss_mat.shape[0]} rows")
-    mask = response_mask.to(loss_mat.dtype)
-    sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, float] = {}
-    for row, rid in enumerate(rollout_ids):
-        sums[rid] = sums.get(rid, 0.0) + (loss_mat[row] * mask[row]).sum()
-        counts[rid] = counts.get(rid, 0.0) + float(mask[row].sum())
-    means = [sums[rid] / counts[rid] for rid in sums if counts[rid] > 0]
-    if not means:
-        return loss_mat.new_zeros(())
-    return torch.stack(means).mean()
 
 
 def register_losses() -> list[str]:

@@ -288,11 +288,17 @@ class Algorithm(abc.ABC):
 
     def run_config(self) -> dict[str, Any]:
         """Settings recorded with the run (JSON): the public attributes, by default, leaving out
-        credentials (names with ``key``, ``token``, ``secret`` or ``password``); values JSON cannot
-        hold are recorded as their ``str``."""
+        credentials (names with ``key``, ``token``, ``secret`` or ``password``); a
+        :class:`~agentbolt.lightningrl.LightningRLConfig` is recorded as its fields (the dashboard
+        rebuilds it from the ``lightningrl`` attribute); other values JSON cannot hold are
+        recorded as their ``str``."""
+        from .lightningrl import LightningRLConfig
+
         secret = ("key", "token", "secret", "password")
         public = {
-            k: v for k, v in vars(self).items() if not k.startswith("_") and not any(s in k.lower() for s in secret)
+            k: v.as_record() if isinstance(v, LightningRLConfig) else v
+            for k, v in vars(self).items()
+            if not k.startswith("_") and not any(s in k.lower() for s in secret)
         }
         return json.loads(json.dumps(public, default=str))
 

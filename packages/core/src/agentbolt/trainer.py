@@ -30,6 +30,7 @@ from . import types as t
 from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
 from .errors import UserError
 from .gateway import GatewayThread, Upstream
+from .lightningrl.config import LightningRLConfig
 from .run_recorder import RunRecorder
 from .runner import Runner, RunnerConfig, RunnerPool
 from .store import DEFAULT_STORE_URL, Store, open_store
@@ -86,6 +87,10 @@ class Trainer:
             object with such a ``rollout`` method, or ``"module:attr"``.
         algorithm: an :class:`~agentbolt.algorithm.Algorithm`, or the name of a registered one.
         algorithm_config: keyword arguments for a named algorithm.
+        lightningrl: the transitions → loss choices (credit, advantage, ``agent_match``,
+            ``loss_aggregation``, ...) for a named algorithm, passed to its factory as
+            ``lightningrl=``: a :class:`~agentbolt.lightningrl.LightningRLConfig` or a mapping of
+            its fields. An algorithm instance takes it in its own constructor instead.
         store: a store URL (default ``sqlite:///agentbolt.db``) or an open store.
         n_runners: runner processes (0: one runner inside this process).
         concurrency: rollouts per runner at once.
@@ -123,6 +128,7 @@ class Trainer:
         algorithm: Algorithm | str | None = None,
         *,
         algorithm_config: Mapping[str, Any] | None = None,
+        lightningrl: LightningRLConfig | Mapping[str, Any] | None = None,
         store: str | Store = DEFAULT_STORE_URL,
         n_runners: int = 1,
         concurrency: int = 8,
@@ -151,6 +157,15 @@ class Trainer:
         self.agent = agent
         self.algorithm = algorithm
         self.algorithm_config = dict(algorithm_config or {})
+        if lightningrl is not None:
+            if not isinstance(algorithm, str):
+                raise UserError(
+                    "lightningrl= configures a named algorithm (Trainer(agent, 'torch-grpo', lightningrl=...)); "
+                    "pass it to the algorithm's own constructor instead"
+                )
+            if "lightningrl" in self.algorithm_config:
+                raise UserError("lightningrl is given twice: as Trainer(lightningrl=) and in algorithm_config")
+            self.algorithm_config["lightningrl"] = LightningRLConfig.from_value(lightningrl)
         self.store_spec = store
         self.n_runners = n_runners
         self.runner_config = RunnerConfig(concurrency=concurrency, lease_s=lease_s, adapters=adapters)

@@ -346,8 +346,8 @@ class AgentboltTrainerMixin:
         with rollout_membership(
             rollout_ids,
             turn_index,
-            aggregation="rollout" if settings.loss.aggregation == "rollout" else "token",
-            singleton_groups=settings.advantage.singleton_groups,
+            aggregation=settings.lightningrl.loss_aggregation,
+            singleton_groups=settings.singleton_groups,
         ) as membership:
             out = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         metrics.update(membership.stats)

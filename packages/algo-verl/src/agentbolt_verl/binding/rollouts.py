@@ -17,6 +17,7 @@ Everything that is dropped, filled or truncated is counted and sent to a :class:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentbolt.errors import SchemaError, UserError
+from agentbolt.lightningrl import LightningRL, LightningRLConfig
 from agentbolt.store import Store
 from agentbolt.types import Rollout, RolloutMode, RolloutSpec, RolloutStatus, Span, Task, Transition
 
@@ -377,17 +379,13 @@ class RolloutExecutor:
         return self._weights_versions[policy_version]
 
 
-def lightningrl_transitions(**options: Any) -> SpansToTransitions:
-    """The default ``spans_to_transitions``: agentbolt's LightningRL (``options`` go to it).
+def lightningrl_transitions(lightningrl: LightningRLConfig | None = None) -> SpansToTransitions:
+    """The default ``spans_to_transitions``: agentbolt's LightningRL with the config's
+    ``lightningrl`` section (empty batches allowed: verl skips them).
 
     Advantages computed by LightningRL are ignored: verl computes them across the group.
     """
-    try:
-        from agentbolt.lightningrl import LightningRL
-    except ImportError as exc:  # pragma: no cover - depends on the core version
-        raise UserError(f"agentbolt.lightningrl.LightningRL is not available: {exc}") from exc
-    options.setdefault("allow_empty", True)
-    lrl = LightningRL(**options)
+    lrl = LightningRL(LightningRLConfig.from_value(lightningrl, allow_empty=True))
 
     def spans_to_transitions(rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]]) -> list[Transition]:
         return list(lrl.process(rollouts, spans).transitions)
@@ -430,7 +428,15 @@ def executor_from_settings(
 
         open_store = _open
     factory = load_object(settings.transitions)
-    spans_to_transitions = factory(**settings.transitions_options)
+    options = {"lightningrl": settings.lightningrl, **settings.transitions_options}
+    try:
+        inspect.signature(factory).bind(**options)
+    except TypeError as exc:
+        raise UserError(
+            f"transitions factory {settings.transitions!r} does not take lightningrl= plus transitions_options "
+            f"{sorted(settings.transitions_options)}: {exc} (LightningRL's choices go in agentbolt.lightningrl)"
+        ) from None
+    spans_to_transitions = factory(**options)
     if not callable(spans_to_transitions):
         raise UserError(f"{settings.transitions!r} returned {type(spans_to_transitions).__name__}, not a callable")
     return RolloutExecutor(

@@ -7,6 +7,7 @@ stored spans at view time, with the run's own LightningRL settings when it recor
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,8 @@ METRIC_PRESETS: tuple[tuple[str, str], ...] = (
     ("time/step_s", "s/step"),
 )
 """The metrics the Runs page offers first (name, label); any other recorded metric follows."""
+
+log = logging.getLogger(__name__)
 
 _MAX_GROUP = 64  # rollouts of a group processed together at view time
 
@@ -248,16 +251,23 @@ def span_rows(spans: Sequence[t.Span]) -> list[SpanRow]:
 
 
 def lightningrl_settings(run: Run | None) -> dict[str, Any]:
-    """The LightningRL options the run trained with (its ``lightningrl_options`` config), else
-    LightningRL's defaults."""
-    config = run.config.get("lightningrl_options") if run is not None else None
-    settings: dict[str, Any] = {"credit": "final", "advantage": "grpo", "agent_match": None, "merge": False}
+    """The :class:`~agentbolt.lightningrl.LightningRLConfig` the run trained with (its recorded
+    ``lightningrl`` config, as :meth:`~agentbolt.lightningrl.LightningRLConfig.as_record`), else
+    the defaults."""
+    from ..errors import UserError
+    from ..lightningrl import LightningRLConfig
+
+    config = run.config.get("lightningrl") if run is not None else None
     if isinstance(config, dict):
-        settings.update({k: v for k, v in config.items() if k in ("credit", "advantage", "agent_match", "merge")})
-        for k in ("credit_options", "advantage_options"):
-            if isinstance(config.get(k), dict) and config[k]:
-                settings[k] = config[k]
-    return settings
+        try:
+            return LightningRLConfig.from_value(config).as_record()
+        except UserError as exc:
+            log.warning(
+                "run %s: recorded LightningRL config is not valid (%s); using the defaults",
+                getattr(run, "run_id", None),
+                exc,
+            )
+    return LightningRLConfig().as_record()
 
 
 def lightningrl_for(run: Run | None) -> Any:
@@ -265,7 +275,7 @@ def lightningrl_for(run: Run | None) -> Any:
     an empty batch)."""
     from ..lightningrl import LightningRL
 
-    return LightningRL(**lightningrl_settings(run), allow_empty=True)
+    return LightningRL(lightningrl_settings(run), allow_empty=True)
 
 
 async def _run_or_none(store: Store, run_id: str | None) -> Run | None:

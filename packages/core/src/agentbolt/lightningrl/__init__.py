@@ -5,7 +5,8 @@ The learning side of agentbolt, pure Python (no torch, no numpy):
 - :mod:`.episode` — extraction of a rollout's LLM calls and rewards from its spans;
 - :mod:`.credit`, :mod:`.air` — credit assigners (``final``, ``discounted``, ``intermediate``, ``air``);
 - :mod:`.advantage` — advantage estimators (``grpo``, ``rloo``, ``reinforce_pp``), rollout or transition level;
-- :mod:`.aggregation` — loss aggregation weights (per-rollout mean, token mean, sequence mean);
+- :mod:`.aggregation` — loss aggregation weights (``rollout-mean-token-mean`` and verl's modes), the one primitive algorithms use;
+- :mod:`.config` — :class:`LightningRLConfig`, the one place these choices are spelled;
 - :mod:`.merge` — trajectory merging into masked sequences;
 - :mod:`.pipeline` — :class:`LightningRL`, all of the above in one call, with a report.
 """
@@ -19,15 +20,17 @@ from .._lazy import lazy_exports
 if TYPE_CHECKING:
     from .advantage import GRPO, RLOO, AdvantageEstimator, AdvantageResult, ReinforcePlusPlus
     from .aggregation import (
+        DEFAULT_LOSS_AGGREGATION,
         LOSS_AGGREGATIONS,
+        LossAggregation,
+        check_loss_aggregation,
         loss_weights,
-        per_rollout_mean,
-        seq_mean,
+        row_weights,
         token_count,
-        token_mean,
         token_weights,
     )
     from .air import AIRCredit, AIRRule, AIRSignal, ExceptionRule, FinishReasonRule, FormatRule, ToolCallRule
+    from .config import LightningRLConfig
     from .credit import Credit, CreditAssigner, DiscountedCredit, FinalCredit, IntermediateCredit, discounted_returns
     from .episode import (
         AgentMatch,
@@ -44,8 +47,13 @@ if TYPE_CHECKING:
     from .report import AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
 
 _EXPORTS: dict[str, str] = {
+    "DEFAULT_LOSS_AGGREGATION": "aggregation",
     "GRPO": "advantage",
     "LOSS_AGGREGATIONS": "aggregation",
+    "LightningRLConfig": "config",
+    "LossAggregation": "aggregation",
+    "check_loss_aggregation": "aggregation",
+    "row_weights": "aggregation",
     "RLOO": "advantage",
     "AIRCredit": "air",
     "AIRRule": "air",
@@ -82,16 +90,14 @@ _EXPORTS: dict[str, str] = {
     "get_credit_assigner": "registry",
     "loss_weights": "aggregation",
     "merge_transitions": "merge",
-    "per_rollout_mean": "aggregation",
     "register_builtins": "registry",
-    "seq_mean": "aggregation",
     "token_count": "aggregation",
-    "token_mean": "aggregation",
     "token_weights": "aggregation",
 }
 """Public name -> submodule; imported on first access (PEP 562) so plugin loading stays cheap."""
 
 __all__ = [
+    "DEFAULT_LOSS_AGGREGATION",
     "GRPO",
     "LOSS_AGGREGATIONS",
     "RLOO",
@@ -118,23 +124,24 @@ __all__ = [
     "LLMCall",
     "LightningRL",
     "LightningRLBatch",
+    "LightningRLConfig",
+    "LossAggregation",
     "MergeResult",
     "ReinforcePlusPlus",
     "RewardRecord",
     "RolloutReport",
     "ToolCallRule",
     "agent_selector",
+    "check_loss_aggregation",
     "discounted_returns",
     "extract_episode",
     "get_advantage_estimator",
     "get_credit_assigner",
     "loss_weights",
     "merge_transitions",
-    "per_rollout_mean",
     "register_builtins",
-    "seq_mean",
+    "row_weights",
     "token_count",
-    "token_mean",
     "token_weights",
 ]
 

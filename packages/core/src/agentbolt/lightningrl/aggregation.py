@@ -1,42 +1,93 @@
 """Loss aggregation as weights: how a batch of per-token losses becomes one scalar.
 
-Each function returns one weight per transition: the weight of **each** of its response
-tokens that counts (``response_mask`` 1, or every token without a mask). An algorithm then
-implements the aggregation, framework-free, as::
+The one primitive every algorithm uses (agentbolt-torch's updater, agentbolt-verl's per-rollout
+loss): :func:`row_weights` gives one weight per row (a transition, or a verl batch row) that
+applies to **each** of its counted response tokens (``response_mask`` 1, or every token without
+a mask). An algorithm then computes, framework-free::
 
-    loss = Σ_t  w_t · Σ_k mask_{t,k} · token_loss_{t,k}
+    loss = Σ_r  w_r · Σ_k mask_{r,k} · token_loss_{r,k}
 
-(:func:`token_weights` expands the weights to per-token lists, zeros on masked tokens). With
-n_t the counted tokens of transition t, the weights satisfy Σ_t w_t · n_t = 1 for any batch
-with at least one counted token; transitions with no counted token get weight 0.
+With n_r the counted tokens of row r, the weights satisfy Σ_r w_r · n_r = 1 for the mean modes
+on any batch with at least one counted token; rows with no counted token get weight 0. The
+modes are verl's ``loss_agg_mode`` names plus one of ours:
 
-- :func:`token_mean`: every token of the batch weighs the same: ``w_t = 1 / Σ n``.
-- :func:`seq_mean`: every transition weighs the same, tokens averaged inside it:
-  ``w_t = 1 / (T · n_t)`` (T transitions with tokens).
-- :func:`per_rollout_mean`: every rollout weighs the same (J rollouts with tokens), so a
-  rollout with many calls gets no more weight than one with a single call:
-  ``within="token"``: ``w_t = 1 / (J · N_j)`` (N_j tokens of rollout j: a token mean inside
-  the rollout); ``within="seq"``: ``w_t = 1 / (J · T_j · n_t)`` (T_j transitions of rollout j:
-  a mean of sequence means).
+- ``rollout-mean-token-mean`` (default): every rollout weighs the same (J rollouts with
+  tokens), tokens averaged inside it, so a rollout with many calls gets no more weight than one
+  with a single call: ``w_r = 1 / (J · N_j)`` (N_j counted tokens of rollout j).
+- ``token-mean``: every token of the batch weighs the same: ``w_r = 1 / Σ n``.
+- ``seq-mean-token-mean``: every row weighs the same, tokens averaged inside it:
+  ``w_r = 1 / (T · n_r)`` (T rows with tokens).
+- ``seq-mean-token-sum``: every row weighs the same, tokens summed inside it: ``w_r = 1 / T``.
+
+:class:`~agentbolt.lightningrl.LightningRLConfig` ``.loss_aggregation`` picks the mode;
+:func:`loss_weights` and :func:`token_weights` apply it to :class:`~agentbolt.types.Transition` lists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, get_args
 
 from ..errors import UserError
 from ..types import Transition
 
 __all__ = [
+    "DEFAULT_LOSS_AGGREGATION",
     "LOSS_AGGREGATIONS",
+    "LossAggregation",
+    "check_loss_aggregation",
     "loss_weights",
-    "per_rollout_mean",
-    "seq_mean",
+    "row_weights",
     "token_count",
-    "token_mean",
     "token_weights",
 ]
+
+LossAggregation = Literal["rollout-mean-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+"""The loss aggregation modes (see the module docstring)."""
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
+"""Every mode, the default first."""
+DEFAULT_LOSS_AGGREGATION: LossAggregation = "rollout-mean-token-mean"
+"""Each rollout weighs the same (LightningRL's default)."""
+
+
+def check_loss_aggregation(mode: str) -> LossAggregation:
+    """``mode`` if it is a known aggregation, else a :class:`UserError` listing the valid ones."""
+    if mode not in LOSS_AGGREGATIONS:
+        raise UserError(f"unknown loss aggregation {mode!r}; valid names: {', '.join(LOSS_AGGREGATIONS)}")
+    return mode  # type: ignore[return-value]
+
+
+def row_weights(
+    rollout_ids: Sequence[str], token_counts: Sequence[int | float], mode: str = DEFAULT_LOSS_AGGREGATION
+) -> list[float]:
+    """Per-row weight of each counted token so that the weighted token sum is the ``mode`` loss.
+
+    Args:
+        rollout_ids: the rollout of each row (only ``rollout-mean-token-mean`` reads them).
+        token_counts: counted (mask 1) response tokens of each row.
+        mode: one of :data:`LOSS_AGGREGATIONS`.
+    """
+    check_loss_aggregation(mode)
+    if len(rollout_ids) != len(token_counts):
+        raise UserError(f"{len(rollout_ids)} rollout ids for {len(token_counts)} token counts")
+    live = [n for n in token_counts if n > 0]
+    if not live:
+        return [0.0] * len(token_counts)
+    if mode == "token-mean":
+        total = sum(live)
+        return [1.0 / total if n > 0 else 0.0 for n in token_counts]
+    if mode == "seq-mean-token-mean":
+        return [1.0 / (len(live) * n) if n > 0 else 0.0 for n in token_counts]
+    if mode == "seq-mean-token-sum":
+        return [1.0 / len(live) if n > 0 else 0.0 for n in token_counts]
+    per_rollout: dict[str, float] = {}
+    for rid, n in zip(rollout_ids, token_counts, strict=True):
+        if n > 0:
+            per_rollout[rid] = per_rollout.get(rid, 0) + n
+    return [
+        1.0 / (len(per_rollout) * per_rollout[rid]) if n > 0 else 0.0
+        for rid, n in zip(rollout_ids, token_counts, strict=True)
+    ]
 
 
 def token_count(t: Transition) -> int:
@@ -44,61 +95,9 @@ def token_count(t: Transition) -> int:
     return sum(t.response_mask) if t.response_mask is not None else len(t.response_ids)
 
 
-def token_mean(transitions: Sequence[Transition]) -> list[float]:
-    """Weights of a mean over every counted token of the batch."""
-    counts = [token_count(t) for t in transitions]
-    total = sum(counts)
-    return [1.0 / total if n and total else 0.0 for n in counts]
-
-
-def seq_mean(transitions: Sequence[Transition]) -> list[float]:
-    """Weights of a mean over transitions of each transition's token mean."""
-    counts = [token_count(t) for t in transitions]
-    n_seq = sum(1 for n in counts if n)
-    return [1.0 / (n_seq * n) if n else 0.0 for n in counts]
-
-
-def per_rollout_mean(transitions: Sequence[Transition], *, within: Literal["token", "seq"] = "token") -> list[float]:
-    """Weights of a mean over rollouts of each rollout's mean loss (``within`` its tokens or
-    its sequences); see the module docstring."""
-    if within not in ("token", "seq"):
-        raise UserError(f"within must be 'token' or 'seq', got {within!r}")
-    counts = [token_count(t) for t in transitions]
-    tokens: dict[str, int] = {}
-    seqs: dict[str, int] = {}
-    for t, n in zip(transitions, counts, strict=True):
-        if n:
-            tokens[t.rollout_id] = tokens.get(t.rollout_id, 0) + n
-            seqs[t.rollout_id] = seqs.get(t.rollout_id, 0) + 1
-    n_rollouts = len(tokens)
-    out = []
-    for t, n in zip(transitions, counts, strict=True):
-        if not n:
-            out.append(0.0)
-        elif within == "token":
-            out.append(1.0 / (n_rollouts * tokens[t.rollout_id]))
-        else:
-            out.append(1.0 / (n_rollouts * seqs[t.rollout_id] * n))
-    return out
-
-
-LOSS_AGGREGATIONS: dict[str, Callable[[Sequence[Transition]], list[float]]] = {
-    "per_rollout_mean": per_rollout_mean,
-    "token_mean": token_mean,
-    "seq_mean": seq_mean,
-}
-"""The aggregations by name."""
-
-
-def loss_weights(transitions: Sequence[Transition], mode: str = "per_rollout_mean") -> list[float]:
-    """Weights of the aggregation named ``mode`` (``per_rollout_mean``, ``token_mean``, ``seq_mean``)."""
-    try:
-        fn = LOSS_AGGREGATIONS[mode]
-    except KeyError:
-        raise UserError(
-            f"unknown loss aggregation {mode!r}; valid names: {', '.join(sorted(LOSS_AGGREGATIONS))}"
-        ) from None
-    return fn(transitions)
+def loss_weights(transitions: Sequence[Transition], mode: str = DEFAULT_LOSS_AGGREGATION) -> list[float]:
+    """:func:`row_weights` of ``transitions`` (one weight per transition)."""
+    return row_weights([t.rollout_id for t in transitions], [token_count(t) for t in transitions], mode)
 
 
 def token_weights(transitions: Sequence[Transition], weights: Sequence[float]) -> list[list[float]]:

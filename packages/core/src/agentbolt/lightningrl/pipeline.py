@@ -2,10 +2,11 @@
 
 ::
 
-    lrl = LightningRL(credit="final", advantage="grpo", agent_match=r"^(write|rewrite)_query$")
+    config = LightningRLConfig(credit="final", advantage="grpo", agent_match=r"^(write|rewrite)_query$")
+    lrl = LightningRL(config)
     batch = await lrl.from_store(store, rollout_ids)        # or lrl.process(rollouts, spans)
     logger.log(batch.report.metrics())
-    weights = per_rollout_mean(batch.transitions)
+    weights = loss_weights(batch.transitions, config.loss_aggregation)
 
 Steps per rollout: :func:`~agentbolt.lightningrl.episode.extract_episode` (calls, exclusions,
 reward attachment) → credit assignment over every call of the episode → a transition per
@@ -13,7 +14,7 @@ trainable call. Then, across the batch: advantages (grouped by ``group_id``), op
 trajectory merging, and an explicit :class:`EmptyBatchError` when nothing is left.
 
 Missing episode return (no final reward span, no ``Rollout.final_reward``, no trailing reward
-to promote): ``missing_reward="drop"`` (default) leaves the rollout's calls out with reason
+to promote): :class:`~agentbolt.lightningrl.LightningRLConfig` ``missing_reward="drop"`` (default) leaves the rollout's calls out with reason
 ``missing_reward``; ``"fill"`` uses ``fill_value`` as the return. Both are counted in
 ``report.final_reward_sources`` (``missing`` / ``filled``); a missing reward is never a silent 0.
 """
@@ -23,14 +24,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..types import Rollout, Span, Transition
 from .advantage import AdvantageEstimator
 from .aggregation import token_count
+from .config import LightningRLConfig
 from .credit import CreditAssigner
-from .episode import AgentMatch, Episode, ExclusionReason, agent_selector, extract_episode
+from .episode import Episode, ExclusionReason, extract_episode
 from .merge import merge_transitions
 from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
 
@@ -59,102 +61,59 @@ class LightningRL:
     """Spans → transitions → credit → advantages, configured once and applied per batch.
 
     Args:
-        credit: credit assigner name (``final``, ``discounted``, ``intermediate``, ``air`` or a
-            plugin's) or an instance.
-        advantage: advantage estimator name (``grpo``, ``rloo``, ``reinforce_pp`` or a plugin's)
-            or an instance.
-        agent_match: which agents are trained (regex, names, predicate; ``None`` for all).
-        merge: merge consecutive calls whose prompts extend each other (masked sequences).
-        allow_retokenized: train on calls whose ids were retokenized.
-        max_prompt_length, max_response_length, max_length: leave longer calls out (``max_length``
-            also bounds merged sequences).
-        missing_reward: ``"drop"`` or ``"fill"`` for rollouts without an episode return.
-        fill_value: the return used by ``missing_reward="fill"`` (required then).
-        promote_trailing_reward: without a final reward, use the last untargeted reward after the
-            last call as the return.
-        allow_empty: return an empty batch instead of raising :class:`EmptyBatchError`.
-        credit_options, advantage_options: keyword options for a credit / estimator given by name
-            (e.g. ``{"gamma": 0.9}``, ``{"level": "transition"}``).
-        plugins: plugin manager to resolve names (default: :func:`agentbolt.plugins.default_plugins`).
+        config: the :class:`~agentbolt.lightningrl.LightningRLConfig` (every choice: credit,
+            advantage, agent_match, limits, missing-reward policy, loss aggregation); ``None``
+            for the defaults, or a mapping of its fields.
+        plugins: plugin manager to resolve credit / estimator names (default:
+            :func:`agentbolt.plugins.default_plugins`).
+        **overrides: :class:`~agentbolt.lightningrl.LightningRLConfig` fields applied on top of
+            ``config`` (``LightningRL(agent_match="solver")`` is
+            ``LightningRL(LightningRLConfig(agent_match="solver"))``).
     """
 
     def __init__(
         self,
-        credit: str | CreditAssigner = "final",
-        advantage: str | AdvantageEstimator = "grpo",
+        config: LightningRLConfig | Mapping[str, Any] | None = None,
+        /,
         *,
-        agent_match: AgentMatch = None,
-        merge: bool = False,
-        allow_retokenized: bool = False,
-        max_prompt_length: int | None = None,
-        max_response_length: int | None = None,
-        max_length: int | None = None,
-        missing_reward: Literal["drop", "fill"] = "drop",
-        fill_value: float | None = None,
-        promote_trailing_reward: bool = True,
-        allow_empty: bool = False,
-        credit_options: Mapping[str, Any] | None = None,
-        advantage_options: Mapping[str, Any] | None = None,
         plugins: Plugins | None = None,
+        **overrides: Any,
     ) -> None:
         from .registry import get_advantage_estimator, get_credit_assigner
 
-        if missing_reward not in ("drop", "fill"):
-            raise UserError(f"missing_reward must be 'drop' or 'fill', got {missing_reward!r}")
-        if missing_reward == "fill" and fill_value is None:
-            raise UserError("missing_reward='fill' needs an explicit fill_value (missing rewards are never silently 0)")
-        for name, value in (
-            ("max_prompt_length", max_prompt_length),
-            ("max_response_length", max_response_length),
-            ("max_length", max_length),
-        ):
-            if value is not None and value <= 0:
-                raise UserError(f"{name} must be positive, got {value!r}")
-        agent_selector(agent_match)  # validate early
-        if isinstance(credit, str):
-            self.credit: CreditAssigner = get_credit_assigner(credit, plugins=plugins, **(credit_options or {}))
-        elif credit_options:
-            raise UserError("credit_options apply to a credit assigner given by name, not to an instance")
+        self.config = cfg = LightningRLConfig.from_value(config, **overrides)
+        if isinstance(cfg.credit, str):
+            self.credit: CreditAssigner = get_credit_assigner(cfg.credit, plugins=plugins, **cfg.credit_options)
         else:
-            self.credit = credit
-        if isinstance(advantage, str):
+            self.credit = cfg.credit
+        if isinstance(cfg.advantage, str):
             self.advantage: AdvantageEstimator = get_advantage_estimator(
-                advantage, plugins=plugins, **(advantage_options or {})
+                cfg.advantage, plugins=plugins, **cfg.advantage_options
             )
-        elif advantage_options:
-            raise UserError("advantage_options apply to an estimator given by name, not to an instance")
         else:
-            self.advantage = advantage
-        self.agent_match = agent_match
-        self.merge = merge
-        self.allow_retokenized = allow_retokenized
-        self.max_prompt_length = max_prompt_length
-        self.max_response_length = max_response_length
-        self.max_length = max_length
-        self.missing_reward = missing_reward
-        self.fill_value = None if fill_value is None else float(fill_value)
-        self.promote_trailing_reward = promote_trailing_reward
-        self.allow_empty = allow_empty
+            self.advantage = cfg.advantage
 
     def __repr__(self) -> str:
+        cfg = self.config
         return (
-            f"LightningRL(credit={self.credit!r}, advantage={self.advantage!r}, agent_match={self.agent_match!r}, "
-            f"merge={self.merge!r})"
+            f"LightningRL(credit={self.credit!r}, advantage={self.advantage!r}, agent_match={cfg.agent_match!r}, "
+            f"merge={cfg.merge!r}, loss_aggregation={cfg.loss_aggregation!r})"
         )
 
     # -- per rollout -------------------------------------------------------------------------------
 
     def extract(self, rollout: Rollout, spans: Sequence[Span]) -> Episode:
         """The episode of one rollout, with this configuration's selection and limits."""
+        cfg = self.config
         return extract_episode(
             rollout,
             spans,
-            agent_match=self.agent_match,
-            allow_retokenized=self.allow_retokenized,
-            max_prompt_length=self.max_prompt_length,
-            max_response_length=self.max_response_length,
-            max_length=self.max_length,
-            promote_trailing_reward=self.promote_trailing_reward,
+            agent_match=cfg.agent_match,
+            allow_retokenized=cfg.allow_retokenized,
+            max_prompt_length=cfg.max_prompt_length,
+            max_response_length=cfg.max_response_length,
+            max_length=cfg.max_length,
+            promote_trailing_reward=cfg.promote_trailing_reward,
         )
 
     def assign(self, episode: Episode) -> tuple[Episode, list[Transition], Mapping[str, int]]:
@@ -162,9 +121,9 @@ class LightningRL:
         ``reward`` set, credit notes)."""
         credit = self.credit.assign(episode)
         if credit is None:
-            if self.missing_reward == "fill":
-                assert self.fill_value is not None
-                episode = episode.with_final_reward(self.fill_value)
+            if self.config.missing_reward == "fill":
+                assert self.config.fill_value is not None
+                episode = episode.with_final_reward(float(self.config.fill_value))
                 credit = self.credit.assign(episode)
                 if credit is None:
                     raise UserError(f"credit assigner {self.credit!r} assigned nothing even with the return filled")
@@ -222,7 +181,7 @@ class LightningRL:
                 ``.report`` give the reasons and counts.
         """
         by_rollout = _group_spans(spans)
-        report = BatchReport(missing_reward_policy=self.missing_reward)
+        report = BatchReport(missing_reward_policy=self.config.missing_reward)
         excluded: Counter[str] = Counter()
         sources: Counter[str] = Counter()
         rewards: Counter[str] = Counter()
@@ -292,8 +251,8 @@ class LightningRL:
         if result.dropped:
             excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
         report.advantage = dict(result.stats)
-        if self.merge and transitions:
-            merged = merge_transitions(transitions, max_length=self.max_length)
+        if self.config.merge and transitions:
+            merged = merge_transitions(transitions, max_length=self.config.max_length)
             transitions = merged.transitions
             report.merge = merged.stats
 
@@ -308,7 +267,7 @@ class LightningRL:
         report.rewards = {k: v for k, v in rewards.items() if v}
         report.extraction = dict(extraction)
         report.credit = dict(credit_notes)
-        if not transitions and not self.allow_empty:
+        if not transitions and not self.config.allow_empty:
             raise EmptyBatchError(report)
         return LightningRLBatch(transitions=transitions, report=report, episodes=episodes)
 
