@@ -166,7 +166,7 @@ def diagnose(
 
     ``gateway_stats`` (``Gateway.stats()``) adds the upstream's side: calls forwarded vs recorded.
     """
-    from .lightningrl.episode import extract_episode
+    from .lightningrl.extraction import extract_episode
     from .lightningrl.spans import is_gateway_call
 
     c = CaptureCounts(rollouts=len(rollouts))

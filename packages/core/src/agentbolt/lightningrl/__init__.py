@@ -2,7 +2,8 @@
 
 The learning side of agentbolt, pure Python (no torch, no numpy):
 
-- :mod:`.episode` — extraction of a rollout's LLM calls and rewards from its spans;
+- :mod:`.episode` — the episode of a rollout: its LLM calls and rewards (data model);
+- :mod:`.extraction` — spans → episode (with :mod:`.calls` joining LLM-call spans, :mod:`.reward_attachment` placing rewards);
 - :mod:`.credit`, :mod:`.air` — credit assigners (``final``, ``discounted``, ``intermediate``, ``air``);
 - :mod:`.advantage` — advantage estimators (``grpo``, ``rloo``, ``reinforce_pp``), rollout or transition level;
 - :mod:`.aggregation` — loss aggregation weights (``rollout-mean-token-mean`` and verl's modes), the one primitive algorithms use;
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
         LLMCall,
         RewardRecord,
         agent_selector,
-        extract_episode,
     )
+    from .extraction import extract_episode
     from .merge import MergeResult, merge_transitions
     from .pipeline import LightningRL, LightningRLBatch
     from .registry import get_advantage_estimator, get_credit_assigner, register_builtins
@@ -85,7 +86,7 @@ _EXPORTS: dict[str, str] = {
     "ToolCallRule": "air",
     "agent_selector": "episode",
     "discounted_returns": "credit",
-    "extract_episode": "episode",
+    "extract_episode": "extraction",
     "get_advantage_estimator": "registry",
     "get_credit_assigner": "registry",
     "loss_weights": "aggregation",

@@ -3,7 +3,7 @@
 Notation used in every docstring here: the episode has calls i = 0 … N-1 in ``seq`` order
 (*all* calls, trainable or not: a call of an untrained agent is still a step of the episode),
 ``r_i`` is the sum of intermediate rewards attached to call i (0 where none, see
-:mod:`agentbolt.lightningrl.episode` for the attachment rules) and ``R`` is the episode return
+:mod:`agentbolt.lightningrl.extraction` for the attachment rules) and ``R`` is the episode return
 (the final reward). Assigners return ``None`` when the episode lacks a signal they need (all
 built-ins need R); the caller's missing-reward policy then drops or fills the episode.
 

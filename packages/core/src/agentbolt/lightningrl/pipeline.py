@@ -8,7 +8,7 @@
     logger.log(batch.report.metrics())
     weights = loss_weights(batch.transitions, config.loss_aggregation)
 
-Steps per rollout: :func:`~agentbolt.lightningrl.episode.extract_episode` (calls, exclusions,
+Steps per rollout: :func:`~agentbolt.lightningrl.extraction.extract_episode` (calls, exclusions,
 reward attachment) → credit assignment over every call of the episode → a transition per
 trainable call. Then, across the batch: advantages (grouped by ``group_id``), optional
 trajectory merging, and an explicit :class:`EmptyBatchError` when nothing is left.
@@ -32,7 +32,8 @@ from .advantage import AdvantageEstimator
 from .aggregation import token_count
 from .config import LightningRLConfig
 from .credit import CreditAssigner
-from .episode import Episode, ExclusionReason, extract_episode
+from .episode import Episode, ExclusionReason
+from .extraction import extract_episode
 from .merge import merge_transitions
 from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
 

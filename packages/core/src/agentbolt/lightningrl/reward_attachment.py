@@ -1,0 +1,147 @@
+"""Rewards of an episode: reward spans parsed (:class:`RewardRecord`), attached to calls, and the episode return.
+
+Implements the **Rewards** rules of :mod:`agentbolt.lightningrl.extraction`: a final reward is
+the episode return (the last one wins); an intermediate reward attaches to its explicit target
+(span id, then response id), else to the latest call before it; without a final reward the
+return is ``Rollout.final_reward``, else (optionally) a promoted trailing reward, else missing.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Literal
+
+from .. import semconv
+from ..types import Rollout, Span
+from . import spans as sp
+from .episode import LLMCall, RewardAttachment, RewardRecord
+
+__all__ = ["attach_rewards"]
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _reward_fields(span: Span) -> tuple[float | None, str | None, dict[str, float]]:
+    attrs = span.attributes
+    name = attrs.get(semconv.REWARD_PRIMARY)
+    name = name if isinstance(name, str) and name else None
+    dims: dict[str, float] = {}
+    parsed = sp.parse_json_attr(span, semconv.REWARD_DIMENSIONS)
+    if isinstance(parsed, Mapping):
+        dims = {str(k): v for k, v in ((k, _finite(v)) for k, v in parsed.items()) if v is not None}
+    value = _finite(attrs.get(semconv.REWARD_VALUE))
+    if value is None and semconv.REWARD_VALUE not in attrs and name is not None:
+        value = dims.get(name)
+    return value, name, dims
+
+
+def _is_final(span: Span) -> bool:
+    flag = span.attributes.get(semconv.REWARD_IS_FINAL)
+    return flag is True or (isinstance(flag, str) and flag.lower() == "true")
+
+
+def attach_rewards(
+    rollout: Rollout,
+    ordered: list[Span],
+    calls: list[LLMCall],
+    notes: Counter[str],
+    promote_trailing_reward: bool,
+) -> tuple[list[RewardRecord], float | None, Literal["span", "rollout", "trailing_reward"] | None]:
+    """(a record per reward span in ``seq`` order, the episode return, where the return came from).
+
+    ``calls`` are the episode's calls (:func:`~agentbolt.lightningrl.calls.extract_calls`);
+    ``notes`` counts attachments, malformed and superseded rewards (updated in place). The
+    return is ``None`` (source ``None``) when missing.
+    """
+    call_of_member = {sid: c.index for c in calls for sid in c.span_ids}
+    call_of_response: dict[str, int] = {}
+    for c in calls:
+        if c.response_id is not None:
+            call_of_response.setdefault(c.response_id, c.index)
+    positions = [c.position for c in calls]
+
+    records: list[RewardRecord] = []
+    for pos, span in enumerate(ordered):
+        if not sp.is_reward_span(span):
+            continue
+        value, name, dims = _reward_fields(span)
+        common: dict[str, Any] = {"span_id": span.span_id, "position": pos, "name": name, "dimensions": dims}
+        final = _is_final(span)
+        if value is None:
+            raw = span.attributes.get(semconv.REWARD_VALUE)
+            detail = "no agentbolt.reward.value" if raw is None else f"non-finite or non-numeric value {raw!r}"
+            records.append(RewardRecord(value=None, is_final=final, attachment="malformed", detail=detail, **common))
+            notes["rewards_malformed"] += 1
+            continue
+        if final:
+            records.append(RewardRecord(value=value, is_final=True, attachment="final", **common))
+            continue
+        attrs = span.attributes
+        target_span, target_resp = (
+            attrs.get(semconv.REWARD_TARGET_SPAN_ID),
+            attrs.get(semconv.REWARD_TARGET_RESPONSE_ID),
+        )
+        target = str(target_span) if target_span else str(target_resp) if target_resp else None
+        if target_span:
+            index = call_of_member.get(str(target_span))
+            attachment: RewardAttachment = "target_span" if index is not None else "unattached"
+            detail = None if index is not None else f"target span {target_span!r} is not an LLM call of this attempt"
+        elif target_resp:
+            index = call_of_response.get(str(target_resp))
+            attachment = "target_response" if index is not None else "unattached"
+            detail = None if index is not None else f"no LLM call with response id {target_resp!r}"
+        else:
+            i = bisect_left(positions, pos)
+            index = i - 1 if i > 0 else None
+            attachment = "preceding" if index is not None else "unattached"
+            detail = None if index is not None else "no LLM call precedes it"
+        notes[f"rewards_{attachment}"] += 1
+        records.append(
+            RewardRecord(
+                value=value,
+                is_final=False,
+                attachment=attachment,
+                call_index=index,
+                target=target,
+                detail=detail,
+                **common,
+            )
+        )
+
+    finals = [r for r in records if r.attachment == "final"]
+    if finals:
+        if len(finals) > 1:
+            notes["final_rewards_superseded"] += len(finals) - 1
+            records = [
+                replace(r, detail="superseded by a later final reward")
+                if r.attachment == "final" and r is not finals[-1]
+                else r
+                for r in records
+            ]
+        value = finals[-1].value
+        if rollout.final_reward is not None and rollout.final_reward != value:
+            notes["final_reward_differs_from_rollout"] += 1
+        return records, value, "span"
+    if rollout.final_reward is not None and math.isfinite(rollout.final_reward):
+        return records, float(rollout.final_reward), "rollout"
+    if promote_trailing_reward:
+        last_call = positions[-1] if positions else -1
+        valid = [i for i, r in enumerate(records) if r.attachment != "malformed"]
+        if valid:
+            i = valid[-1]
+            r = records[i]
+            if r.target is None and r.position > last_call:
+                records[i] = replace(r, attachment="final", call_index=None, detail="promoted trailing reward")
+                notes[f"rewards_{r.attachment}"] -= 1
+                notes["rewards_promoted_to_final"] += 1
+                return records, r.value, "trailing_reward"
+    return records, None, None
