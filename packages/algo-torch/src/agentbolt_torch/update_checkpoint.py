@@ -1,0 +1,156 @@
+"""Checkpoints of the policy update: the model (or only the LoRA adapter), optimizer and scheduler,
+update step, policy version and every RNG state, written atomically and restored with checks.
+
+:meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.PolicyUpdater.save_checkpoint>` and
+:meth:`~agentbolt_torch.update.PolicyUpdater.load_checkpoint` are the entry points; the functions
+here take the pieces of state explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentbolt.errors import UserError
+
+if TYPE_CHECKING:
+    from .policy import Policy
+    from .update_config import UpdateConfig
+
+__all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
+
+CHECKPOINT_FORMAT = 1
+"""Version of the checkpoint layout, written to ``state.json``."""
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    policy: Policy,
+    optimizer: Any,
+    scheduler: Any,
+    rng: random.Random,
+    step: int,
+    config: UpdateConfig,
+    loss_aggregation: str,
+) -> Path:
+    """Write a checkpoint directory atomically (replacing one at ``path``).
+
+    Contents: ``model/`` (full weights, a loadable Hugging Face directory with the
+    tokenizer) or ``adapter/`` (LoRA adapter only), ``optimizer.pt`` (optimizer and
+    scheduler), ``rng.pt`` (torch, Python, numpy and the updater's ``rng``) and ``state.json``
+    (``step``, policy version, ``config``, ``loss_aggregation``). Written under ``policy.lock``.
+    """
+    import numpy as np
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        with policy.lock:
+            if policy.is_lora:
+                policy.model.save_pretrained(tmp / "adapter")
+            else:
+                policy.model.save_pretrained(tmp / "model")
+                policy.tokenizer.save_pretrained(tmp / "model")
+            torch.save(
+                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                tmp / "optimizer.pt",
+            )
+            torch.save(
+                {
+                    "torch": torch.get_rng_state(),
+                    "python": random.getstate(),
+                    "numpy": np.random.get_state(),
+                    "updater": rng.getstate(),
+                },
+                tmp / "rng.pt",
+            )
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "step": step,
+                "policy_version": policy.version,
+                "lora": policy.is_lora,
+                "config": asdict(config),
+                "loss_aggregation": loss_aggregation,
+                "saved_at": time.time(),
+            }
+        (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+        tmp.chmod(0o755)
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], *, policy: Policy, optimizer: Any, scheduler: Any, rng: random.Random
+) -> dict[str, Any]:
+    """Restore weights (or adapter), optimizer, scheduler, policy version and RNG states; return ``state.json``.
+
+    Runs under ``policy.lock``; the caller restores its own ``state["step"]``.
+
+    Raises:
+        UserError: ``path`` is not a checkpoint, or its weights do not fit the policy.
+    """
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        raise UserError(f"{path} is not an agentbolt-torch checkpoint (no state.json)")
+    state = json.loads(state_file.read_text())
+    if bool(state.get("lora")) != policy.is_lora:
+        kind = "a LoRA" if state.get("lora") else "a full-model"
+        raise UserError(f"{path} is {kind} checkpoint; build the Policy with matching lora settings")
+    with policy.lock:
+        if policy.is_lora:
+            from peft import set_peft_model_state_dict
+
+            weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+            result = set_peft_model_state_dict(policy.model, weights)
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise UserError(f"adapter in {path} does not match the policy: unexpected {unexpected[:3]}")
+        else:
+            weights = {}
+            for file in sorted((path / "model").glob("*.safetensors")):
+                weights.update(load_file(str(file)))
+            model = policy.base_model
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            tied = (
+                {k for k in missing if "lm_head" in k} if getattr(model.config, "tie_word_embeddings", False) else set()
+            )
+            if unexpected or set(missing) - tied:
+                raise UserError(
+                    f"weights in {path} do not match the policy: missing {sorted(set(missing) - tied)[:3]}, "
+                    f"unexpected {sorted(unexpected)[:3]}"
+                )
+        opt = torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False)
+        optimizer.load_state_dict(opt["optimizer"])
+        scheduler.load_state_dict(opt["scheduler"])
+        rng_states = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng_states["torch"])
+        random.setstate(rng_states["python"])
+        np.random.set_state(rng_states["numpy"])
+        rng.setstate(rng_states["updater"])
+        policy.mark_weights_changed()
+        policy.set_version(int(state["policy_version"]))
+    return state
