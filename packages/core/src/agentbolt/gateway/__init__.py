@@ -16,7 +16,8 @@ async with GatewayClient("http://127.0.0.1:4800") as gw:   # one in another proc
 from __future__ import annotations
 
 from .client import GatewayClient, GatewayControlError
-from .gateway import UPSTREAM_ERROR, Gateway, Upstream
+from .gateway import Gateway, Upstream
+from .relay import UPSTREAM_ERROR
 from .thread import GatewayThread
 
 __all__ = ["UPSTREAM_ERROR", "Gateway", "GatewayClient", "GatewayControlError", "GatewayThread", "Upstream"]

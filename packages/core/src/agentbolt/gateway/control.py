@@ -32,6 +32,7 @@ __all__ = [
     "host_allowed",
     "host_name",
     "is_json",
+    "is_loopback",
     "openapi_document",
     "validation_message",
 ]
@@ -131,7 +132,8 @@ def host_name(value: str) -> str:
     return host.partition(":")[0]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses."""
     if host == "localhost":
         return True
     try:
@@ -145,7 +147,7 @@ def host_allowed(header: str | None, allowed: Iterable[str]) -> bool:
     if not header:
         return False
     host = host_name(header)
-    return _is_loopback(host) or host in {h.lower() for h in allowed}
+    return is_loopback(host) or host in {h.lower() for h in allowed}
 
 
 def is_json(content_type: str | None) -> bool:

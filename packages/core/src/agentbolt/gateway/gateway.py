@@ -26,9 +26,7 @@ which the store retries while attempts remain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import ipaddress
 import logging
 import os
 import time
@@ -42,14 +40,16 @@ import orjson
 from pydantic import ValidationError
 
 from .. import semconv
-from .. import types as t
-from ..errors import NotFoundError, UserError
+from ..errors import UserError
 from ..roles import AgentNamer
 from ..store.base import Store
 from . import control, upstream_checks
-from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool, UpstreamTimeout
-from .recorder import CallRecord, Retokenizer, StreamAssembler, build_span
-from .translate import Dialect, SSEDecoder, TranslationError
+from .attempts import AttemptCache
+from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool
+from .recorder import CallRecord, Retokenizer, parse_traceparent
+from .relay import UPSTREAM_ERROR, error_body, relay_stream
+from .span_writer import SpanWriter
+from .translate import Dialect, TranslationError
 
 __all__ = ["Gateway", "Upstream"]
 
@@ -62,8 +62,6 @@ AGENT_HEADER = "x-agentbolt-agent-name"
 """Optional request header naming the agent that makes the call (recorded as gen_ai.agent.name)."""
 POLICY_HEADER = "x-agentbolt-policy-version"
 LLM_API = semconv.LLM_API
-UPSTREAM_ERROR = "agentbolt_upstream_error"
-"""``error.type`` of gateway answers caused by the upstream (an infrastructure failure)."""
 
 _OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
 
@@ -93,19 +91,6 @@ class Upstream:
     @classmethod
     def of(cls, value: Upstream | str) -> Upstream:
         return value if isinstance(value, Upstream) else cls(base_url=value)
-
-
-def _error(message: str, type_: str, code: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": None}})
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Gateway:
@@ -170,11 +155,6 @@ class Gateway:
         self.policy_version = policy_version
         self.request_timeout_s = request_timeout_s
         self.pause_timeout_s = pause_timeout_s
-        self.attempt_ttl_s = attempt_ttl_s
-        self.flush_interval_s = flush_interval_s
-        self.span_batch = span_batch
-        self.max_buffered_spans = max_buffered_spans
-        self.retokenize = retokenize
         self.request_token_ids = request_token_ids
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
@@ -194,16 +174,10 @@ class Gateway:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._attempts: dict[str, tuple[str, float]] = {}  # attempt id -> (rollout id, trusted until; -1 = ended)
-        self._lookups: dict[str, asyncio.Future[None]] = {}
-        self._spans: list[t.Span] = []
-        self._spans_added = 0
-        self._spans_written = 0
-        self._spans_dropped = 0
-        self._span_wakeup = asyncio.Event()
-        self._written = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
-        self._closing = False
+        self._attempts = AttemptCache(store, attempt_ttl_s)
+        self._spans = SpanWriter(
+            store, interval_s=flush_interval_s, batch=span_batch, max_buffered=max_buffered_spans, retokenize=retokenize
+        )
         self.counters = {"requests": 0, "errors": 0, "upstream_errors": 0, "rejected": 0, "streams": 0, "forwarded": 0}
         """``forwarded``: calls sent to an upstream (each gets one span: compare with ``spans_recorded``)."""
 
@@ -211,27 +185,22 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns the base URL."""
-        if not _is_loopback(host) and not self.token:
+        if not control.is_loopback(host) and not self.token:
             raise UserError(
                 f"refusing to bind the gateway to {host} without a token: anyone who can reach it could "
                 "spend your inference backend. Pass token=... (agents then use it as their api_key)."
             )
         self.host = host
         self.port = await self._server.start(host, port)
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="agentbolt-gateway-spans")
+        self._spans.start()
         log.info("gateway listening on %s (upstreams: %s)", self.url, ", ".join(u.base_url for u in self._upstreams))
         return self.url
 
     async def stop(self) -> None:
         """Stop serving (in-flight calls get a few seconds), write pending spans, close pools."""
-        self._closing = True
         self._running.set()
         await self._server.stop()
-        await self.flush()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        await self._spans.stop()
         for pool in self._pools.values():
             pool.close()
 
@@ -295,16 +264,7 @@ class Gateway:
 
     async def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every span recorded so far is in the store."""
-        target = self._spans_added
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._spans_written + self._spans_dropped < target:
-            self._span_wakeup.set()
-            self._written.clear()
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"{target - self._spans_written} gateway spans not yet written to the store")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._written.wait(), None if remaining is None else min(remaining, 1.0))
+        await self._spans.flush(timeout)
 
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring."""
@@ -312,10 +272,10 @@ class Gateway:
             **self.counters,
             "inflight": self._inflight,
             "paused": self.paused,
-            "spans_buffered": len(self._spans),
-            "spans_recorded": self._spans_added,
-            "spans_written": self._spans_written,
-            "spans_dropped": self._spans_dropped,
+            "spans_buffered": len(self._spans.buffered),
+            "spans_recorded": self._spans.added,
+            "spans_written": self._spans.written,
+            "spans_dropped": self._spans.dropped,
             "policy_version": self.policy_version,
             "upstreams": [u.base_url for u in self._upstreams],
         }
@@ -371,7 +331,7 @@ class Gateway:
                 "invalid_request_error",
             )
         self.counters["requests"] += 1
-        problem = await self._check_attempt(rollout_id, attempt_id)
+        problem = await self._attempts.check(rollout_id, attempt_id)
         if problem is not None:
             self.counters["rejected"] += 1
             return self._reply(responder, problem[0], problem[1], problem[2])
@@ -433,64 +393,12 @@ class Gateway:
     ) -> None:
         if status >= 500:
             self.counters["errors"] += 1
-        responder.send(status, _error(message, type_, code), headers)
+        responder.send(status, error_body(message, type_, code), headers)
 
     def _models(self, responder: Responder) -> None:
         names = [self.served_model] if self.served_model else [u.model for u in self._upstreams if u.model]
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "agentbolt"} for n in dict.fromkeys(names)]
         responder.send(200, orjson.dumps({"object": "list", "data": data}))
-
-    async def _check_attempt(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
-        now = time.monotonic()
-        known = self._attempts.get(attempt_id)
-        # the first call of an attempt (or every call with attempt_ttl_s=0) is checked before anything goes upstream
-        if known is None or (self.attempt_ttl_s <= 0 and known[1] >= 0):
-            await self._refresh(rollout_id, attempt_id)
-            known = self._attempts.get(attempt_id)
-        elif 0 <= known[1] < now and attempt_id not in self._lookups:
-            # Known to be running a moment ago: serve this call, re-check in the background
-            # (a call can still pass within one check interval after the attempt ended).
-            asyncio.get_running_loop().create_task(self._refresh(rollout_id, attempt_id))
-        if known is None:
-            return 404, f"unknown rollout {rollout_id} or attempt {attempt_id}", "agentbolt_unknown_attempt"
-        if known[0] != rollout_id:
-            return 404, f"attempt {attempt_id} does not belong to rollout {rollout_id}", "agentbolt_unknown_attempt"
-        if known[1] < 0:
-            return (
-                409,
-                f"attempt {attempt_id} of rollout {rollout_id} has ended (timed out, lost, cancelled or finished); "
-                "its calls are no longer accepted",
-                "agentbolt_attempt_ended",
-            )
-        return None
-
-    async def _refresh(self, rollout_id: str, attempt_id: str) -> None:
-        """Look the attempt up (one lookup at a time per attempt)."""
-        pending = self._lookups.get(attempt_id)
-        if pending is not None:
-            await pending
-            return
-        pending = self._lookups[attempt_id] = asyncio.get_running_loop().create_future()
-        try:
-            await self._lookup(rollout_id, attempt_id)
-        except Exception as exc:  # store hiccup: keep what we knew, retry on a later call
-            log.warning("checking attempt %s failed: %s", attempt_id, exc)
-        finally:
-            self._lookups.pop(attempt_id, None)
-            pending.set_result(None)
-
-    async def _lookup(self, rollout_id: str, attempt_id: str) -> None:
-        try:
-            attempts = await self.store.get_attempts(rollout_id)
-        except NotFoundError:
-            return
-        for attempt in attempts:
-            if attempt.attempt_id == attempt_id:
-                until = time.monotonic() + self.attempt_ttl_s if attempt.status is t.AttemptStatus.RUNNING else -1.0
-                self._attempts[attempt_id] = (rollout_id, until)
-                if len(self._attempts) > 100_000:  # bound the cache; ended attempts are re-checked
-                    self._attempts = {k: v for k, v in self._attempts.items() if v[1] >= time.monotonic()}
-                return
 
     def _prepare(self, body: dict[str, Any], operation: str, upstream: Upstream) -> None:
         model = self.served_model or upstream.model
@@ -529,7 +437,7 @@ class Gateway:
         pool = self._pools[upstream.base_url]
         self._prepare(body, operation, upstream)
         span_id = os.urandom(8).hex()
-        trace_id, parent = _traceparent(request.headers.get("traceparent"))
+        trace_id, parent = parse_traceparent(request.headers.get("traceparent"))
         record = CallRecord(
             rollout_id=rollout_id,
             attempt_id=attempt_id,
@@ -566,7 +474,7 @@ class Gateway:
             out_headers.append((POLICY_HEADER, str(record.policy_version)))
         if answer.status == 200 and answer.is_stream:
             translator = dialect.stream(api_body) if dialect is not None else None
-            await self._relay_stream(answer, responder, record, span_id, out_headers, translator)
+            await relay_stream(answer, responder, record, out_headers, self.counters, translator)
             if dialect is not None and record.response and record.response.get("id"):
                 record.extra[semconv.GEN_AI_RESPONSE_ID] = dialect.response_id(str(record.response["id"]))
             self._record(record, span_id)
@@ -599,65 +507,6 @@ class Gateway:
         responder.send(200, data, out_headers)
         self._record(record, span_id)
 
-    async def _relay_stream(
-        self,
-        answer: Any,
-        responder: Responder,
-        record: CallRecord,
-        span_id: str,
-        out_headers: list[tuple[str, str]],
-        translator: Any = None,
-    ) -> None:
-        """Pass the stream through (translated to the client's API when ``translator`` is set);
-        the caller records the span."""
-        self.counters["streams"] += 1
-        responder.start_stream(200, out_headers)
-        assembler = StreamAssembler(record.operation)
-        decoder = SSEDecoder() if translator is not None else None
-        try:
-            async for chunk in answer.iter_chunks():
-                if responder.disconnected:
-                    answer.close()
-                    record.error_type = "client_disconnected"
-                    record.error_message = "the client closed the connection mid-stream"
-                    break
-                if decoder is None:
-                    responder.write(chunk)
-                else:
-                    responder.write(b"".join(translator.feed(c) for c in decoder.feed(chunk)))
-                assembler.feed(chunk)
-                await responder.drain()
-        except UpstreamError as exc:
-            self.counters["upstream_errors"] += 1
-            record.error_type = UPSTREAM_ERROR
-            record.error_message = f"the upstream stream broke: {exc}"
-            if translator is not None:
-                responder.write(translator.close(record.error_message))
-            else:
-                responder.write(
-                    b"data: " + _error(record.error_message, UPSTREAM_ERROR, "upstream_stream_broken") + b"\n\n"
-                )
-        if record.error_type is None and assembler.error is None:
-            problem = upstream_checks.stream_problem(assembler.done, len(assembler.choices))
-            if problem is not None:
-                self.counters["upstream_errors"] += 1
-                record.error_type = UPSTREAM_ERROR
-                record.error_message = problem
-                if translator is not None:
-                    responder.write(translator.close(problem))
-                else:
-                    responder.write(b"data: " + _error(problem, UPSTREAM_ERROR, "upstream_invalid_stream") + b"\n\n")
-        record.end_ns = time.time_ns()
-        record.status = 200
-        if assembler.error is not None and record.error_type is None:
-            record.error_type = str(assembler.error.get("type") or "stream_error")
-            record.error_message = str(assembler.error.get("message") or assembler.error)
-        record.response = assembler.response()
-        if translator is not None and not responder.disconnected:
-            responder.write(translator.close(record.error_message if assembler.error is not None else None))
-        if not responder.disconnected:
-            responder.end_stream()
-
     def _upstream_failed(
         self,
         responder: Responder,
@@ -671,15 +520,7 @@ class Gateway:
     ) -> None:
         self.counters["upstream_errors"] += 1
         record.end_ns = record.end_ns or time.time_ns()
-        if isinstance(exc, UpstreamTimeout):
-            code, http_status, message = "upstream_timeout", 504, str(exc)
-        elif exc is not None:
-            code, http_status, message = "upstream_unreachable", 502, str(exc)
-        elif problem is not None:
-            code, http_status, message = "upstream_invalid_response", 502, problem
-        else:
-            detail = body[:500].decode("utf-8", "replace")
-            code, http_status, message = f"upstream_status_{status}", 502, f"the upstream answered {status}: {detail}"
+        code, http_status, message = upstream_checks.failure(exc, status, body, problem)
         record.status = http_status
         record.error_type = UPSTREAM_ERROR
         record.error_message = message
@@ -687,50 +528,8 @@ class Gateway:
         self._reply(responder, http_status, message, UPSTREAM_ERROR, [(SPAN_HEADER, span_id)], code)
         self._record(record, span_id)
 
-    # -- spans ----------------------------------------------------------------------------------
-
     def _record(self, record: CallRecord, span_id: str) -> None:
-        try:
-            span = build_span(record, span_id=span_id, retokenize=self.retokenize)
-        except Exception:  # never let span building break the proxy
-            log.exception("could not build the span of a call in rollout %s", record.rollout_id)
-            return
-        if len(self._spans) >= self.max_buffered_spans:
-            self._spans.pop(0)
-            self._spans_dropped += 1
-            log.error(
-                "gateway span buffer full (%d): dropping the oldest span; is the store reachable?",
-                self.max_buffered_spans,
-            )
-        self._spans.append(span)
-        self._spans_added += 1
-        self._span_wakeup.set()
-
-    async def _flush_loop(self) -> None:
-        backoff = 0.5
-        while True:
-            await self._span_wakeup.wait()
-            self._span_wakeup.clear()
-            if self.flush_interval_s > 0 and not self._closing:
-                await asyncio.sleep(self.flush_interval_s)
-            while self._spans:
-                batch = self._spans[: self.span_batch]
-                try:
-                    await self.store.add_spans(batch)
-                except NotFoundError as exc:  # rollouts purged meanwhile: those spans have no home
-                    log.warning("dropping %d gateway spans: %s", len(batch), exc)
-                    self._spans_dropped += len(batch)
-                except Exception as exc:
-                    log.warning("writing %d gateway spans failed (%s); retrying in %.1f s", len(batch), exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
-                    continue
-                else:
-                    self._spans_written += len(batch)
-                    backoff = 0.5
-                del self._spans[: len(batch)]
-                self._written.set()
-                await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write
+        self._spans.record(record, span_id)
 
     # -- control endpoints (for a gateway in another process) ------------------------------------
 
@@ -770,17 +569,3 @@ class Gateway:
         elif isinstance(args, control.UpstreamsRequest):
             self.set_upstreams([Upstream(**u.model_dump()) for u in args.upstreams])
         responder.send(200, orjson.dumps(self.stats()))
-
-
-def _traceparent(value: str | None) -> tuple[str | None, str | None]:
-    """(trace id, parent span id) from a W3C ``traceparent`` header, if well formed."""
-    if not value:
-        return None, None
-    parts = value.split("-")
-    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
-        try:
-            int(parts[1], 16), int(parts[2], 16)
-        except ValueError:
-            return None, None
-        return parts[1].lower(), parts[2].lower()
-    return None, None

@@ -28,7 +28,7 @@ import orjson
 from .. import semconv
 from .. import types as t
 
-__all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span"]
+__all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span", "parse_traceparent"]
 
 Retokenizer = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[list[int], list[int]] | None]
 """``(request, response) -> (prompt_ids, response_ids)`` for upstreams that return no ids."""
@@ -324,3 +324,17 @@ class StreamAssembler:
         if self.usage is not None:
             out["usage"] = self.usage
         return out
+
+
+def parse_traceparent(value: str | None) -> tuple[str | None, str | None]:
+    """(trace id, parent span id) from a W3C ``traceparent`` header, if well formed."""
+    if not value:
+        return None, None
+    parts = value.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+        try:
+            int(parts[1], 16), int(parts[2], 16)
+        except ValueError:
+            return None, None
+        return parts[1].lower(), parts[2].lower()
+    return None, None

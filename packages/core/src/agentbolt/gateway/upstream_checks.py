@@ -14,8 +14,9 @@ from typing import Any
 import orjson
 
 from .. import semconv
+from .http import UpstreamTimeout
 
-__all__ = ["parse_completion", "stream_problem"]
+__all__ = ["failure", "parse_completion", "stream_problem"]
 
 
 def _choice_problem(choice: Any, operation: str) -> str | None:
@@ -61,3 +62,16 @@ def stream_problem(done: bool, choices: int) -> str | None:
     if not choices:
         return "the upstream's event stream held no completion chunks"
     return None
+
+
+def failure(exc: Exception | None, status: int | None, body: bytes, problem: str | None) -> tuple[str, int, str]:
+    """``(error code, HTTP status for the client, message)`` of a failed upstream call: the
+    exception it raised, else what is wrong with its 200 answer (``problem``), else its status."""
+    if isinstance(exc, UpstreamTimeout):
+        return "upstream_timeout", 504, str(exc)
+    if exc is not None:
+        return "upstream_unreachable", 502, str(exc)
+    if problem is not None:
+        return "upstream_invalid_response", 502, problem
+    detail = body[:500].decode("utf-8", "replace")
+    return f"upstream_status_{status}", 502, f"the upstream answered {status}: {detail}"

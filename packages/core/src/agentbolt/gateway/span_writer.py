@@ -1,0 +1,118 @@
+"""The gateway's span buffer: LLM-call spans are built per call and written to the store in
+batches, in the background, so that no call waits on a store write."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from .. import types as t
+from ..errors import NotFoundError
+from ..store.base import Store
+from .recorder import CallRecord, Retokenizer, build_span
+
+__all__ = ["SpanWriter"]
+
+log = logging.getLogger(__name__)
+
+
+class SpanWriter:
+    """Buffers spans and writes them to ``store`` in batches of ``batch`` from a background task.
+
+    A store that fails is retried with back-off; spans of rollouts purged meanwhile are dropped
+    (counted), and so is the oldest span once ``max_buffered`` wait (logged as an error).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval_s: float,
+        batch: int,
+        max_buffered: int,
+        retokenize: Retokenizer | None,
+    ) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.batch = batch
+        self.max_buffered = max_buffered
+        self.retokenize = retokenize
+        self.buffered: list[t.Span] = []
+        self.added = 0
+        self.written = 0
+        self.dropped = 0
+        self._wakeup = asyncio.Event()
+        self._written = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        """Start the background writer on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="agentbolt-gateway-spans")
+
+    async def stop(self) -> None:
+        """Write what is buffered, then stop the background writer."""
+        self._closing = True
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def record(self, record: CallRecord, span_id: str) -> None:
+        """Build the span of one call and queue it for writing."""
+        try:
+            span = build_span(record, span_id=span_id, retokenize=self.retokenize)
+        except Exception:  # never let span building break the proxy
+            log.exception("could not build the span of a call in rollout %s", record.rollout_id)
+            return
+        if len(self.buffered) >= self.max_buffered:
+            self.buffered.pop(0)
+            self.dropped += 1
+            log.error(
+                "gateway span buffer full (%d): dropping the oldest span; is the store reachable?", self.max_buffered
+            )
+        self.buffered.append(span)
+        self.added += 1
+        self._wakeup.set()
+
+    async def flush(self, timeout: float | None = 60.0) -> None:
+        """Wait until every span recorded so far is in the store."""
+        target = self.added
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.written + self.dropped < target:
+            self._wakeup.set()
+            self._written.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"{target - self.written} gateway spans not yet written to the store")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._written.wait(), None if remaining is None else min(remaining, 1.0))
+
+    async def _loop(self) -> None:
+        backoff = 0.5
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if self.interval_s > 0 and not self._closing:
+                await asyncio.sleep(self.interval_s)
+            while self.buffered:
+                batch = self.buffered[: self.batch]
+                try:
+                    await self.store.add_spans(batch)
+                except NotFoundError as exc:  # rollouts purged meanwhile: those spans have no home
+                    log.warning("dropping %d gateway spans: %s", len(batch), exc)
+                    self.dropped += len(batch)
+                except Exception as exc:
+                    log.warning("writing %d gateway spans failed (%s); retrying in %.1f s", len(batch), exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                else:
+                    self.written += len(batch)
+                    backoff = 0.5
+                del self.buffered[: len(batch)]
+                self._written.set()
+                await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write
