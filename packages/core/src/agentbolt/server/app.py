@@ -55,7 +55,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__, errors, semconv
+from .. import __version__, errors
 from .. import types as t
 from ..errors import (
     AgentboltError,
@@ -69,10 +69,10 @@ from ..errors import (
 )
 from ..store import wire as w
 from ..store.base import Store
-from . import otlp
+from .otlp_route import OTLP_DOCS, export_traces
 from .run_routes import add_run_routes
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status"]
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status", "is_loopback_name"]
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class _Front:
             # Without a token the server must only be reachable from this machine: refusing other
             # Host names also defeats DNS rebinding by web pages the user visits.
             host = _host_name(headers.get(b"host", b""))
-            if not _is_loopback_name(host):
+            if not is_loopback_name(host):
                 return _error(
                     421,
                     "MisdirectedRequest",
@@ -302,7 +302,9 @@ def _host_name(value: bytes) -> str:
     return host.partition(":")[0]
 
 
-def _is_loopback_name(host: str) -> bool:
+def is_loopback_name(host: str) -> bool:
+    """True when ``host`` names this machine literally (``localhost``, ``127.0.0.0/8``, ``::1``),
+    without resolving it (a name that resolves to a loopback address is no proof of intent)."""
     if host == "localhost":
         return True
     try:
@@ -568,12 +570,12 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
         "/v1/traces",
         operation_id="otlp_export_traces",
         tags=["spans"],
-        openapi_extra=_OTLP_DOCS,
+        openapi_extra=OTLP_DOCS,
         responses={200: {"description": "An OTLP `ExportTraceServiceResponse`."}},
     )
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP trace export: spans are stored under their ``agentbolt.rollout_id``."""
-        return await _otlp(request, store, max_request_bytes)
+        return await export_traces(request, store, max_request_bytes)
 
     # -- resources and maintenance ----------------------------------------------------------------
 
@@ -600,97 +602,6 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     async def health() -> Response:
         """Liveness: answers without a token."""
         return _ok(w.HealthResponse.model_construct(status="ok", version=__version__))
-
-
-# -- OTLP -----------------------------------------------------------------------------------------
-
-_OTLP_DOCS: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "description": (
-            "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`. Spans are routed by "
-            "their `agentbolt.rollout_id` / `agentbolt.attempt_id` span or resource attributes, else by the "
-            f"`{w.ROLLOUT_HEADER}` / `{w.ATTEMPT_HEADER}` headers. Spans without a rollout, or of unknown "
-            "rollouts, are rejected through `partial_success`; the others are stored."
-        ),
-        "content": {
-            otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            otlp.JSON: {"schema": {"type": "object", "description": "OTLP/JSON (hex or base64 ids)."}},
-        },
-    }
-}
-
-
-async def _otlp(request: Request, store: Store, max_bytes: int) -> Response:
-    try:
-        fmt = otlp.request_format(request.headers.get("content-type"))
-    except otlp.OtlpRequestError as exc:
-        return _otlp_error(otlp.JSON, exc.status, str(exc))
-    try:
-        body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_bytes)
-        spans, rejected = otlp.decode_spans(body, fmt)
-    except otlp.OtlpRequestError as exc:
-        return _otlp_error(fmt, exc.status, str(exc))
-    except SchemaError as exc:
-        return _otlp_error(fmt, 400, str(exc))
-    spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
-    missing = [s for s in spans if not s.rollout_id]
-    if missing:
-        rejected.extend(
-            [
-                f"no rollout id: set the {semconv.ROLLOUT_ID} resource or span attribute, "
-                f"or the {w.ROLLOUT_HEADER} header"
-            ]
-            * len(missing)
-        )
-    try:
-        rejected.extend(await _store_spans(store, [s for s in spans if s.rollout_id]))
-    except StoreUnavailableError as exc:
-        return _otlp_error(fmt, 503, str(exc))
-    message = _summarize(rejected)
-    if rejected:
-        log.info("OTLP export: %d spans rejected: %s", len(rejected), message)
-    return Response(otlp.encode_response(fmt, len(rejected), message), media_type=fmt)
-
-
-async def _store_spans(store: Store, spans: list[t.Span]) -> list[str]:
-    """Store what can be stored; one rejection reason per span that could not."""
-    if not spans:
-        return []
-    try:
-        await store.add_spans(spans)
-        return []
-    except NotFoundError:
-        pass
-    # Some rollout or attempt is unknown, and a batch is all or nothing: store per attempt.
-    groups: dict[tuple[str | None, str | None], list[t.Span]] = {}
-    for span in spans:
-        groups.setdefault((span.rollout_id, span.attempt_id), []).append(span)
-    rejected: list[str] = []
-    for group in groups.values():
-        try:
-            await store.add_spans(group)
-        except NotFoundError as exc:
-            rejected.extend([str(exc)] * len(group))
-    return rejected
-
-
-def _summarize(reasons: list[str], limit: int = 5) -> str:
-    counts: dict[str, int] = {}
-    for reason in reasons:
-        counts[reason] = counts.get(reason, 0) + 1
-    parts = [f"{n} x {reason}" if n > 1 else reason for reason, n in list(counts.items())[:limit]]
-    if len(counts) > limit:
-        parts.append(f"and {len(counts) - limit} more reasons")
-    return "; ".join(parts)
-
-
-def _otlp_error(fmt: str, status: int, message: str) -> Response:
-    code = {413: otlp.RESOURCE_EXHAUSTED, 503: otlp.UNAVAILABLE}.get(status, otlp.INVALID_ARGUMENT)
-    type_ = {413: "RequestTooLarge", 415: "UnsupportedMediaType", 503: "StoreUnavailableError"}.get(
-        status, "SchemaError"
-    )
-    return Response(otlp.encode_status(fmt, code, message, type_), status_code=status, media_type=fmt)
 
 
 # -- OpenAPI --------------------------------------------------------------------------------------
