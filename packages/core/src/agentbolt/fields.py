@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field, JsonValue, WithJsonSchema
 
+from .errors import UserError
+
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
@@ -18,6 +20,7 @@ __all__ = [
     "Json",
     "JsonDict",
     "NonNegInt64",
+    "finite_number",
     "new_id",
 ]
 
@@ -128,3 +131,20 @@ JsonDict = Annotated[dict[str, JsonValue], AfterValidator(_check_json)]
 def new_id(prefix: str = "") -> str:
     """A random, URL-safe id (16 hex chars of randomness) with an optional prefix like ``ro-``."""
     return f"{prefix}{secrets.token_hex(8)}"
+
+
+def finite_number(value: object, what: str, *, bools: bool = False) -> float:
+    """``value`` as a finite float, else a :class:`~agentbolt.errors.UserError` naming ``what``:
+    not a number (a bool counts as one only with ``bools``), NaN, an infinity, or an integer
+    beyond the float range."""
+    if isinstance(value, bool) and bools:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise UserError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
+        raise UserError(f"{what} must be a finite number, got {value}")
+    return number
