@@ -138,7 +138,7 @@ def test_nothing_is_recorded_outside_a_rollout(adapter: LangChainAdapter, base_u
     errors = handler.errors  # counted for the process
     with pytest.warns(NoRolloutWarning):  # the agent's own emit_reward says so too
         assert sql_graph(base_url).invoke({"question": "q"})["query"]
-    assert not handler._open and not handler._skipped and handler.errors == errors
+    assert handler.recorder.idle() and handler.errors == errors
     sink = ListSink()
     in_rollout(lambda: sql_graph(base_url).invoke({"question": "q"}), sink)
     assert sink.agent_names() == ["write", "check", "sql_agent"]  # ends in order: nodes, then the graph
@@ -270,7 +270,7 @@ def test_llm_errors_mark_the_call_and_its_node(adapter: LangChainAdapter, base_u
     assert call.status.code is StatusCode.ERROR and "Error code: 500" in call.status.message
     assert call.events[0].name == "exception"
     assert [s.status.code for s in sink.kinds("agent")] == [StatusCode.ERROR, StatusCode.ERROR]
-    assert not handler_module.installed_handler()._open  # nothing left open
+    assert handler_module.installed_handler().recorder.idle()  # nothing left open
 
 
 def test_an_interrupt_ends_the_node_without_an_error(adapter: LangChainAdapter) -> None:

@@ -343,7 +343,7 @@ def test_a_failing_hook_never_reaches_the_agent(
         raise RuntimeError("injected")
 
     monkeypatch.setattr("agentbolt_openai_agents._processor._messages", broken)  # reading generation outputs
-    monkeypatch.setattr("agentbolt_openai_agents._processor._ResponseIdHook._completed", broken)  # response ids
+    monkeypatch.setattr("agentbolt_openai_agents._processor.chat_completion_attributes", broken)  # response ids
     errors = adapter.recorder.errors
     result, spans = in_rollout(lambda: run_rag(server.base_url, "fake-model", TASKS[0]["question"]))
     assert result.final_output == "The answer is Paris."

@@ -447,7 +447,7 @@ def test_the_server_never_traces_itself(
     monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
     server = serve()
-    with caplog.at_level(logging.INFO, logger="agentbolt.server.app"):
+    with caplog.at_level(logging.INFO, logger="agentbolt.server"):  # app and otlp_route
         for _ in range(3):
             http.get(server.url + "/v1/rollouts/counts")
         server.stop()  # would flush the spans FastAPI recorded to the collector

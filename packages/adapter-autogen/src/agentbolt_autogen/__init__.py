@@ -13,14 +13,11 @@ Importing this package is cheap: AutoGen is imported when the adapter is instrum
 
 from __future__ import annotations
 
-import importlib.metadata
+from agentbolt.plugins import distribution_version
 
 from .adapter import AutogenAdapter
 from .errors import AutogenCaptureWarning
 
-try:
-    __version__ = importlib.metadata.version("agentbolt-autogen")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("agentbolt-autogen")
 
 __all__ = ["AutogenAdapter", "AutogenCaptureWarning", "__version__"]

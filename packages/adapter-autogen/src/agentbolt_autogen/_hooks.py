@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import itertools
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call, unix_ns
+from agentbolt.adapters import (
+    AdapterHooks,
+    ToolCall,
+    ToolCallRequests,
+    UnitRecord,
+    chat_completion_attributes,
+    in_rollout,
+    never_raises,
+    text_attribute,
+    tool_call,
+    unix_ns,
+    usage_attributes,
+)
 from agentbolt.tracing import current_rollout
 
 from .errors import AutogenCaptureWarning
@@ -51,7 +61,8 @@ class AutogenHooks(AdapterHooks):
         self._chat_types: tuple[type, ...] = ()
         self._skip_types: tuple[type, ...] = ()
         self._task_result: type | None = None
-        self._tool_args: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._tool_calls = ToolCallRequests(_MAX_REMEMBERED)
+        """Requested calls by call id: AutoGen's tool span has the id, not the arguments."""
         self._seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._streams: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
         self._ids = itertools.count()
@@ -87,14 +98,14 @@ class AutogenHooks(AdapterHooks):
             _EventFilter(self, logging.getLogger(CORE_EVENTS), logging.INFO),
             _EventFilter(self, logging.getLogger(AGENTCHAT_EVENTS), logging.DEBUG),
         ]
-        self._patch_teams(BaseGroupChat)
+        self.wrap(BaseGroupChat, "run_stream", after=lambda call, _, stream: self.trace_team(call["self"], stream))
 
     def uninstall(self) -> None:
         for f in self._filters:
             f.remove()
         self._filters = []
         with self.lock:
-            self._tool_args.clear()
+            self._tool_calls.clear()
             self._seen.clear()
             self._streams.clear()
 
@@ -117,26 +128,11 @@ class AutogenHooks(AdapterHooks):
             provider.add_span_processor(processor)
             provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]
 
-    def _patch_teams(self, cls: type) -> None:
-        hooks = self
-
-        def wrap(original: Any) -> Any:
-            @functools.wraps(original)
-            def run_stream(team: Any, *args: Any, **kwargs: Any) -> Any:
-                stream = original(team, *args, **kwargs)
-                return hooks.trace_team(team, stream) if hooks.active else stream
-
-            return run_stream
-
-        self.patch(cls, "run_stream", wrap)
-
     # -- AutoGen's OpenTelemetry spans ------------------------------------------------------------
 
-    @never_raises("span")
+    @never_raises("span", when_active=True)
     def on_span_start(self, span: Any) -> None:
         """Mark AutoGen's agent and tool spans of rollouts as adapter spans."""
-        if not self.active:
-            return
         scope = span.instrumentation_scope
         if scope is None or scope.name != AUTOGEN_TRACER:
             return
@@ -150,11 +146,9 @@ class AutogenHooks(AdapterHooks):
         span.set_attribute(semconv.ADAPTER, self.adapter)
         if kind == semconv.KIND_TOOL:
             call_id = attrs.get(semconv.GEN_AI_TOOL_CALL_ID)
-            if isinstance(call_id, str) and call_id:
-                with self.lock:
-                    arguments = self._tool_args.pop(call_id, None)
-                if arguments is not None:
-                    span.set_attribute(semconv.GEN_AI_TOOL_CALL_ARGUMENTS, arguments)
+            call = self._tool_calls.take(call_id, call_id=call_id) if isinstance(call_id, str) and call_id else None
+            if call is not None and call.arguments is not None:
+                span.set_attribute(semconv.GEN_AI_TOOL_CALL_ARGUMENTS, call.arguments)
 
     # -- AutoGen's structured events (logging) ----------------------------------------------------
 
@@ -169,7 +163,7 @@ class AutogenHooks(AdapterHooks):
         response = response if isinstance(response, Mapping) else {}
         at = unix_ns(record.created)
         attrs = self._llm_attributes(fields)
-        attrs.update(_openai_response_attributes(response))
+        attrs.update(chat_completion_attributes(response, content=True))
         model = attrs.get(semconv.GEN_AI_RESPONSE_MODEL)
         key = ("llm", next(self._ids))
         # AutoGen logs the call once it returned and gives no start time: the span marks that
@@ -183,9 +177,7 @@ class AutogenHooks(AdapterHooks):
             return
         with self.lock:
             abandoned = [key] if key in self._streams else []
-            self._streams[key] = None
-            while len(self._streams) > _MAX_REMEMBERED:
-                abandoned.append(self._streams.popitem(last=False)[0])
+            abandoned += _remember(self._streams, key)
         for old in abandoned:  # a stream that was cancelled (or never finished) before its end event
             self.recorder.end(old, error="the stream ended without an LLMStreamEndEvent")
         fields = getattr(event, "kwargs", None) or {}
@@ -200,10 +192,7 @@ class AutogenHooks(AdapterHooks):
                 return
         fields = getattr(event, "kwargs", None) or {}
         result = fields.get("response")
-        attrs: dict[str, Any] = {
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: fields.get("prompt_tokens"),
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: fields.get("completion_tokens"),
-        }
+        attrs = usage_attributes(fields)
         if isinstance(result, Mapping):
             attrs.update(_create_result_attributes(result))
         self.recorder.end(key, attributes=attrs, end_ns=unix_ns(record.created))
@@ -228,13 +217,10 @@ class AutogenHooks(AdapterHooks):
     def _on_tool_request(self, event: Any, record: logging.LogRecord) -> None:
         if not in_rollout():
             return
-        with self.lock:
-            for call in getattr(event, "content", None) or ():
-                call_id, arguments = getattr(call, "id", None), getattr(call, "arguments", None)
-                if isinstance(call_id, str) and call_id and isinstance(arguments, str):
-                    self._tool_args[call_id] = arguments[:_MAX_TEXT]
-            while len(self._tool_args) > _MAX_REMEMBERED:
-                self._tool_args.popitem(last=False)
+        for call in getattr(event, "content", None) or ():
+            call_id, arguments = getattr(call, "id", None), getattr(call, "arguments", None)
+            if isinstance(call_id, str) and call_id and isinstance(arguments, str):
+                self._tool_calls.add(call_id, [ToolCall(call_id, None, text_attribute(arguments, _MAX_TEXT))])
         self.record_message(event)
 
     def _on_logged_message(self, event: Any, record: logging.LogRecord) -> None:
@@ -253,9 +239,7 @@ class AutogenHooks(AdapterHooks):
             with self.lock:
                 if seen in self._seen:
                     return
-                self._seen[seen] = None
-                while len(self._seen) > _MAX_REMEMBERED:
-                    self._seen.popitem(last=False)
+                _remember(self._seen, seen)
         kind = type(message).__name__
         source = getattr(message, "source", None)
         attrs: dict[str, Any] = {
@@ -296,7 +280,7 @@ class AutogenHooks(AdapterHooks):
                 },
             )
             self.recorder.start(key, record)
-            parent = self._otel_context_of(key)
+            parent = self.recorder.otel_context_of(key)
             if parent is None:
                 self.recorder.end(key)
                 return stream
@@ -304,20 +288,6 @@ class AutogenHooks(AdapterHooks):
         except Exception as exc:
             self.guard("team", exc)
             return stream
-
-    def _otel_context_of(self, key: Hashable) -> Any:
-        """An OpenTelemetry context whose current span is the unit's span (for AutoGen's spans to
-        nest under it)."""
-        from opentelemetry import trace
-
-        ids = self.recorder.context_of(key)
-        if ids is None:
-            return None
-        trace_id, span_id = ids
-        span_context = trace.SpanContext(
-            int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)
-        )
-        return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
     async def _team_stream(self, key: Hashable, stream: Any, parent: Any) -> AsyncIterator[Any]:
         from opentelemetry import context as otel_context
@@ -446,31 +416,6 @@ def _stream_key() -> Hashable:
     return ("stream", threading.get_ident(), task, trace.get_current_span().get_span_context().span_id)
 
 
-def _openai_response_attributes(response: Mapping[str, Any]) -> dict[str, Any]:
-    """GenAI attributes of a raw response (an OpenAI ``ChatCompletion`` dump, or another
-    provider's response with ``id``/``model``)."""
-    attrs: dict[str, Any] = {}
-    response_id = response.get("id")
-    if isinstance(response_id, str) and response_id:
-        attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
-    model = response.get("model")
-    if isinstance(model, str) and model:
-        attrs[semconv.GEN_AI_RESPONSE_MODEL] = model
-    choices = response.get("choices")
-    if isinstance(choices, list):
-        reasons = [str(c["finish_reason"]) for c in choices if isinstance(c, Mapping) and c.get("finish_reason")]
-        if reasons:
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
-        messages = [_drop_none(c["message"]) for c in choices if isinstance(c, Mapping) and c.get("message")]
-        if messages:
-            attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = messages
-    usage = response.get("usage")
-    if isinstance(usage, Mapping):
-        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.get("prompt_tokens")
-        attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.get("completion_tokens")
-    return attrs
-
-
 def _create_result_attributes(result: Mapping[str, Any]) -> dict[str, Any]:
     """GenAI attributes of an AutoGen ``CreateResult`` dump (what streams report)."""
     attrs: dict[str, Any] = {}
@@ -488,19 +433,19 @@ def _create_result_attributes(result: Mapping[str, Any]) -> dict[str, Any]:
     return attrs
 
 
-def _drop_none(message: Any) -> Any:
-    if not isinstance(message, Mapping):
-        return message
-    return {k: v for k, v in message.items() if v is not None and v != []}
-
-
 def _text_of(message: Any) -> str | None:
     try:
         text = message.to_text()
     except Exception:
-        content = getattr(message, "content", None)
-        text = content if isinstance(content, str) else json.dumps(content, default=str)
-    return text[:_MAX_TEXT] if isinstance(text, str) else None
+        text = getattr(message, "content", None)
+    return text_attribute(text, _MAX_TEXT)
+
+
+def _remember(memory: collections.OrderedDict[Any, Any], key: Any, value: Any = None) -> list[Any]:
+    """Add ``key`` to one of the hooks' bounded memories; the oldest keys it forgot to stay
+    within ``_MAX_REMEMBERED``."""
+    memory[key] = value
+    return [memory.popitem(last=False)[0] for _ in range(len(memory) - _MAX_REMEMBERED)]
 
 
 def _as_list(value: Any) -> list[Any]:

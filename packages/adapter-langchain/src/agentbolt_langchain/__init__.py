@@ -10,13 +10,10 @@ Runners instrument it automatically when the package is installed; to use it by 
 
 from __future__ import annotations
 
-import importlib.metadata
+from agentbolt.plugins import distribution_version
 
 from .adapter import LangChainAdapter
 
-try:
-    __version__ = importlib.metadata.version("agentbolt-langchain")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("agentbolt-langchain")
 
 __all__ = ["LangChainAdapter", "__version__"]

@@ -28,7 +28,16 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers import context as lc_context
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call
+from agentbolt.adapters import (
+    AdapterHooks,
+    UnitRecord,
+    in_rollout,
+    never_raises,
+    request_attributes,
+    text_attribute,
+    tool_call,
+    usage_attributes,
+)
 
 __all__ = ["HOOK_VAR_NAME", "AgentboltCallbackHandler", "installed_handler"]
 
@@ -59,21 +68,12 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
 
     def __init__(self) -> None:
         super().__init__("langchain")
-        self._open: set[UUID] = set()  # runs recorded as units
-        self._skipped: dict[UUID, UUID] = {}  # chain runs not recorded -> nearest recorded ancestor
-
-    @property
-    def errors(self) -> int:
-        """Translation errors swallowed (each type is logged once)."""
-        return self.recorder.errors
 
     def install(self) -> None:
         """Nothing to do: the handler is registered with LangChain once, when created."""
 
     def uninstall(self) -> None:
-        with self.lock:
-            self._open.clear()
-            self._skipped.clear()
+        """Nothing to do: the handler stays registered and is inert while no adapter is instrumented."""
 
     def _options(self) -> _Options | None:
         return cast("_Options | None", self.owner)
@@ -83,7 +83,7 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
     def _ignored(self) -> bool:
         if self.owner is None:
             return True
-        return not self._open and not self._skipped and not in_rollout()
+        return self.recorder.idle() and not in_rollout()
 
     @property
     def ignore_chain(self) -> bool:
@@ -113,38 +113,13 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
     def ignore_custom_event(self) -> bool:
         return True
 
-    # -- bookkeeping --------------------------------------------------------------------------------
-
-    def _parent(self, parent_run_id: UUID | None) -> tuple[UUID | None, bool]:
-        """(nearest recorded ancestor, whether the parent run is one we track)."""
-        if parent_run_id is None:
-            return None, False
-        with self.lock:
-            if parent_run_id in self._open:
-                return parent_run_id, True
-            ancestor = self._skipped.get(parent_run_id)
-        return ancestor, ancestor is not None
-
-    def _start(self, run_id: UUID, record: UnitRecord, parent: UUID | None) -> None:
-        with self.lock:
-            self._open.add(run_id)
-        self.recorder.start(run_id, record, parent_key=parent)
-
-    def _close(self, run_id: UUID) -> bool:
-        """Forget a run; whether it is a unit to end."""
-        with self.lock:
-            if self._skipped.pop(run_id, None) is not None or run_id not in self._open:
-                return False
-            self._open.discard(run_id)
-            return self.owner is not None
-
-    def _skip(self, run_id: UUID, ancestor: UUID | None) -> None:
-        """Leave ``run_id`` out (not a span, or its start failed): its children attach to ``ancestor``."""
-        if ancestor is None:
-            return
-        with self.lock:
-            if run_id not in self._open:
-                self._skipped[run_id] = ancestor
+    def _ending(self, run_id: UUID) -> _Options | None:
+        """The options, when ``run_id`` is a recorded unit about to end (else it is forgotten)."""
+        options = self._options()
+        if options is None or self.recorder.span_id_of(run_id) is None:
+            self.recorder.end(run_id)
+            return None
+        return options
 
     # -- chains: the outermost run and LangGraph nodes are agents -------------------------------------
 
@@ -162,18 +137,18 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
         options = self._options()
         if options is None:
             return
-        parent, known = None, False
+        parent = None  # the nearest recorded ancestor
         try:
-            parent, known = self._parent(parent_run_id)
-            if not known and not in_rollout():
+            parent = self.recorder.resolve(parent_run_id)
+            if parent is None and not in_rollout():
                 return
             name = kwargs.get("name") or _serialized_name(serialized) or "chain"
             meta = metadata or {}
             attrs: dict[str, Any] = {RUN_ID: str(run_id)}
-            if known:  # inside a recorded run: only LangGraph node runs become spans
+            if parent is not None:  # inside a recorded run: only LangGraph node runs become spans
                 node = meta.get("langgraph_node")
                 if node != name or not isinstance(node, str) or node.startswith("__"):
-                    self._skip(run_id, parent)
+                    self.recorder.skip(run_id, parent)
                     return
                 agent = _node_path(meta, node) if options.agent_names == "path" else node
                 attrs[LANGGRAPH_NODE] = node
@@ -181,20 +156,18 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
             else:  # the outermost run of this rollout's LangChain work
                 agent = str(name)
             attrs[semconv.GEN_AI_AGENT_NAME] = agent
-            self._start(run_id, UnitRecord(semconv.KIND_AGENT, f"{semconv.OP_INVOKE_AGENT} {agent}", attrs), parent)
+            record = UnitRecord(semconv.KIND_AGENT, f"{semconv.OP_INVOKE_AGENT} {agent}", attrs)
+            self.recorder.start(run_id, record, parent_key=parent)
         except Exception as exc:
             self.guard("on_chain_start", exc)
-            self._skip(run_id, parent)
+            self.recorder.skip(run_id, parent)
 
     @never_raises("on_chain_end")
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        if self._close(run_id):
-            self.recorder.end(run_id)
+        self.recorder.end(run_id)
 
     @never_raises("on_chain_error")
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        if not self._close(run_id):
-            return
         if _is_control_flow(error):  # interrupts, Command(graph=PARENT): not failures
             self.recorder.end(run_id, attributes={LANGGRAPH_CONTROL_FLOW: type(error).__name__})
         else:
@@ -242,8 +215,8 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
         options = self._options()
         if options is None:
             return
-        parent, known = self._parent(parent_run_id)
-        if not known and not in_rollout():
+        parent = self.recorder.resolve(parent_run_id)
+        if parent is None and not in_rollout():
             return
         meta = metadata or {}
         params = kwargs.get("invocation_params") or {}
@@ -253,24 +226,20 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
             semconv.GEN_AI_OPERATION_NAME: operation,
             semconv.GEN_AI_REQUEST_MODEL: model if isinstance(model, str) else None,
             semconv.GEN_AI_SYSTEM: meta.get("ls_provider"),
-            semconv.GEN_AI_REQUEST_TEMPERATURE: _number(params.get("temperature", meta.get("ls_temperature"))),
-            semconv.GEN_AI_REQUEST_TOP_P: _number(params.get("top_p")),
-            semconv.GEN_AI_REQUEST_MAX_TOKENS: _number(
-                params.get("max_tokens") or params.get("max_completion_tokens") or meta.get("ls_max_tokens")
-            ),
         }
+        defaults = {"temperature": meta.get("ls_temperature"), "max_tokens": meta.get("ls_max_tokens")}
+        attrs.update(request_attributes({**defaults, **params}))
         if options.capture_content and inputs:
             first = inputs[0]
-            attrs[semconv.GEN_AI_INPUT_MESSAGES] = _json(
-                [{"role": "user", "content": first}] if isinstance(first, str) else [_message(m) for m in first]
-            )
+            messages = [{"role": "user", "content": first}] if isinstance(first, str) else [_message(m) for m in first]
+            attrs[semconv.GEN_AI_INPUT_MESSAGES] = text_attribute(messages, _MAX_CONTENT)
         name = f"{operation} {model}" if isinstance(model, str) and model else operation
-        self._start(run_id, UnitRecord(semconv.KIND_LLM, name, attrs), parent)
+        self.recorder.start(run_id, UnitRecord(semconv.KIND_LLM, name, attrs), parent_key=parent)
 
     @never_raises("on_llm_end")
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        options = self._options()
-        if options is None or not self._close(run_id):
+        options = self._ending(run_id)
+        if options is None:
             return
         try:
             attrs = _result_attributes(response, options.capture_content)
@@ -281,8 +250,7 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
 
     @never_raises("on_llm_error")
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        if self._close(run_id):
-            self.recorder.end(run_id, error=error)
+        self.recorder.end(run_id, error=error)
 
     # -- tools ----------------------------------------------------------------------------------------
 
@@ -303,8 +271,8 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
             return
         parent = None
         try:
-            parent, known = self._parent(parent_run_id)
-            if not known and not in_rollout():
+            parent = self.recorder.resolve(parent_run_id)
+            if parent is None and not in_rollout():
                 return
             name = kwargs.get("name") or _serialized_name(serialized) or "tool"
             attrs: dict[str, Any] = {
@@ -314,16 +282,18 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
             }
             if options.capture_content:
                 attrs[semconv.GEN_AI_TOOL_DESCRIPTION] = (serialized or {}).get("description")
-                attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(inputs) if inputs is not None else input_str
-            self._start(run_id, UnitRecord(semconv.KIND_TOOL, f"{semconv.OP_EXECUTE_TOOL} {name}", attrs), parent)
+                arguments = inputs if inputs is not None else input_str
+                attrs[semconv.GEN_AI_TOOL_CALL_ARGUMENTS] = text_attribute(arguments, _MAX_CONTENT)
+            record = UnitRecord(semconv.KIND_TOOL, f"{semconv.OP_EXECUTE_TOOL} {name}", attrs)
+            self.recorder.start(run_id, record, parent_key=parent)
         except Exception as exc:
             self.guard("on_tool_start", exc)
-            self._skip(run_id, parent)  # runs the tool starts still attach to the nearest recorded run
+            self.recorder.skip(run_id, parent)  # runs the tool starts still attach to the nearest recorded run
 
     @never_raises("on_tool_end")
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        options = self._options()
-        if options is None or not self._close(run_id):
+        options = self._ending(run_id)
+        if options is None:
             return
         attrs: dict[str, Any] = {}
         error: str | None = None
@@ -333,19 +303,18 @@ class AgentboltCallbackHandler(AdapterHooks, BaseCallbackHandler):
                 attrs[semconv.GEN_AI_TOOL_CALL_ID] = call_id
             content = getattr(output, "content", output)
             if getattr(output, "status", None) == "error":  # the tool handled its own error
-                error = f"tool returned an error: {_text(content)[:2000]}"
+                error = f"tool returned an error: {text_attribute(content, 2000)}"
             if options.capture_content:
-                attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = _text(content)[:_MAX_CONTENT]
+                attrs[semconv.GEN_AI_TOOL_CALL_RESULT] = text_attribute(content, _MAX_CONTENT)
         except Exception as exc:  # a field we could not read does not lose the span
             self.guard("reading the tool output", exc)
         self.recorder.end(run_id, attributes=attrs, error=error)
 
     @never_raises("on_tool_error")
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        if self._close(run_id):
-            call_id = kwargs.get("tool_call_id")
-            attrs = {semconv.GEN_AI_TOOL_CALL_ID: call_id} if isinstance(call_id, str) else None
-            self.recorder.end(run_id, attributes=attrs, error=error)
+        call_id = kwargs.get("tool_call_id")
+        attrs = {semconv.GEN_AI_TOOL_CALL_ID: call_id} if isinstance(call_id, str) else None
+        self.recorder.end(run_id, attributes=attrs, error=error)
 
 
 # -- translation helpers ------------------------------------------------------------------------------
@@ -379,19 +348,6 @@ def _is_control_flow(error: BaseException) -> bool:
     return any(
         cls.__name__ == "GraphBubbleUp" and cls.__module__.startswith("langgraph") for cls in type(error).__mro__
     )
-
-
-def _number(value: Any) -> float | int | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _json(value: Any) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= _MAX_CONTENT else text[:_MAX_CONTENT]
-
-
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else json.dumps(content, default=str, ensure_ascii=False)
 
 
 def _message(message: Any) -> dict[str, Any]:
@@ -432,23 +388,13 @@ def _result_attributes(response: Any, capture_content: bool) -> dict[str, Any]:
         semconv.GEN_AI_RESPONSE_MODEL: model if isinstance(model, str) else None,
         semconv.GEN_AI_RESPONSE_FINISH_REASONS: reasons or None,
     }
-    usage = getattr(message, "usage_metadata", None)
-    if usage:
-        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = usage.get("input_tokens")
-        attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.get("output_tokens")
-    else:
-        token_usage = llm_output.get("token_usage") or {}
-        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = _number(token_usage.get("prompt_tokens"))
-        attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = _number(token_usage.get("completion_tokens"))
+    attrs.update(usage_attributes(getattr(message, "usage_metadata", None) or llm_output.get("token_usage")))
     if capture_content and generations:
-        attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = _json(
-            [
-                _message(g.message)
-                if getattr(g, "message", None) is not None
-                else {"role": "assistant", "content": g.text}
-                for g in generations
-            ]
-        )
+        messages = [
+            _message(g.message) if getattr(g, "message", None) is not None else {"role": "assistant", "content": g.text}
+            for g in generations
+        ]
+        attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = text_attribute(messages, _MAX_CONTENT)
     return attrs
 
 

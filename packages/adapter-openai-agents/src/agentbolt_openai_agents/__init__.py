@@ -7,14 +7,11 @@ handoffs). ``agents`` is imported only when the adapter is instrumented.
 
 from __future__ import annotations
 
-import importlib.metadata
+from agentbolt.plugins import distribution_version
 
 from .adapter import OpenAIAgentsAdapter
 from .errors import CaptureOffError, CaptureWarning
 
-try:
-    __version__ = importlib.metadata.version("agentbolt-openai-agents")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("agentbolt-openai-agents")
 
 __all__ = ["CaptureOffError", "CaptureWarning", "OpenAIAgentsAdapter", "__version__"]

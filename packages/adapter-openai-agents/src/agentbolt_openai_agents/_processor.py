@@ -34,12 +34,9 @@ span, and to check the run's tracing settings where they are known.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from agents.models.interface import ModelTracing
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
@@ -56,7 +53,20 @@ from agents.tracing import (
 from agents.tracing.spans import NoOpSpan
 
 from agentbolt import semconv
-from agentbolt.adapters import AdapterHooks, UnitRecord, in_rollout, never_raises, tool_call, unix_ns
+from agentbolt.adapters import (
+    AdapterHooks,
+    ToolCallRequests,
+    UnitRecord,
+    chat_completion_attributes,
+    in_rollout,
+    never_raises,
+    request_attributes,
+    text_attribute,
+    tool_call,
+    tool_calls_of,
+    unix_ns,
+    usage_attributes,
+)
 
 from ._capture import RUN_WARNINGS, SENSITIVE_DATA, check_capture_settings
 from .errors import CaptureWarning
@@ -75,10 +85,6 @@ MCP_DATA = "openai_agents.mcp_data"
 MAX_TEXT = 16_384
 """Tool arguments and results are cut to this many characters."""
 
-# -----------------------------------------------------------------------------------------------
-# The trace processor
-# -----------------------------------------------------------------------------------------------
-
 
 class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
     """Translates SDK traces and spans of rollouts into :class:`UnitRecord` s (see the module docstring).
@@ -88,13 +94,8 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
 
     def __init__(self, adapter: str) -> None:
         super().__init__(adapter)
-        self._lock = threading.Lock()
-        self._alias: dict[str, Key] = {}
-        """Unrecorded SDK span id -> key of its nearest recorded ancestor (or its trace)."""
-        self._tool_calls: dict[str, list[tuple[str, str, str]]] = {}
-        """SDK parent span id -> tool calls (id, name, arguments) its LLM outputs requested, not yet run."""
-        self._handoffs: dict[str, UnitRecord] = {}
-        """Open handoff units: the SDK names the target agent after the span started."""
+        self.tool_calls = ToolCallRequests()
+        """By SDK parent span id: function spans lack the call id the LLM output gave (matched by name)."""
         self.provider: Any = None
         """The SDK trace provider this processor was added to."""
 
@@ -109,15 +110,20 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
         if not _is_added(provider, self):
             add_trace_processor(self)
             self.provider = provider
-        _patch_chat_completions(self)
+        hooked = self.wrap(
+            OpenAIChatCompletionsModel,
+            "_fetch_response",
+            before=self._fetch_started,
+            after=self._fetch_returned,
+            needs=("span", "tracing", "stream"),
+        )
+        if not hooked:
+            self.capture_warning("no_response_id_hook")
 
     def uninstall(self) -> None:
         """Stop recording: the processor stays added (the SDK cannot remove one processor without
         replacing all of them) but is inert; the base class removes the response-id hook."""
-        with self._lock:
-            self._alias.clear()
-            self._tool_calls.clear()
-            self._handoffs.clear()
+        self.tool_calls.clear()
 
     def capture_warning(self, reason: str) -> None:
         """Warn that a run records less than training needs (logged once per reason, as an error)."""
@@ -125,10 +131,8 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
 
     # -- SDK callbacks ----------------------------------------------------------------------------
 
-    @never_raises("on_trace_start")
+    @never_raises("on_trace_start", when_active=True)
     def on_trace_start(self, trace: Any) -> None:
-        if not self.active:
-            return
         name = getattr(trace, "name", None) or "Agent workflow"
         attrs: dict[str, Any] = {semconv.OPERATION_NAME: "workflow", TRACE_ID: trace.trace_id}
         group = getattr(trace, "group_id", None)
@@ -136,57 +140,41 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
             attrs[semconv.GEN_AI_CONVERSATION_ID] = group
         self.recorder.start(("t", trace.trace_id), UnitRecord(semconv.KIND_OPERATION, str(name), attrs))
 
-    @never_raises("on_trace_end")
+    @never_raises("on_trace_end", when_active=True)
     def on_trace_end(self, trace: Any) -> None:
-        if not self.active:
-            return
         self.recorder.end(("t", trace.trace_id))
 
-    @never_raises("on_span_start")
+    @never_raises("on_span_start", when_active=True)
     def on_span_start(self, span: Any) -> None:
-        if not self.active:
-            return
         data = span.span_data
-        parent = self._parent_key(span)
+        parent: Key = ("s", span.parent_id) if span.parent_id else ("t", span.trace_id)
         mapping = _mapping_of(data)
-        if mapping is None:
-            with self._lock:
-                self._alias[span.span_id] = parent
+        if mapping is None:  # its children attach to its nearest recorded ancestor
+            self.recorder.skip(("s", span.span_id), parent)
             return
         record = mapping.start(data)
         record.attributes[SPAN_ID] = span.span_id
         record.start_ns = unix_ns(span.started_at)
-        if isinstance(data, HandoffSpanData):
-            with self._lock:
-                self._handoffs[span.span_id] = record
         self.recorder.start(("s", span.span_id), record, parent_key=parent)
 
-    @never_raises("on_span_end")
+    @never_raises("on_span_end", when_active=True)
     def on_span_end(self, span: Any) -> None:
-        if not self.active:
-            return
-        span_id = span.span_id
+        key: Key = ("s", span.span_id)
         data = span.span_data
+        self.tool_calls.drop(span.span_id)  # calls requested under it and never run
         mapping = _mapping_of(data)
-        if mapping is None:
-            with self._lock:
-                self._alias.pop(span_id, None)
-                self._tool_calls.pop(span_id, None)
-            return
-        key: Key = ("s", span_id)
-        with self._lock:
-            self._tool_calls.pop(span_id, None)  # calls requested under it and never run
-            record = self._handoffs.pop(span_id, None)
-        if record is not None:  # the recorder holds this record: name it now both agents are known
-            record.name = _handoff_name(data)
-        if self.recorder.span_id_of(key) is None:  # not part of a rollout
+        if mapping is None or self.recorder.span_id_of(key) is None:  # skipped, or not part of a rollout
+            self.recorder.end(key)
             return
         attributes: dict[str, Any] | None = None
         try:
             attributes = mapping.end(self, span, data)
         except Exception as exc:  # one bad field does not lose the span
             self.guard(f"reading {data.type} span data", exc)
-        self.recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=unix_ns(span.ended_at))
+        # the SDK names a handoff's target agent after the span started
+        name = _handoff_name(data) if isinstance(data, HandoffSpanData) else None
+        end_ns = unix_ns(span.ended_at)
+        self.recorder.end(key, attributes=attributes, error=_error_text(span.error), end_ns=end_ns, name=name)
 
     def shutdown(self) -> None:
         """Nothing to flush: spans go to the rollout's sink as they end."""
@@ -194,56 +182,53 @@ class AgentboltTraceProcessor(AdapterHooks, TracingProcessor):
     def force_flush(self) -> None:
         """Nothing to flush: spans go to the rollout's sink as they end."""
 
-    # -- helpers ------------------------------------------------------------------------------------
+    # -- response ids: the wrapped OpenAIChatCompletionsModel._fetch_response ----------------------------
 
-    def _parent_key(self, span: Any) -> Key:
-        parent_id = span.parent_id
-        if not parent_id:
-            return ("t", span.trace_id)
-        with self._lock:
-            return self._alias.get(parent_id) or ("s", parent_id)
-
-    def note_tool_calls(self, parent_id: str | None, messages: Sequence[Mapping[str, Any]]) -> None:
-        """Remember the tool calls an LLM output requested (matched to function spans of the same parent)."""
-        if not parent_id:
-            return
-        calls = [
-            (str(c.get("id")), str(fn.get("name")), str(fn.get("arguments")))
-            for m in messages
-            for c in (m.get("tool_calls") or ())
-            if isinstance(c, Mapping) and isinstance(fn := c.get("function"), Mapping) and c.get("id")
-        ]
-        if calls:
-            with self._lock:
-                self._tool_calls.setdefault(parent_id, []).extend(calls)
-
-    def take_tool_call(self, parent_id: str | None, name: str, arguments: str | None) -> str | None:
-        """The id of the pending tool call a function span ran (same name, preferably same arguments)."""
-        if not parent_id:
+    def _fetch_started(self, call: Mapping[str, Any]) -> Key | None:
+        """The key of the open LLM unit the call completes (``None``: nothing to do), after
+        checking the run's tracing settings."""
+        if not in_rollout():
             return None
-        with self._lock:
-            calls = self._tool_calls.get(parent_id)
-            if not calls:
-                return None
-            for same_args in (True, False):
-                for i, (call_id, call_name, call_args) in enumerate(calls):
-                    if call_name == name and (not same_args or call_args == arguments):
-                        del calls[i]
-                        return call_id
-        return None
+        tracing = call.get("tracing")
+        if isinstance(tracing, ModelTracing) and tracing.is_disabled():
+            self.capture_warning("run_tracing_disabled")
+            return None
+        span = call.get("span")
+        if span is None or isinstance(span, NoOpSpan) or span.span_id == "no-op":
+            self.capture_warning("tracing_disabled")
+            return None
+        key: Key = ("s", span.span_id)
+        if self.recorder.span_id_of(key) is None:
+            self.capture_warning("processor_missing")
+            return None
+        if isinstance(tracing, ModelTracing) and not tracing.include_data():
+            self.capture_warning("run_no_sensitive_data")
+            self.recorder.update(key, {SENSITIVE_DATA: False})
+        return key
+
+    def _fetch_returned(self, call: Mapping[str, Any], key: Key, result: Any) -> Any:
+        """The call's result, a ``ChatCompletion`` whose id goes on the unit now, or a stream
+        whose first chunk's id will."""
+        if not call.get("stream"):
+            self._completed(key, result)
+        elif isinstance(result, tuple) and len(result) == 2:
+            response, chunks = result
+            return response, _IdStream(chunks, lambda chunk: self._completed(key, chunk))
+        return result
+
+    @never_raises("reading the response id")
+    def _completed(self, key: Key, completion: Any) -> None:
+        self.recorder.update(key, chat_completion_attributes(completion))
 
 
 # -- per span type ----------------------------------------------------------------------------------
 
 
-class _Mapping:
+class _Mapping(NamedTuple):
     """How one SDK span type becomes a unit: ``start(data)`` and ``end(processor, span, data)``."""
 
-    def __init__(
-        self, start: Callable[[Any], UnitRecord], end: Callable[[AgentboltTraceProcessor, Any, Any], dict[str, Any]]
-    ) -> None:
-        self.start = start
-        self.end = end
+    start: Callable[[Any], UnitRecord]
+    end: Callable[[AgentboltTraceProcessor, Any, Any], dict[str, Any]]
 
 
 def _agent_start(data: AgentSpanData) -> UnitRecord:
@@ -259,21 +244,17 @@ def _agent_end(proc: AgentboltTraceProcessor, span: Any, data: AgentSpanData) ->
 
 
 def _generation_start(data: GenerationSpanData) -> UnitRecord:
-    attrs: dict[str, Any] = {semconv.GEN_AI_SYSTEM: "openai", semconv.GEN_AI_REQUEST_MODEL: data.model}
-    config = data.model_config
-    if isinstance(config, Mapping):
-        attrs[semconv.GEN_AI_REQUEST_TEMPERATURE] = config.get("temperature")
-        attrs[semconv.GEN_AI_REQUEST_TOP_P] = config.get("top_p")
-        attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] = config.get("max_tokens")
+    attrs = {semconv.GEN_AI_SYSTEM: "openai", semconv.GEN_AI_REQUEST_MODEL: data.model}
+    attrs.update(request_attributes(data.model_config))
     return UnitRecord(semconv.KIND_LLM, f"chat {data.model}" if data.model else "chat", attrs)
 
 
 def _generation_end(proc: AgentboltTraceProcessor, span: Any, data: GenerationSpanData) -> dict[str, Any]:
-    attrs = _usage(data.usage)
+    attrs = usage_attributes(data.usage)
     if data.output is not None:
         messages = _messages(data.output)
         attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = messages
-        proc.note_tool_calls(span.parent_id, messages)
+        proc.tool_calls.add(span.parent_id, tool_calls_of(messages))
     return attrs
 
 
@@ -282,7 +263,7 @@ def _response_start(data: ResponseSpanData) -> UnitRecord:
 
 
 def _response_end(proc: AgentboltTraceProcessor, span: Any, data: ResponseSpanData) -> dict[str, Any]:
-    attrs = _usage(data.usage)
+    attrs = usage_attributes(data.usage)
     response = data.response
     if response is not None:
         attrs[semconv.GEN_AI_RESPONSE_ID] = response.id
@@ -290,7 +271,7 @@ def _response_end(proc: AgentboltTraceProcessor, span: Any, data: ResponseSpanDa
         attrs[semconv.GEN_AI_RESPONSE_MODEL] = str(response.model)
         messages = _response_messages(response.output)
         attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = messages
-        proc.note_tool_calls(span.parent_id, messages)
+        proc.tool_calls.add(span.parent_id, tool_calls_of(messages))
     else:  # sensitive data excluded: the SDK still keeps the id
         attrs[semconv.GEN_AI_RESPONSE_ID] = data.export().get("response_id")
     return attrs
@@ -305,10 +286,11 @@ def _function_start(data: FunctionSpanData) -> UnitRecord:
 
 
 def _function_end(proc: AgentboltTraceProcessor, span: Any, data: FunctionSpanData) -> dict[str, Any]:
+    call = proc.tool_calls.take(span.parent_id, name=data.name, arguments=data.input)
     return {
-        semconv.GEN_AI_TOOL_CALL_ID: proc.take_tool_call(span.parent_id, data.name, data.input),
-        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: _cut(data.input),
-        semconv.GEN_AI_TOOL_CALL_RESULT: _cut(data.output),
+        semconv.GEN_AI_TOOL_CALL_ID: call.id if call is not None else None,
+        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(data.input, MAX_TEXT),
+        semconv.GEN_AI_TOOL_CALL_RESULT: text_attribute(data.output, MAX_TEXT),
         MCP_DATA: data.mcp_data or None,
     }
 
@@ -346,22 +328,6 @@ def _mapping_of(data: Any) -> _Mapping | None:
 
 
 # -- field conversions --------------------------------------------------------------------------------
-
-
-def _usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
-    if not isinstance(usage, Mapping):
-        return {}
-    return {
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.get("input_tokens"),
-        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.get("output_tokens"),
-    }
-
-
-def _cut(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else str(value)
-    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "…"
 
 
 def _error_text(error: Any) -> str | None:
@@ -415,11 +381,6 @@ def _response_messages(items: Sequence[Any]) -> list[dict[str, Any]]:
     return [message]
 
 
-# -----------------------------------------------------------------------------------------------
-# The response-id hook on OpenAIChatCompletionsModel
-# -----------------------------------------------------------------------------------------------
-
-
 class _IdStream:
     """The Chat Completions chunk stream, passed through; the first chunk id is reported."""
 
@@ -444,94 +405,6 @@ class _IdStream:
 
     def __getattr__(self, name: str) -> Any:  # response, close(), ... of the real stream
         return getattr(self._stream, name)
-
-
-class _ResponseIdHook:
-    """What the ``_fetch_response`` wrapper does around the real call (every step guarded)."""
-
-    def __init__(self, hooks: AgentboltTraceProcessor, positions: Mapping[str, int]) -> None:
-        self.hooks = hooks
-        self.recorder = hooks.recorder
-        self.positions = positions
-
-    def _arg(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], name: str, default: Any = None) -> Any:
-        if name in kwargs:
-            return kwargs[name]
-        i = self.positions[name]
-        return args[i] if i < len(args) else default
-
-    def before(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Key | None, bool]:
-        """The key of the open LLM unit to complete (``None``: nothing to do) and whether it streams."""
-        try:
-            if not in_rollout():
-                return None, False
-            tracing = self._arg(args, kwargs, "tracing")
-            if isinstance(tracing, ModelTracing) and tracing.is_disabled():
-                self.hooks.capture_warning("run_tracing_disabled")
-                return None, False
-            span = self._arg(args, kwargs, "span")
-            if span is None or isinstance(span, NoOpSpan) or span.span_id == "no-op":
-                self.hooks.capture_warning("tracing_disabled")
-                return None, False
-            key: Key = ("s", span.span_id)
-            if self.recorder.span_id_of(key) is None:
-                self.hooks.capture_warning("processor_missing")
-                return None, False
-            if isinstance(tracing, ModelTracing) and not tracing.include_data():
-                self.hooks.capture_warning("run_no_sensitive_data")
-                self.recorder.update(key, {SENSITIVE_DATA: False})
-            return key, bool(self._arg(args, kwargs, "stream", False))
-        except Exception as exc:
-            self.hooks.guard("reading the LLM call", exc)
-            return None, False
-
-    def after(self, key: Key | None, stream: bool, result: Any) -> Any:
-        if key is None:
-            return result
-        try:
-            if stream:
-                if isinstance(result, tuple) and len(result) == 2:
-                    response, chunks = result
-                    return response, _IdStream(chunks, functools.partial(self._completed, key))
-                return result
-            self._completed(key, result)
-        except Exception as exc:
-            self.hooks.guard("reading the response id", exc)
-        return result
-
-    def _completed(self, key: Key, completion: Any) -> None:
-        attrs: dict[str, Any] = {
-            semconv.GEN_AI_RESPONSE_ID: getattr(completion, "id", None),
-            semconv.GEN_AI_RESPONSE_MODEL: getattr(completion, "model", None),
-        }
-        choices = getattr(completion, "choices", None)
-        if choices and getattr(completion, "object", None) == "chat.completion":
-            attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [str(c.finish_reason) for c in choices]
-        self.recorder.update(key, attrs)
-
-
-def _patch_chat_completions(hooks: AgentboltTraceProcessor) -> None:
-    original = OpenAIChatCompletionsModel.__dict__.get("_fetch_response")
-    try:
-        names = list(inspect.signature(original).parameters)[1:]  # without self
-        positions = {name: names.index(name) for name in ("span", "tracing", "stream")}
-    except (TypeError, ValueError):
-        hooks.capture_warning("no_response_id_hook")
-        return
-    hook = _ResponseIdHook(hooks, positions)
-
-    def wrap(original: Any) -> Any:
-        @functools.wraps(original)
-        async def _fetch_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not hooks.active:
-                return await original(self, *args, **kwargs)
-            key, stream = hook.before(args, kwargs)
-            result = await original(self, *args, **kwargs)
-            return hook.after(key, stream, result)
-
-        return _fetch_response
-
-    hooks.patch(OpenAIChatCompletionsModel, "_fetch_response", wrap)
 
 
 def _is_added(provider: Any, processor: AgentboltTraceProcessor) -> bool:

@@ -1,10 +1,9 @@
 """The OpenAI Agents SDK adapter: a trace processor added next to the user's, translating SDK spans.
 
 This module does not import ``agents``; :mod:`._processor` does, when the first instance is
-instrumented. One process has one processor (the adapter's
-:class:`~agentbolt.adapters.AdapterHooks`) and one recorder, whatever the number of adapter
-instances: every runner builds its own instance, and two instances must not record a unit twice.
-The processor records while at least one instance is instrumented.
+instrumented. The processor is the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per
+process, recording while at least one instance is instrumented, so that the instances every
+runner builds never record a unit twice.
 """
 
 from __future__ import annotations

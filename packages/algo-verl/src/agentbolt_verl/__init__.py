@@ -16,13 +16,10 @@ Layers:
 
 from __future__ import annotations
 
-import importlib.metadata
+from agentbolt.plugins import distribution_version
 
 from ._verl import REQUIRED_VERL_VERSION, VerlVersionError, check_verl_version
 
-try:
-    __version__ = importlib.metadata.version("agentbolt-verl")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = distribution_version("agentbolt-verl")
 
 __all__ = ["REQUIRED_VERL_VERSION", "VerlVersionError", "__version__", "check_verl_version"]

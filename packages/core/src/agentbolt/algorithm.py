@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Protocol
 from . import semconv
 from . import types as t
 from .errors import UserError
+from .runs import finite_metrics
 from .store.base import Store
 
 __all__ = [
@@ -255,11 +256,7 @@ class AlgorithmContext:
                 f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         if not self.record_metrics:
             return
-        values = {
-            k: float(v)
-            for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        }
+        values = finite_metrics(metrics)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

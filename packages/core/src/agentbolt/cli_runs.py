@@ -13,7 +13,6 @@ unreachable server or database, an older table layout) is a clear error with exi
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -366,15 +365,6 @@ def export(
 # -- dashboard -------------------------------------------------------------------------------------
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def dashboard(
     store: StoreOption,
     host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback requires --token.")] = (
@@ -396,8 +386,9 @@ def dashboard(
     import uvicorn
 
     from .dashboard import create_app
+    from .server.run import is_loopback
 
-    if not _is_loopback(host) and not token:
+    if not is_loopback(host) and not token:
         typer.echo(f"error: listening on {host} exposes the store's data; pass --token (or bind 127.0.0.1)", err=True)
         raise typer.Exit(code=2)
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ import orjson
 from . import semconv
 from . import types as t
 from .errors import UserError
+from .fields import finite_number
 from .tracing import current_rollout
 
 __all__ = [
@@ -96,17 +96,7 @@ def _emit(
 
 
 def _reward_value(value: Any, what: str) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, int | float):
-        raise UserError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise UserError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
-    if not math.isfinite(number):
-        raise UserError(f"{what} must be finite, got {value}")
-    return number
+    return finite_number(value, what, bools=True)  # True/False rewards are 1.0/0.0
 
 
 def emit_reward(

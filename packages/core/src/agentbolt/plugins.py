@@ -38,6 +38,7 @@ __all__ = [
     "Plugins",
     "Registry",
     "default_plugins",
+    "distribution_version",
 ]
 
 log = logging.getLogger(__name__)
@@ -359,6 +360,15 @@ def _dist_label(info: PluginInfo) -> str | None:
     if info.distribution is None:
         return None
     return f"{info.distribution} {info.version}" if info.version else info.distribution
+
+
+def distribution_version(distribution: str) -> str:
+    """The installed version of ``distribution`` (what a package's ``__version__`` says), or
+    ``0.0.0+unknown`` when it runs from a source tree that is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
 
 
 def _dist_of_module(module: str) -> tuple[str | None, str | None]:

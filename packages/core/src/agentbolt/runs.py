@@ -33,6 +33,7 @@ __all__ = [
     "RunnerSeen",
     "StoreHealth",
     "check_metric_values",
+    "finite_metrics",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -113,6 +114,16 @@ class RunMetrics(BaseModel):
     """When it was recorded (Unix seconds)."""
     values: dict[str, float]
     """Metric name -> finite value."""
+
+
+def finite_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The finite numbers among ``metrics``, as floats (strings, bools, NaN and infinities left
+    out): what an algorithm records of its step metrics."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def check_metric_values(values: Mapping[str, float]) -> dict[str, float]:

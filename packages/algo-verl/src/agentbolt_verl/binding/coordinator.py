@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from agentbolt.runs import finite_metrics
 from agentbolt.store import Store
 from agentbolt.types import LLMEndpoint, Resources
 
@@ -149,11 +149,7 @@ class WeightSyncCoordinator:
         """Record verl's step metrics (the finite numbers among them) under the run."""
         if self.store is None or self.run_id is None:
             return
-        values = {
-            k: float(v)
-            for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        }
+        values = finite_metrics(metrics)
         try:
             await self.store.add_run_metrics(self.run_id, step, values)
         except Exception as exc:  # never stop verl's training for the dashboard

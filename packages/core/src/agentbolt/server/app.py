@@ -33,43 +33,36 @@ traceback goes to the server log, never into a response).
 Blocking calls are bounded on the server: one request waits at most ``max_wait_s`` and the
 client loops until its own timeout. A waiting request whose client disconnects is cancelled,
 so it never claims work nobody will receive.
+
+This module holds the routes; what runs before routing (token, ``Host`` check, size limit, the
+span-ingest fast path) is :mod:`.front`, the error responses :mod:`.http_errors`, the OTLP
+route :mod:`.otlp_route`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
-import orjson
 from fastapi import FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__, errors, semconv
+from .. import __version__
 from .. import types as t
 from ..errors import (
-    AgentboltError,
-    ConflictError,
-    InvalidTransitionError,
-    NotFoundError,
-    SchemaError,
-    StaleAttemptError,
-    StoreUnavailableError,
     UserError,
 )
 from ..store import wire as w
 from ..store.base import Store
-from . import otlp
+from .front import OPEN_PATHS, Front, ingest_spans, ok
+from .http_errors import ERROR_DOCS, JSON, error_response, error_status
+from .otlp_route import OTLP_DOCS, export_traces
 from .run_routes import add_run_routes
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_WAIT_S", "create_app", "error_status"]
@@ -82,94 +75,6 @@ DEFAULT_MAX_WAIT_S = 30.0
 """Longest a single request waits in ``dequeue`` or ``wait_for_rollouts``."""
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 """Largest request body accepted (after decompression for OTLP)."""
-
-OPEN_PATHS = frozenset({"/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-"""Paths served without a token (liveness and documentation)."""
-
-_JSON = "application/json"
-
-# Status of each agentbolt error; the first class in the exception's MRO that is listed wins.
-_ERROR_STATUS: dict[type[BaseException], int] = {
-    NotFoundError: 404,
-    StaleAttemptError: 409,
-    InvalidTransitionError: 409,
-    ConflictError: 409,
-    StoreUnavailableError: 503,
-    SchemaError: 422,
-    UserError: 400,
-    AgentboltError: 500,
-}
-
-_ERROR_DOCS: dict[int | str, dict[str, Any]] = {
-    code: {"model": w.ErrorResponse, "description": text}
-    for code, text in {
-        400: "The store refused the call as misuse (`UserError`).",
-        401: "Missing or wrong bearer token.",
-        404: "An id does not exist (`NotFoundError`).",
-        409: "`ConflictError`, `StaleAttemptError` or `InvalidTransitionError`.",
-        413: "The request body is larger than the server accepts.",
-        415: "The request body is not `application/json`.",
-        422: "Malformed request (`ValidationError`) or data (`SchemaError`).",
-        503: "The store is unavailable (`StoreUnavailableError`); safe to retry.",
-    }.items()
-}
-
-
-def error_status(exc: BaseException) -> tuple[int, str]:
-    """HTTP status and wire ``type`` of an exception raised by a store.
-
-    The type is the exception's class when agentbolt defines it, else the nearest agentbolt
-    base class (a plugin's ``RedisDownError(StoreUnavailableError)`` travels as
-    ``StoreUnavailableError``), so clients can always rebuild it.
-    """
-    for cls in type(exc).__mro__:
-        if cls in _ERROR_STATUS:
-            known = next(c for c in type(exc).__mro__ if getattr(errors, c.__name__, None) is c)
-            return _ERROR_STATUS[cls], known.__name__
-    return 500, "InternalServerError"
-
-
-def _error(status: int, type_: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
-    body = {"error": {"type": type_, "message": message, **{k: v for k, v in extra.items() if v is not None}}}
-    return Response(orjson.dumps(body, default=str), status_code=status, media_type=_JSON, headers=headers)
-
-
-def _validation_message(problems: Any) -> str:
-    parts = []
-    for problem in list(problems)[:10]:
-        loc = ".".join(str(x) for x in problem.get("loc", ()) if x != "body") or "body"
-        msg = problem.get("msg", "invalid")
-        ctx = problem.get("ctx") or {}
-        if problem.get("type") == "json_invalid":
-            msg = f"invalid JSON: {ctx.get('error', msg)}"
-        parts.append(f"{loc}: {msg}")
-    more = len(list(problems)) - len(parts)
-    return "invalid request: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
-def error_response(exc: BaseException, request: Request | None = None) -> Response:
-    """The JSON error response for an exception raised while serving a request."""
-    if isinstance(exc, AgentboltError):
-        status, type_ = error_status(exc)
-        if status == 500:
-            log.error("store error serving %s: %s", _where(request), exc)
-        if isinstance(exc, NotFoundError):
-            return _error(status, type_, str(exc), what=getattr(exc, "what", None), ids=getattr(exc, "ids", None))
-        return _error(status, type_, str(exc))
-    if isinstance(exc, RequestValidationError):
-        return _error(422, "ValidationError", _validation_message(exc.errors()))
-    if isinstance(exc, ValidationError):
-        return _error(422, "ValidationError", _validation_message(exc.errors(include_url=False, include_input=False)))
-    if isinstance(exc, _BodyTooLarge):
-        return _error(413, "RequestTooLarge", str(exc.detail))
-    if isinstance(exc, StarletteHTTPException):
-        return _error(exc.status_code, "HTTPError", str(exc.detail), headers=exc.headers)
-    log.error("unexpected error serving %s", _where(request), exc_info=exc)
-    return _error(500, "InternalServerError", "internal server error; the traceback is in the store server's log")
-
-
-def _where(request: Request | None) -> str:
-    return "a request" if request is None else f"{request.method} {request.url.path}"
 
 
 class _GuardedRoute(APIRoute):
@@ -185,130 +90,6 @@ class _GuardedRoute(APIRoute):
                 return error_response(exc, request)
 
         return guarded
-
-
-class _BodyTooLarge(StarletteHTTPException):
-    """A body without ``Content-Length`` ran past the limit (an HTTP error, so FastAPI's body
-    reading lets it through)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body exceeds {limit} bytes")
-
-
-class _Front:
-    """ASGI middleware before any routing: bearer token check, request size limit, and the
-    span-ingest fast path."""
-
-    def __init__(self, app: ASGIApp, *, token: str | None, max_request_bytes: int, store: Store | None = None) -> None:
-        self.app = app
-        self._expected = None if token is None else token.encode()
-        self._max = max_request_bytes
-        self._store = store
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        refusal = self._refusal(scope, headers)
-        if refusal is not None:
-            await refusal(scope, receive, send)
-            return
-        length = headers.get(b"content-length")
-        if length is None:
-            receive = self._limited(receive)
-        if self._store is not None and scope["path"] == "/v1/spans" and scope["method"] == "POST":
-            await self._ingest(self._store, scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    @staticmethod
-    async def _ingest(store: Store, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /v1/spans`` straight from ASGI: span ingest is the hottest path, and FastAPI's
-        routing and exception layers cost ~0.2 ms a request. Same handler as the documented route."""
-        try:
-            chunks = []
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    break
-            response = await _ingest_spans(store, b"".join(chunks))
-        except Exception as exc:
-            response = error_response(exc)
-        await response(scope, receive, send)
-
-    def _refusal(self, scope: Scope, headers: dict[bytes, bytes]) -> Response | None:
-        """The error response for a request refused before routing, else ``None``."""
-        if self._expected is None:
-            # Without a token the server must only be reachable from this machine: refusing other
-            # Host names also defeats DNS rebinding by web pages the user visits.
-            host = _host_name(headers.get(b"host", b""))
-            if not _is_loopback_name(host):
-                return _error(
-                    421,
-                    "MisdirectedRequest",
-                    f"Host {host!r} refused: a server without a token only answers requests addressed to "
-                    "localhost or 127.0.0.1; start it with --token to serve other names",
-                )
-        elif scope["path"] not in OPEN_PATHS and not self._authorized(headers):
-            return _error(
-                401,
-                "Unauthorized",
-                "missing or wrong bearer token: send 'Authorization: Bearer <token>' (the token the server "
-                f"was started with; clients read it from ${w.TOKEN_ENV})",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._max:
-            return _error(413, "RequestTooLarge", f"request body exceeds {self._max} bytes")
-        has_body = (length is not None and length != b"0") or b"transfer-encoding" in headers
-        if scope["method"] == "POST" and has_body and scope["path"] != "/v1/traces":
-            media = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-            if media != b"application/json" and not media.endswith(b"+json"):
-                # Also what keeps web pages from posting here: browsers send JSON only after a
-                # CORS preflight, which this server never approves.
-                return _error(
-                    415, "UnsupportedMediaType", "send the body as JSON with 'Content-Type: application/json'"
-                )
-        return None
-
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        scheme, _, value = headers.get(b"authorization", b"").partition(b" ")
-        assert self._expected is not None
-        return scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), self._expected)
-
-    def _limited(self, receive: Receive) -> Receive:
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self._max:
-                raise _BodyTooLarge(self._max)
-            return message
-
-        return limited
-
-
-def _host_name(value: bytes) -> str:
-    """The host of a ``Host`` header: ``[::1]:4747`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
-    host = value.decode("latin-1").strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0]
-
-
-def _is_loopback_name(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Waits:
@@ -355,16 +136,6 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _ok(model: BaseModel) -> Response:
-    return Response(model.model_dump_json(), media_type=_JSON)
-
-
-async def _ingest_spans(store: Store, body: bytes) -> Response:
-    # Validated straight from bytes (no dict round trip); the store validates nothing twice.
-    spans = w.AddSpansRequest.model_validate_json(body).spans
-    return _ok(w.AddSpansResponse.model_construct(added=await store.add_spans(spans)))
 
 
 def create_app(
@@ -420,28 +191,28 @@ def create_app(
         return error_response(exc, request)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_middleware(_Front, token=token, max_request_bytes=max_request_bytes, store=store)
+    app.add_middleware(Front, token=token, max_request_bytes=max_request_bytes, store=store)
     _add_store_routes(app, store, waits, max_request_bytes)
-    add_run_routes(app, store, {"responses": _ERROR_DOCS})  # runs, metrics, search, health
+    add_run_routes(app, store, {"responses": ERROR_DOCS})  # runs, metrics, search, health
     _add_openapi(app, secured=token is not None)
     return app
 
 
 def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_bytes: int) -> None:
     post, get = app.post, app.get
-    docs = {"responses": _ERROR_DOCS}
+    docs = {"responses": ERROR_DOCS}
 
     # -- rollouts ---------------------------------------------------------------------------------
 
     @post("/v1/rollouts", response_model=w.RolloutsResponse, operation_id="enqueue", tags=["rollouts"], **docs)
     async def enqueue(body: w.EnqueueRequest) -> Response:
         """Queue rollouts in order; idempotent on caller-supplied ``rollout_id``."""
-        return _ok(w.RolloutsResponse.model_construct(rollouts=await store.enqueue(body.specs)))
+        return ok(w.RolloutsResponse.model_construct(rollouts=await store.enqueue(body.specs)))
 
     @post("/v1/rollouts/get", response_model=w.RolloutsResponse, operation_id="get_rollouts", tags=["rollouts"], **docs)
     async def get_rollouts(body: w.GetRolloutsRequest) -> Response:
         """Many rollouts by id, in the order given."""
-        return _ok(w.RolloutsResponse.model_construct(rollouts=await store.get_rollouts(body.rollout_ids)))
+        return ok(w.RolloutsResponse.model_construct(rollouts=await store.get_rollouts(body.rollout_ids)))
 
     @get("/v1/rollouts", response_model=t.Page[t.Rollout], operation_id="query_rollouts", tags=["rollouts"], **docs)
     async def query_rollouts(
@@ -453,14 +224,14 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     ) -> Response:
         """Rollouts matching every filter, in enqueue order, one page at a time."""
         page = await store.query_rollouts(status=status, mode=mode, group_id=group_id, limit=limit, cursor=cursor)
-        return _ok(page)
+        return ok(page)
 
     @get(
         "/v1/rollouts/counts", response_model=w.CountsResponse, operation_id="count_rollouts", tags=["rollouts"], **docs
     )
     async def count_rollouts(group_id: Annotated[str | None, Query(description="Only this group.")] = None) -> Response:
         """How many rollouts are in each status."""
-        return _ok(w.CountsResponse.model_construct(counts=await store.count_rollouts(group_id=group_id)))
+        return ok(w.CountsResponse.model_construct(counts=await store.count_rollouts(group_id=group_id)))
 
     @post(
         "/v1/rollouts/wait", response_model=w.WaitResponse, operation_id="wait_for_rollouts", tags=["rollouts"], **docs
@@ -474,20 +245,18 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
         if states is None:
             states = await store.get_rollouts(body.rollout_ids)
         done = all(r.status.is_final for r in states)
-        return _ok(w.WaitResponse.model_construct(rollouts=states, done=done))
+        return ok(w.WaitResponse.model_construct(rollouts=states, done=done))
 
     @post("/v1/rollouts/cancel", response_model=w.RolloutsResponse, operation_id="cancel", tags=["rollouts"], **docs)
     async def cancel(body: w.CancelRequest) -> Response:
         """Cancel unfinished rollouts; their running attempts fail with kind ``cancelled``."""
-        return _ok(
-            w.RolloutsResponse.model_construct(rollouts=await store.cancel(body.rollout_ids, reason=body.reason))
-        )
+        return ok(w.RolloutsResponse.model_construct(rollouts=await store.cancel(body.rollout_ids, reason=body.reason)))
 
     @post("/v1/rollouts/purge", response_model=w.PurgeResponse, operation_id="purge", tags=["rollouts"], **docs)
     async def purge(body: w.PurgeRequest) -> Response:
         """Delete finished rollouts with their attempts and spans."""
         purged = await store.purge(rollout_ids=body.rollout_ids, older_than_s=body.older_than_s)
-        return _ok(w.PurgeResponse.model_construct(purged=purged))
+        return ok(w.PurgeResponse.model_construct(purged=purged))
 
     @post("/v1/rollouts/dequeue", response_model=w.ClaimsResponse, operation_id="dequeue", tags=["attempts"], **docs)
     async def dequeue(body: w.DequeueRequest, request: Request) -> Response:
@@ -507,7 +276,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
                     [c.rollout.rollout_id for c in claims],
                     body.lease_s,
                 )
-        return _ok(w.ClaimsResponse.model_construct(claims=claims))
+        return ok(w.ClaimsResponse.model_construct(claims=claims))
 
     @get(
         "/v1/rollouts/{rollout_id:path}/attempts",
@@ -518,7 +287,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     )
     async def get_attempts(rollout_id: str) -> Response:
         """The attempts of a rollout, oldest first."""
-        return _ok(w.AttemptsResponse.model_construct(attempts=await store.get_attempts(rollout_id)))
+        return ok(w.AttemptsResponse.model_construct(attempts=await store.get_attempts(rollout_id)))
 
     # -- attempts ---------------------------------------------------------------------------------
 
@@ -528,7 +297,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     async def heartbeat(body: w.HeartbeatRequest) -> Response:
         """Renew leases; returns every attempt's state (stop the agent of one that is not running)."""
         attempts = await store.heartbeat(body.attempt_ids, lease_s=body.lease_s)
-        return _ok(w.AttemptsResponse.model_construct(attempts=attempts))
+        return ok(w.AttemptsResponse.model_construct(attempts=attempts))
 
     @post(
         "/v1/attempts/finish",
@@ -540,7 +309,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     async def finish_attempt(body: w.FinishRequest) -> Response:
         """Report the end of an attempt (``succeeded`` or ``failed``); returns the rollout."""
         rollout = await store.finish_attempt(body.attempt_id, body.status, reward=body.reward, error=body.error)
-        return _ok(w.RolloutResponse.model_construct(rollout=rollout))
+        return ok(w.RolloutResponse.model_construct(rollout=rollout))
 
     # -- spans ------------------------------------------------------------------------------------
 
@@ -554,7 +323,7 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     )
     async def add_spans(request: Request) -> Response:
         """Store spans of many rollouts in one transaction (idempotent on rollout and span id)."""
-        return await _ingest_spans(store, await request.body())
+        return await ingest_spans(store, await request.body())
 
     @post("/v1/spans/query", response_model=w.SpansResponse, operation_id="query_spans", tags=["spans"], **docs)
     async def query_spans(body: w.QuerySpansRequest) -> Response:
@@ -562,25 +331,25 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
         spans = await store.query_spans(
             body.rollout_ids, latest_attempt_only=body.latest_attempt_only, after_seq=body.after_seq
         )
-        return _ok(w.SpansResponse.model_construct(spans=spans))
+        return ok(w.SpansResponse.model_construct(spans=spans))
 
     @post(
         "/v1/traces",
         operation_id="otlp_export_traces",
         tags=["spans"],
-        openapi_extra=_OTLP_DOCS,
+        openapi_extra=OTLP_DOCS,
         responses={200: {"description": "An OTLP `ExportTraceServiceResponse`."}},
     )
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP trace export: spans are stored under their ``agentbolt.rollout_id``."""
-        return await _otlp(request, store, max_request_bytes)
+        return await export_traces(request, store, max_request_bytes)
 
     # -- resources and maintenance ----------------------------------------------------------------
 
     @post("/v1/resources", response_model=w.ResourcesResponse, operation_id="add_resources", tags=["resources"], **docs)
     async def add_resources(body: t.Resources) -> Response:
         """Store a resources snapshot under the next version."""
-        return _ok(w.ResourcesResponse.model_construct(resources=await store.add_resources(body)))
+        return ok(w.ResourcesResponse.model_construct(resources=await store.add_resources(body)))
 
     @get("/v1/resources", response_model=w.ResourcesResponse, operation_id="get_resources", tags=["resources"], **docs)
     async def get_resources(
@@ -589,108 +358,17 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
         ] = None,
     ) -> Response:
         """A resources version, or the latest (``null`` when none exists yet)."""
-        return _ok(w.ResourcesResponse.model_construct(resources=await store.get_resources(version)))
+        return ok(w.ResourcesResponse.model_construct(resources=await store.get_resources(version)))
 
     @post("/v1/sweep", response_model=w.SweepResponse, operation_id="sweep", tags=["maintenance"], **docs)
     async def sweep() -> Response:
         """Apply due deadlines and expired leases now (the server also sweeps in the background)."""
-        return _ok(w.SweepResponse.model_construct(ended=await store.sweep()))
+        return ok(w.SweepResponse.model_construct(ended=await store.sweep()))
 
     @get("/v1/health", response_model=w.HealthResponse, operation_id="health", tags=["maintenance"])
     async def health() -> Response:
         """Liveness: answers without a token."""
-        return _ok(w.HealthResponse.model_construct(status="ok", version=__version__))
-
-
-# -- OTLP -----------------------------------------------------------------------------------------
-
-_OTLP_DOCS: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "description": (
-            "An OTLP `ExportTraceServiceRequest`, optionally `Content-Encoding: gzip`. Spans are routed by "
-            "their `agentbolt.rollout_id` / `agentbolt.attempt_id` span or resource attributes, else by the "
-            f"`{w.ROLLOUT_HEADER}` / `{w.ATTEMPT_HEADER}` headers. Spans without a rollout, or of unknown "
-            "rollouts, are rejected through `partial_success`; the others are stored."
-        ),
-        "content": {
-            otlp.PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-            otlp.JSON: {"schema": {"type": "object", "description": "OTLP/JSON (hex or base64 ids)."}},
-        },
-    }
-}
-
-
-async def _otlp(request: Request, store: Store, max_bytes: int) -> Response:
-    try:
-        fmt = otlp.request_format(request.headers.get("content-type"))
-    except otlp.OtlpRequestError as exc:
-        return _otlp_error(otlp.JSON, exc.status, str(exc))
-    try:
-        body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_bytes)
-        spans, rejected = otlp.decode_spans(body, fmt)
-    except otlp.OtlpRequestError as exc:
-        return _otlp_error(fmt, exc.status, str(exc))
-    except SchemaError as exc:
-        return _otlp_error(fmt, 400, str(exc))
-    spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
-    missing = [s for s in spans if not s.rollout_id]
-    if missing:
-        rejected.extend(
-            [
-                f"no rollout id: set the {semconv.ROLLOUT_ID} resource or span attribute, "
-                f"or the {w.ROLLOUT_HEADER} header"
-            ]
-            * len(missing)
-        )
-    try:
-        rejected.extend(await _store_spans(store, [s for s in spans if s.rollout_id]))
-    except StoreUnavailableError as exc:
-        return _otlp_error(fmt, 503, str(exc))
-    message = _summarize(rejected)
-    if rejected:
-        log.info("OTLP export: %d spans rejected: %s", len(rejected), message)
-    return Response(otlp.encode_response(fmt, len(rejected), message), media_type=fmt)
-
-
-async def _store_spans(store: Store, spans: list[t.Span]) -> list[str]:
-    """Store what can be stored; one rejection reason per span that could not."""
-    if not spans:
-        return []
-    try:
-        await store.add_spans(spans)
-        return []
-    except NotFoundError:
-        pass
-    # Some rollout or attempt is unknown, and a batch is all or nothing: store per attempt.
-    groups: dict[tuple[str | None, str | None], list[t.Span]] = {}
-    for span in spans:
-        groups.setdefault((span.rollout_id, span.attempt_id), []).append(span)
-    rejected: list[str] = []
-    for group in groups.values():
-        try:
-            await store.add_spans(group)
-        except NotFoundError as exc:
-            rejected.extend([str(exc)] * len(group))
-    return rejected
-
-
-def _summarize(reasons: list[str], limit: int = 5) -> str:
-    counts: dict[str, int] = {}
-    for reason in reasons:
-        counts[reason] = counts.get(reason, 0) + 1
-    parts = [f"{n} x {reason}" if n > 1 else reason for reason, n in list(counts.items())[:limit]]
-    if len(counts) > limit:
-        parts.append(f"and {len(counts) - limit} more reasons")
-    return "; ".join(parts)
-
-
-def _otlp_error(fmt: str, status: int, message: str) -> Response:
-    code = {413: otlp.RESOURCE_EXHAUSTED, 503: otlp.UNAVAILABLE}.get(status, otlp.INVALID_ARGUMENT)
-    type_ = {413: "RequestTooLarge", 415: "UnsupportedMediaType", 503: "StoreUnavailableError"}.get(
-        status, "SchemaError"
-    )
-    return Response(otlp.encode_status(fmt, code, message, type_), status_code=status, media_type=fmt)
+        return ok(w.HealthResponse.model_construct(status="ok", version=__version__))
 
 
 # -- OpenAPI --------------------------------------------------------------------------------------
@@ -698,7 +376,7 @@ def _otlp_error(fmt: str, status: int, message: str) -> Response:
 
 def _json_body(schema_name: str) -> dict[str, Any]:
     ref = {"$ref": f"#/components/schemas/{schema_name}"}
-    return {"requestBody": {"required": True, "content": {_JSON: {"schema": ref}}}}
+    return {"requestBody": {"required": True, "content": {JSON: {"schema": ref}}}}
 
 
 def _add_openapi(app: FastAPI, *, secured: bool) -> None:

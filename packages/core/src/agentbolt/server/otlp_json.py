@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from .. import semconv
 from .. import types as t
 from ..errors import SchemaError
-from ..types import AttributeValue, Span, SpanEvent, SpanKind, SpanLink, SpanStatus, StatusCode, _route
+from ..spans import rollout_route
+from ..types import AttributeValue, Span, SpanEvent, SpanKind, SpanLink, SpanStatus, StatusCode
 
 __all__ = ["span_to_otlp_json", "spans_from_otlp_json", "spans_to_otlp_json"]
 
@@ -142,7 +143,7 @@ def spans_from_otlp_json(
                 scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name") or None
                 for sp in ss.get("spans") or ():
                     attributes = _from_otlp_attributes(sp.get("attributes"))
-                    rid, aid = _route(rollout_id, attempt_id, attributes, resource)
+                    rid, aid = rollout_route(rollout_id, attempt_id, attributes, resource)
                     status = sp.get("status") or {}
                     parent = sp.get("parentSpanId") or None
                     end = sp.get("endTimeUnixNano")

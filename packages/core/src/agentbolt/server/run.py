@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..store import open_store
 from ..store.base import Store
 from .app import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, create_app
+from .front import is_loopback_name
 from .uvicorn_thread import UvicornThread
 
 __all__ = ["DEFAULT_PORT", "ServerThread", "check_bind", "is_loopback", "serve"]
@@ -29,12 +30,8 @@ DEFAULT_PORT = 4747
 def is_loopback(host: str) -> bool:
     """True when ``host`` only reaches this machine (``127.0.0.0/8``, ``::1``, ``localhost``)."""
     host = host.strip("[]")
-    if host.lower() == "localhost":
+    if is_loopback_name(host.lower()):
         return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
     try:  # a host name: loopback only if every address it resolves to is
         infos = socket.getaddrinfo(host, None)
     except OSError:

@@ -20,10 +20,9 @@ Rules:
 
 from __future__ import annotations
 
-import math
-
 from .. import types as t
 from ..errors import InvalidTransitionError, StaleAttemptError, UserError
+from ..fields import finite_number
 
 __all__ = [
     "MAX_LEASE_S",
@@ -72,18 +71,6 @@ MAX_LEASE_S = 7 * 24 * 3600.0
 """Longest lease (a week): a longer one would keep a dead worker's rollout for ever."""
 
 
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UserError(f"{what} must be a number, got {type(value).__name__}: {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise UserError(f"{what} must be a finite number, got an integer of {len(str(value))} digits") from None
-    if not math.isfinite(number):
-        raise UserError(f"{what} must be a finite number, got {value}")
-    return number
-
-
 def check_limit(limit: int) -> None:
     """``limit`` of a claim or a page: an integer from 1 to :data:`MAX_LIMIT`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -92,7 +79,7 @@ def check_limit(limit: int) -> None:
 
 def check_lease(lease_s: float) -> None:
     """A lease length: positive, finite, at most :data:`MAX_LEASE_S`."""
-    value = _number(lease_s, "lease_s")
+    value = finite_number(lease_s, "lease_s")
     if not 0 < value <= MAX_LEASE_S:
         raise UserError(f"lease_s must be positive and at most {MAX_LEASE_S:g} s (a week), got {lease_s}")
 
@@ -100,14 +87,14 @@ def check_lease(lease_s: float) -> None:
 def check_reward(reward: float | None) -> None:
     """A reported reward: ``None`` or a finite number."""
     if reward is not None:
-        _number(reward, "reward")
+        finite_number(reward, "reward")
 
 
 def check_purge_args(rollout_ids: object, older_than_s: float | None) -> None:
     """``purge`` arguments: something to purge, and a non-negative finite age."""
     if rollout_ids is None and older_than_s is None:
         raise UserError("purge needs rollout_ids or older_than_s")
-    if older_than_s is not None and _number(older_than_s, "older_than_s") < 0:
+    if older_than_s is not None and finite_number(older_than_s, "older_than_s") < 0:
         raise UserError(f"older_than_s must be 0 or more (an age in seconds), got {older_than_s}")
 
 

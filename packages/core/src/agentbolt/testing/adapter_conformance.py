@@ -220,7 +220,7 @@ class AdapterConformance:
             raise RuntimeError("recorder failure injected by the conformance suite")
 
         before = adapter.recorder.errors  # a recorder may be shared process-wide
-        monkeypatch.setattr("agentbolt.adapters._clean", broken)
+        monkeypatch.setattr("agentbolt.adapters.recorder._clean", broken)
         run = self.run_dev(tasks=list(self.tasks())[:2])
         assert all(r.status is t.RolloutStatus.SUCCEEDED for r in run.rollouts)
         assert adapter.recorder.errors > before

@@ -23,19 +23,9 @@ Failures (5xx, hangs, dropped connections, mid-stream drops) are injected with
 from __future__ import annotations
 
 from .app import FakeLLMApp
-from .backend import (
-    DEFAULT_MODEL,
-    DEFAULT_REPLY,
-    Failure,
-    FakeLLM,
-    FakeLLMConfig,
-    FakeRequest,
-    RecordedRequest,
-    RequestLog,
-    Rule,
-    ToolCall,
-    ToolCalls,
-)
+from .backend import FakeLLM
+from .config import DEFAULT_MODEL, DEFAULT_REPLY, Failure, FakeLLMConfig, Rule, ToolCall, ToolCalls
+from .request_log import FakeRequest, RecordedRequest, RequestLog
 from .server import FakeLLMProcess, FakeLLMServer, RemoteRequestLog
 from .tokenizer import FakeTokenizer, expected_logprobs
 

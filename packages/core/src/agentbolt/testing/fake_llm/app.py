@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from .backend import Choice, FakeLLM, HTTPError, Params, RecordedRequest, unique_id
+from .backend import Choice, FakeLLM, HTTPError, Params, unique_id
+from .request_log import RecordedRequest
 from .tokenizer import CHAR_BASE, FakeTokenizer, prompt_key, token_logprob, top_logprobs
 
 __all__ = ["CONFIG_ENV", "FakeLLMApp", "app_from_env"]

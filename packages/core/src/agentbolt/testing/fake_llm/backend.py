@@ -1,4 +1,6 @@
-"""What the fake server answers: rules, injected failures, the request log and generation.
+"""What the fake server answers: rules applied, failures injected, requests logged, replies
+generated. The configuration models are in :mod:`.config` and the request log in
+:mod:`.request_log`.
 
 Nothing here does I/O; :mod:`.app` turns a :class:`FakeLLM` into an ASGI application.
 Configuration objects are frozen pydantic models (validated once, at construction); the
@@ -14,272 +16,31 @@ import os
 import random
 import re
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias, overload
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticSerializationError
 
 from agentbolt.errors import UserError
 
+from .config import (
+    DEFAULT_MODEL,
+    DEFAULT_REPLY,
+    Failure,
+    FakeLLMConfig,
+    Match,
+    Reply,
+    Rule,
+    ToolCall,
+    ToolCalls,
+)
+from .request_log import FakeRequest, RequestLog
 from .tokenizer import IM_END, FakeTokenizer, _encode, content_text
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "DEFAULT_REPLY",
-    "Failure",
-    "FakeLLM",
-    "FakeLLMConfig",
-    "FakeRequest",
-    "RecordedRequest",
-    "RequestLog",
-    "Rule",
-    "ToolCall",
-    "ToolCalls",
-]
+__all__ = ["Choice", "FakeLLM", "HTTPError", "Params", "error_type_for", "unique_id"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "fake-model"
-DEFAULT_REPLY = "This is a reply from the fake LLM."
-
-_CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Requests as the rules see them, and as they are recorded
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class FakeRequest:
-    """One completion request, as rule/failure matchers and reply callables see it."""
-
-    kind: Literal["chat", "completion"]
-    """``chat`` for ``/v1/chat/completions``, ``completion`` for ``/v1/completions``."""
-    body: dict[str, Any]
-    """The parsed JSON body (do not mutate it)."""
-    headers: dict[str, str]
-    """Request headers, names lower-cased."""
-    model: str
-    """The model the request asked for (the served name when it named none)."""
-    text: str
-    """What a regex ``match`` searches: the content of the last message (chat) or the prompt."""
-    prompt_ids: list[int]
-    """The prompt's token ids (:meth:`FakeTokenizer.render_chat` for chat)."""
-    messages: list[dict[str, Any]] | None = None
-    """Chat messages (``None`` for completions)."""
-    tools: list[dict[str, Any]] | None = None
-    """Chat tools, if any."""
-    prompt: str | None = None
-    """The completion prompt as text (``None`` for chat)."""
-    choice: int = 0
-    """Index of the choice being generated (``n`` > 1 asks the reply once per choice)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedRequest:
-    """A request the server received."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    """Names lower-cased; repeated headers joined with ``", "``."""
-    body: Any
-    """The parsed JSON body; ``None`` when empty or not JSON."""
-    time: float = field(default_factory=time.time)
-    """Unix time of arrival."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the shape of ``GET /_fake/requests``)."""
-        return {"method": self.method, "path": self.path, "headers": self.headers, "body": self.body, "time": self.time}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RecordedRequest:
-        """Inverse of :meth:`to_dict`."""
-        return cls(data["method"], data["path"], dict(data["headers"]), data.get("body"), data.get("time", 0.0))
-
-
-class RequestLog(Sequence[RecordedRequest]):
-    """Thread-safe, append-only list of :class:`RecordedRequest` with :meth:`clear`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: list[RecordedRequest] = []
-
-    def append(self, request: RecordedRequest) -> None:
-        """Record one request (called by the server)."""
-        with self._lock:
-            self._items.append(request)
-
-    def clear(self) -> None:
-        """Forget every recorded request."""
-        with self._lock:
-            self._items.clear()
-
-    def snapshot(self) -> list[RecordedRequest]:
-        """A copy of the current list."""
-        with self._lock:
-            return list(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> RecordedRequest: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[RecordedRequest]: ...
-    def __getitem__(self, index: int | slice) -> RecordedRequest | list[RecordedRequest]:
-        with self._lock:
-            return self._items[index]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[RecordedRequest]:
-        return iter(self.snapshot())
-
-    def __repr__(self) -> str:
-        return f"RequestLog({len(self)} requests)"
-
-
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
-
-
-class ToolCall(BaseModel):
-    """One tool call in a reply: ``ToolCall("get_weather", {"city": "Paris"})``."""
-
-    model_config = _CONFIG
-
-    name: str
-    """The function name."""
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
-    """Arguments: a dict (sent as compact JSON) or a JSON string sent verbatim."""
-    id: str | None = None
-    """The call id; a unique ``call_...`` id when ``None``."""
-
-    def __init__(self, name: str | None = None, arguments: dict[str, Any] | str | None = None, /, **data: Any) -> None:
-        if name is not None:
-            data["name"] = name
-        if arguments is not None:
-            data["arguments"] = arguments
-        super().__init__(**data)
-
-    def arguments_json(self) -> str:
-        """The arguments as the JSON string that goes on the wire."""
-        return self.arguments if isinstance(self.arguments, str) else orjson.dumps(self.arguments).decode()
-
-
-class ToolCalls(BaseModel):
-    """A reply made of tool calls (and optional text before them): ``ToolCalls([ToolCall(...)])``.
-
-    On ``/v1/chat/completions`` it becomes ``message.tool_calls`` with ``finish_reason:
-    "tool_calls"``; on ``/v1/completions`` its rendering (see
-    :meth:`FakeTokenizer.render_tool_calls`) is the text.
-    """
-
-    model_config = _CONFIG
-
-    tool_calls: tuple[ToolCall, ...] = Field(min_length=1)
-    """The calls, in order (at least one)."""
-    content: str | None = None
-    """Text before the calls (``message.content``; ``null`` when ``None``)."""
-
-    def __init__(self, tool_calls: Iterable[ToolCall | Mapping[str, Any]] | None = None, /, **data: Any) -> None:
-        if tool_calls is not None:
-            data["tool_calls"] = tuple(tool_calls)
-        super().__init__(**data)
-
-
-ReplyValue: TypeAlias = str | ToolCall | ToolCalls
-Reply: TypeAlias = ReplyValue | Callable[[FakeRequest], Any]
-"""A reply: text, tool calls, or ``callable(request) -> str | ToolCall | ToolCalls | list[ToolCall]``."""
-Match: TypeAlias = re.Pattern[str] | Callable[[FakeRequest], bool] | None
-"""``None`` (always), a regex searched in :attr:`FakeRequest.text`, or ``callable(request) -> bool``."""
-
-
-class Rule(BaseModel):
-    """Answer requests that ``match`` with ``reply``. Rules are tried in order; the first that
-    matches answers; requests no rule matches get ``FakeLLM.default_reply``.
-
-    ``reply`` given as a list is a script: successive matching replies take successive items
-    (one per choice), and once it is used up the rule no longer matches.
-    """
-
-    model_config = _CONFIG
-
-    match: Match = None
-    """Which requests: a regex (string or compiled) searched in :attr:`FakeRequest.text`, a
-    callable, or ``None`` for all."""
-    reply: Reply | list[Reply]
-    """The reply, or a script of replies."""
-
-
-class Failure(BaseModel):
-    """A failure injected instead of (``status``, ``drop``), before (``timeout``) or in the
-    middle of (``drop_mid_stream``) an answer.
-
-    Failures are tried in order before generating a reply; the first one that triggers applies.
-    A failure triggers on a completion request when ``match`` matches, it has ``times`` left, and
-    its seeded coin (``probability``) comes up.
-    """
-
-    model_config = _CONFIG
-
-    kind: Literal["status", "timeout", "drop", "drop_mid_stream"] = "status"
-    """``status``: answer ``status`` with an OpenAI-style error body. ``timeout``: wait
-    ``hang_s`` seconds (or until the client leaves), then answer normally. ``drop``: close the
-    connection without a response. ``drop_mid_stream``: send ``after_chunks`` SSE events (for a
-    non-streaming request, half the body), then close the connection."""
-    status: int = Field(default=500, ge=400, le=599)
-    """HTTP status of a ``status`` failure."""
-    message: str = "injected failure from the fake LLM"
-    """``error.message`` of a ``status`` failure."""
-    error_type: str | None = None
-    """``error.type``; by default derived from ``status`` (``server_error`` for 5xx)."""
-    times: int | None = Field(default=None, ge=0)
-    """Trigger at most this many times (``None``: no limit)."""
-    probability: float | None = Field(default=None, ge=0.0, le=1.0)
-    """Trigger on this fraction of matching requests, drawn from ``random.Random(seed)``."""
-    seed: int = 0
-    """Seed of the ``probability`` draws."""
-    match: Match = None
-    """Which requests (as :attr:`Rule.match`)."""
-    hang_s: float = Field(default=30.0, ge=0.0)
-    """How long a ``timeout`` failure waits before answering."""
-    after_chunks: int = Field(default=2, ge=0)
-    """How many SSE events ``drop_mid_stream`` sends before closing."""
-
-
-class FakeLLMConfig(BaseModel):
-    """Everything that configures a :class:`FakeLLM`; JSON form of ``--config`` files."""
-
-    model_config = _CONFIG
-
-    rules: tuple[Rule, ...] = ()
-    """Reply rules, tried in order."""
-    default_reply: Reply = DEFAULT_REPLY
-    """The reply when no rule matches."""
-    model: str = DEFAULT_MODEL
-    """The served model name (listed by ``/v1/models``)."""
-    strict_model: bool = False
-    """Answer 404 ``model_not_found`` to requests for another model (else answer anyway)."""
-    latency_s: float | Callable[[FakeRequest], float] = 0.0
-    """Delay before answering a completion request: seconds, or ``callable(request)``."""
-    token_latency_s: float = Field(default=0.0, ge=0.0)
-    """Delay between streamed tokens."""
-    failures: tuple[Failure, ...] = ()
-    """Injected failures, tried in order."""
-    eos_token: bool = False
-    """End naturally finished responses with ``<|im_end|>`` in ``token_ids`` (as vLLM reports
-    the end-of-sequence token); the text never shows it."""
-    record: bool = True
-    """Record requests in :attr:`FakeLLM.requests` (turn off for long benchmarks)."""
-    token_ids: bool = True
-    """Honour ``return_token_ids``; ``False`` answers text only, as a hosted API, SGLang or
-    llama.cpp do (for retokenization tests)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ import uvicorn
 from agentbolt.errors import UserError
 
 from .app import FakeLLMApp
-from .backend import FakeLLM, FakeLLMConfig, RecordedRequest, RequestLog
+from .backend import FakeLLM
+from .config import FakeLLMConfig
+from .request_log import RecordedRequest, RequestLog
 
 __all__ = ["HOST", "FakeLLMProcess", "FakeLLMServer", "RemoteRequestLog", "bind_socket", "uvicorn_config"]
 
