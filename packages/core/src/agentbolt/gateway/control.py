@@ -13,7 +13,6 @@ Every control request is checked once, here, before it touches the gateway:
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -22,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .. import __version__
 from .. import types as t
+from ..hosts import host_name, is_loopback_name
 
 __all__ = [
     "DrainRequest",
@@ -30,9 +30,7 @@ __all__ = [
     "UpstreamsRequest",
     "bearer_matches",
     "host_allowed",
-    "host_name",
     "is_json",
-    "is_loopback",
     "openapi_document",
     "validation_message",
 ]
@@ -124,30 +122,12 @@ def validation_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def host_name(value: str) -> str:
-    """The host of a ``Host`` header: ``[::1]:4800`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
-    host = value.strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0]
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP addresses."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def host_allowed(header: str | None, allowed: Iterable[str]) -> bool:
     """True when the ``Host`` header names a loopback address or one of ``allowed``."""
     if not header:
         return False
     host = host_name(header)
-    return is_loopback(host) or host in {h.lower() for h in allowed}
+    return is_loopback_name(host) or host in {h.lower() for h in allowed}
 
 
 def is_json(content_type: str | None) -> bool:

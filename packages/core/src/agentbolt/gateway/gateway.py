@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from .. import semconv
 from ..errors import UserError
+from ..hosts import is_loopback_name
 from ..roles import AgentNamer
 from ..store.base import Store
 from . import control, upstream_checks
@@ -185,7 +186,7 @@ class Gateway:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on ``host:port`` (port 0 picks a free one); returns the base URL."""
-        if not control.is_loopback(host) and not self.token:
+        if not is_loopback_name(host) and not self.token:
             raise UserError(
                 f"refusing to bind the gateway to {host} without a token: anyone who can reach it could "
                 "spend your inference backend. Pass token=... (agents then use it as their api_key)."

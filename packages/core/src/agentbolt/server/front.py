@@ -5,17 +5,17 @@ bodies, and the fast path of span ingest."""
 from __future__ import annotations
 
 import hmac
-import ipaddress
 
 from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..hosts import host_name, is_loopback_name
 from ..store import wire as w
 from ..store.base import Store
 from .http_errors import JSON, BodyTooLarge, error, error_response
 
-__all__ = ["OPEN_PATHS", "Front", "host_name", "ingest_spans", "is_loopback_name", "ok"]
+__all__ = ["OPEN_PATHS", "Front", "ingest_spans", "ok"]
 
 OPEN_PATHS = frozenset({"/v1/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths served without a token (liveness and documentation)."""
@@ -116,25 +116,6 @@ class Front:
             return message
 
         return limited
-
-
-def host_name(value: bytes) -> str:
-    """The host of a ``Host`` header: ``[::1]:4747`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
-    host = value.decode("latin-1").strip().lower()
-    if host.startswith("["):
-        return host[1:].partition("]")[0]
-    return host.partition(":")[0]
-
-
-def is_loopback_name(host: str) -> bool:
-    """True when ``host`` names this machine literally (``localhost``, ``127.0.0.0/8``, ``::1``),
-    without resolving it (a name that resolves to a loopback address is no proof of intent)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def ok(model: BaseModel) -> Response:

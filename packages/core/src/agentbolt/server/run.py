@@ -13,10 +13,10 @@ from typing import Any, Self
 import uvicorn
 
 from ..errors import UserError
+from ..hosts import is_loopback_name
 from ..store import open_store
 from ..store.base import Store
 from .app import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT_S, create_app
-from .front import is_loopback_name
 from .uvicorn_thread import UvicornThread
 
 __all__ = ["DEFAULT_PORT", "ServerThread", "check_bind", "is_loopback", "serve"]
