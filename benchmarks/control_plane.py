@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from control_plane_agent import synthetic_agent
 
 from agentbolt import types as t
-from agentbolt.runner import RunnerConfig, RunnerPool
+from agentbolt.runner import RunnerConfig
+from agentbolt.runner_pool import RunnerPool
 from agentbolt.store import open_store
 
 

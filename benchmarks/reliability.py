@@ -49,7 +49,8 @@ import reliability_agents as agents
 from agentbolt import types as t
 from agentbolt.errors import UserError
 from agentbolt.gateway import Gateway, GatewayThread
-from agentbolt.runner import Runner, RunnerConfig, RunnerPool
+from agentbolt.runner import Runner, RunnerConfig
+from agentbolt.runner_pool import RunnerPool
 from agentbolt.server import ServerThread
 from agentbolt.store import open_store
 from agentbolt.testing.bad_upstream import GarbageUpstream

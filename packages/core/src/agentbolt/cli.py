@@ -275,7 +275,8 @@ def runner(
 
     from . import types as t
     from .errors import UserError
-    from .runner import RunnerConfig, RunnerPool
+    from .runner import RunnerConfig
+    from .runner_pool import RunnerPool
 
     if token:
         os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it

@@ -32,7 +32,8 @@ from .errors import UserError
 from .gateway import GatewayThread, Upstream
 from .lightningrl.config import LightningRLConfig
 from .run_recorder import RunRecorder
-from .runner import Runner, RunnerConfig, RunnerPool
+from .runner import Runner, RunnerConfig
+from .runner_pool import RunnerPool
 from .store import DEFAULT_STORE_URL, Store, open_store
 
 __all__ = ["Trainer"]
