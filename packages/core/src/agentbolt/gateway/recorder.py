@@ -27,6 +27,7 @@ import orjson
 
 from .. import semconv
 from .. import types as t
+from .translate import SSEDecoder
 
 __all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span", "parse_traceparent"]
 
@@ -216,7 +217,7 @@ class StreamAssembler:
 
     def __init__(self, operation: str) -> None:
         self.operation = operation
-        self._buffer = b""
+        self._sse = SSEDecoder()
         self.id: str | None = None
         self.model: str | None = None
         self.created: int | None = None
@@ -224,31 +225,18 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
         self.choices: dict[int, dict[str, Any]] = {}
         self.error: dict[str, Any] | None = None
-        self.done = False
 
     def feed(self, data: bytes) -> None:
         """Consume raw bytes of the event stream (any split)."""
-        self._buffer += data
-        while True:
-            cut = self._buffer.find(b"\n\n")
-            if cut < 0:
-                return
-            event, self._buffer = self._buffer[:cut], self._buffer[cut + 2 :]
-            for line in event.split(b"\n"):
-                line = line.rstrip(b"\r")
-                if line.startswith(b"data:"):
-                    self._event(line[5:].strip())
+        for chunk in self._sse.feed(data):
+            self._chunk(chunk)
 
-    def _event(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(chunk, dict):
-            return
+    @property
+    def done(self) -> bool:
+        """True once the stream's ``data: [DONE]`` arrived."""
+        return self._sse.done
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
             self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             return
