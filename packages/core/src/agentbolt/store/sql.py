@@ -31,7 +31,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -92,6 +92,8 @@ from .sweeper import Sweeper
 __all__ = ["SCHEMA_VERSION", "SqlStore"]
 
 log = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
 
 
 class SqlStore(SqlSpansMixin, SqlRunsMixin):
@@ -303,29 +305,35 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
     def _load_rollouts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Rollout]:
         """Rollouts by id (``NotFoundError`` for unknown ones); ``lock`` row-locks them in id order."""
-        out: dict[str, t.Rollout] = {}
-        cur = _cursor(conn)
-        for chunk in _chunks(sorted(set(ids))):
-            sql = self._q(f"{_SELECT_ROLLOUTS} WHERE rollout_id IN ({_marks(len(chunk))}) ORDER BY rollout_id")
-            cur.execute(sql + (self._q.lock() if lock else ""), tuple(chunk))
-            for row in cur.fetchall():
-                out[row[0]] = _rollout_from(row)
-        missing = [r for r in ids if r not in out]
-        if missing:
-            raise NotFoundError("rollout", missing)
-        return out
+        return self._load_by_id(conn, ids, _SELECT_ROLLOUTS, "rollout_id", _rollout_from, "rollout", lock=lock)
 
     def _load_attempts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Attempt]:
-        out: dict[str, t.Attempt] = {}
+        """Attempts by id (``NotFoundError`` for unknown ones); ``lock`` row-locks them in id order."""
+        return self._load_by_id(conn, ids, _SELECT_ATTEMPTS, "attempt_id", _attempt_from, "attempt", lock=lock)
+
+    def _load_by_id(
+        self,
+        conn: Connection,
+        ids: Sequence[str],
+        select: str,
+        key: str,
+        from_row: Callable[[Any], _R],
+        what: str,
+        *,
+        lock: bool,
+    ) -> dict[str, _R]:
+        """The rows of ``select`` whose ``key`` (its first column) is in ``ids``, by id, read in chunks
+        in id order (``NotFoundError`` naming ``what`` for unknown ids)."""
+        out: dict[str, _R] = {}
         cur = _cursor(conn)
         for chunk in _chunks(sorted(set(ids))):
-            sql = self._q(f"{_SELECT_ATTEMPTS} WHERE attempt_id IN ({_marks(len(chunk))}) ORDER BY attempt_id")
+            sql = self._q(f"{select} WHERE {key} IN ({_marks(len(chunk))}) ORDER BY {key}")
             cur.execute(sql + (self._q.lock() if lock else ""), tuple(chunk))
             for row in cur.fetchall():
-                out[row[0]] = _attempt_from(row)
-        missing = [a for a in ids if a not in out]
+                out[row[0]] = from_row(row)
+        missing = [i for i in ids if i not in out]
         if missing:
-            raise NotFoundError("attempt", missing)
+            raise NotFoundError(what, missing)
         return out
 
     def _save(self, conn: Connection, pairs: Sequence[tuple[t.Rollout, t.Attempt | None]]) -> None:

@@ -69,6 +69,11 @@ class _Script:
             self.position += 1
             return item
 
+    def answer(self, request: object) -> str:
+        """The next reply for ``request``: a callable one is called with it."""
+        item = self.next()
+        return item(request) if callable(item) else str(item)
+
 
 class ScriptedOptimizer:
     """Answers APO's optimizer requests (see the module docstring).
@@ -105,14 +110,12 @@ class ScriptedOptimizer:
             req = CritiqueRequest(prompt=prompt, failures=extract_tag(user, "failures") or "")
             with self._lock:
                 self.critiques.append(req)
-            item = self._critique.next()
-            return item(req) if callable(item) else str(item)
+            return self._critique.answer(req)
         if kind == "edit":
             edit = EditRequest(prompt=prompt, critique=extract_tag(user, "critique") or "")
             with self._lock:
                 self.edits.append(edit)
-            item = self._edit.next()
-            return item(edit) if callable(item) else str(item)
+            return self._edit.answer(edit)
         with self._lock:
             self.other.append(request)
         return "This is not an APO optimizer request."
