@@ -56,7 +56,6 @@ async def run_on_ray(
     world = await make_world(
         FakeLLM(default_reply=lambda req: f"reply to {req.text}", latency_s=0.01), f"sqlite:///{tmp_path / 'runs.db'}"
     )
-    ids = await world.enqueue([{"i": i} for i in range(n)], max_attempts=3)
     server = ServerThread(world.store)
     server.start()
     pool = RayRunnerPool(
@@ -70,6 +69,9 @@ async def run_on_ray(
     try:
         await asyncio.to_thread(pool.start)
         await asyncio.to_thread(pool.wait_ready, 120)
+        # enqueue once every actor is claiming: rollouts queued earlier all went to the actor that
+        # was ready first when the machine was loaded (the other one then ran none)
+        ids = await world.enqueue([{"i": i} for i in range(n)], max_attempts=3)
         if kill:
             victim = (await asyncio.to_thread(pool.status))[0].worker_id
             assert victim is not None
