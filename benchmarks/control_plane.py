@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from control_plane_agent import synthetic_agent
 
+from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.runner import RunnerConfig
 from agentbolt.runner_pool import RunnerPool
@@ -58,8 +59,8 @@ async def measure(
         elapsed = time.perf_counter() - start
         ok = sum(r.status is t.RolloutStatus.SUCCEEDED for r in states)
         spans = await store.query_spans([s.rollout_id for s in specs[:5]])  # type: ignore[misc]
-        # 13 spans of the agent's own; the runner adds one `agentbolt.capture` span when adapters are installed
-        own = {k: [s for s in v if s.name != "agentbolt.capture"] for k, v in spans.items()}
+        # 13 spans of the agent's own; the runner adds one capture span when adapters are installed
+        own = {k: [s for s in v if s.name != semconv.SPAN_CAPTURE] for k, v in spans.items()}
         assert all(len(v) == 13 for v in own.values()), {k: len(v) for k, v in own.items()}
         return n / elapsed, {"succeeded": ok, "total": n}
     finally:

@@ -305,11 +305,11 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
     def _load_rollouts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Rollout]:
         """Rollouts by id (``NotFoundError`` for unknown ones); ``lock`` row-locks them in id order."""
-        return self._load_by_id(conn, ids, _SELECT_ROLLOUTS, "rollout_id", _rollout_from, "rollout", lock=lock)
+        return self._load_by_id(conn, ids, _SELECT_ROLLOUTS, "rollout_id", _rollout_from, lock=lock)
 
     def _load_attempts(self, conn: Connection, ids: Sequence[str], *, lock: bool = False) -> dict[str, t.Attempt]:
         """Attempts by id (``NotFoundError`` for unknown ones); ``lock`` row-locks them in id order."""
-        return self._load_by_id(conn, ids, _SELECT_ATTEMPTS, "attempt_id", _attempt_from, "attempt", lock=lock)
+        return self._load_by_id(conn, ids, _SELECT_ATTEMPTS, "attempt_id", _attempt_from, lock=lock)
 
     def _load_by_id(
         self,
@@ -318,12 +318,11 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
         select: str,
         key: str,
         from_row: Callable[[Any], _R],
-        what: str,
         *,
         lock: bool,
     ) -> dict[str, _R]:
-        """The rows of ``select`` whose ``key`` (its first column) is in ``ids``, by id, read in chunks
-        in id order (``NotFoundError`` naming ``what`` for unknown ids)."""
+        """The rows of ``select`` whose ``key`` (its first column, ``<what>_id``) is in ``ids``, by id,
+        read in chunks in id order (``NotFoundError`` naming ``<what>`` for unknown ids)."""
         out: dict[str, _R] = {}
         cur = _cursor(conn)
         for chunk in _chunks(sorted(set(ids))):
@@ -333,7 +332,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
                 out[row[0]] = from_row(row)
         missing = [i for i in ids if i not in out]
         if missing:
-            raise NotFoundError(what, missing)
+            raise NotFoundError(key.removesuffix("_id"), missing)
         return out
 
     def _save(self, conn: Connection, pairs: Sequence[tuple[t.Rollout, t.Attempt | None]]) -> None:
