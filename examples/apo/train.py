@@ -35,9 +35,9 @@ sys.path.insert(0, str(HERE))  # apo_agent.py and apo_tasks.py, also in the runn
 from apo_agent import math_agent  # noqa: E402
 from apo_tasks import fake_optimizer, fake_policy, make_tasks  # noqa: E402
 
-from agentbolt.apo import APO, APOResult  # noqa: E402
 from agentbolt.gateway import Upstream  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
+from agentbolt_apo import APO, APOResult  # noqa: E402
 
 INITIAL_PROMPT = "You are a helpful math assistant."
 

@@ -14,14 +14,13 @@ import apo_agents
 import pytest
 
 from agentbolt import types as t
-from agentbolt.apo import APO, APOResult
 from agentbolt.errors import UserError
 from agentbolt.plugins import default_plugins
-from agentbolt.runs import RolloutSearch
-from agentbolt.store import open_store
+from agentbolt.store import RolloutSearch, open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLMServer
-from agentbolt.testing.fake_optimizer import EditRequest, ScriptedOptimizer
 from agentbolt.trainer import Trainer
+from agentbolt_apo import APO, APOResult
+from agentbolt_apo.testing import EditRequest, ScriptedOptimizer
 
 TRAIN = apo_agents.tasks(apo_agents.WORDS[:8])  # 6 letter words, 2 digit words
 VAL = apo_agents.tasks(apo_agents.WORDS[8:])  # ocean, piano, candle, 33: the initial prompt scores 0.25
@@ -96,7 +95,7 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
             add_uppercase,
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(apo_agents.prompt_agent, optimizer, tmp_path, n_runners=1)
 
     assert isinstance(result, APOResult)
@@ -165,7 +164,7 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
 
 def test_an_agent_that_ignores_the_prompt_is_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     optimizer = ScriptedOptimizer(critique=CRITIQUE, edit=add_uppercase)
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(apo_agents.deaf_agent, optimizer, tmp_path, rounds=1, branch_factor=1, val_batch_size=2)
     assert len(result.versions) == 2  # the edit was made and evaluated (on 2 tasks, then on all 4)...
     assert result.score_before == result.score_after == pytest.approx(0.25)  # ...and changed nothing
@@ -183,7 +182,7 @@ def test_malformed_optimizer_answers_are_skipped_not_fatal(tmp_path: Path, caplo
         critique=["", CRITIQUE],
         edit=["no prompt here", "<prompt>Say {word} in UPPERCASE</prompt><prompt>", "<prompt>UPPERCASE it</prompt>"],
     )
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(
             apo_agents.prompt_agent,
             optimizer,
@@ -289,17 +288,19 @@ def test_missing_initial_prompt_and_datasets_are_clear_errors() -> None:
         trainer.fit([], VAL)
 
 
-def test_apo_is_a_listed_builtin_algorithm() -> None:
+def test_apo_is_registered_by_the_agentbolt_apo_plugin() -> None:
     from typer.testing import CliRunner
 
     from agentbolt.cli import app
 
     entry = default_plugins().algorithms.entry("apo")
-    assert entry.plugin == "agentbolt"
+    assert entry.plugin == "apo" and entry.distribution.startswith("agentbolt-apo ")
     listing = CliRunner().invoke(app, ["plugins", "--json"])
     assert listing.exit_code == 0
+    (apo,) = [p for p in json.loads(listing.output) if p["name"] == "apo"]
+    assert apo["distribution"] == "agentbolt-apo" and apo["registered"]["algorithms"] == ["apo"]
     (core,) = [p for p in json.loads(listing.output) if p["name"] == "agentbolt"]
-    assert "apo" in core["registered"]["algorithms"]
+    assert "apo" not in core["registered"].get("algorithms", [])
 
 
 def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:

@@ -10,12 +10,12 @@ import apo_agents
 import pytest
 
 from agentbolt.algorithm import Algorithm
-from agentbolt.apo import APO
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance
 from agentbolt.testing.fake_llm import FakeLLMServer
-from agentbolt.testing.fake_optimizer import ScriptedOptimizer
 from agentbolt.trainer import Trainer
+from agentbolt_apo import APO
+from agentbolt_apo.testing import ScriptedOptimizer
 
 
 class TestAPOConformance(AlgorithmConformance):

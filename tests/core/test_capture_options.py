@@ -12,9 +12,9 @@ from openai import AsyncOpenAI
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt.capture.roles import AgentRoles
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRL
-from agentbolt.roles import AgentRoles
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeTokenizer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer

@@ -16,7 +16,7 @@ from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.algorithm import EvaluateResult
 from agentbolt.cli import app
-from agentbolt.doctor import DoctorReport, diagnose, doctor
+from agentbolt.runs.doctor import DoctorReport, diagnose, doctor
 from agentbolt.store import open_store
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeTokenizer, Rule, ToolCall, ToolCalls

@@ -16,7 +16,7 @@ from test_runner import holds_rollouts, llm_spans, make_world
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
-from agentbolt.ray_runners import (
+from agentbolt.runners.ray import (
     RayRunnerPool,
     RayWorkerOptions,
     RunnerWorker,
@@ -24,8 +24,8 @@ from agentbolt.ray_runners import (
     options_from_mapping,
     parse_resources,
 )
-from agentbolt.runner import RunnerConfig
-from agentbolt.server import ServerThread
+from agentbolt.runners.runner import RunnerConfig
+from agentbolt.store.server import ServerThread
 from agentbolt.testing.fake_llm import FakeLLM
 
 # Under `uv run`, Ray would start its workers with `uv run` again; read when Ray is first imported.

@@ -11,8 +11,7 @@ import pytest
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext
-from agentbolt.runs import RolloutSearch, RunStatus
-from agentbolt.store import open_store
+from agentbolt.store import RolloutSearch, RunStatus, open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer
 from agentbolt.trainer import Trainer
 

@@ -15,7 +15,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentbolt import types as t
-from agentbolt.emit import emit_reward
+from agentbolt.capture.emit import emit_reward
 from agentbolt.lightningrl import LightningRL
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls

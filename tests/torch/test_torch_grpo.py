@@ -129,8 +129,7 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
 def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> None:
     import asyncio
 
-    from agentbolt.runs import RolloutSearch, RunStatus
-    from agentbolt.store import open_store
+    from agentbolt.store import RolloutSearch, RunStatus, open_store
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
     algorithm = TorchGRPO(

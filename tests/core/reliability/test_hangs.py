@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentbolt import types as t
-from agentbolt.runner import Runner, RunnerConfig
+from agentbolt.runners.runner import Runner, RunnerConfig
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
 

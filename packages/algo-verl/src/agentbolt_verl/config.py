@@ -150,7 +150,7 @@ class RunnersSettings(_Strict):
     instead of a separately started runner fleet (``agentbolt runner ...``)."""
 
     ray: bool = False
-    """Start the runners as Ray actors in verl's cluster (:class:`agentbolt.ray_runners.RayRunnerPool`)."""
+    """Start the runners as Ray actors in verl's cluster (:class:`agentbolt.runners.ray.RayRunnerPool`)."""
     agent: str | None = None
     """The agent as ``module:attr`` (importable on every Ray node). Required with ``ray``."""
     workers: int = Field(default=1, ge=1)

@@ -9,7 +9,7 @@
 ``n_runners`` processes each run ``concurrency`` rollouts at once; ``n_runners=0`` runs one
 runner inside this process (handy with ``memory://`` or a debugger). With ``runners="ray"`` the
 ``n_runners`` workers are Ray actors on the cluster at ``ray_address`` (a local one when
-``None``); see :mod:`agentbolt.ray_runners`.
+``None``); see :mod:`agentbolt.runners.ray`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, Nu
 from .errors import UserError
 from .gateway import GatewayThread, Upstream
 from .lightningrl.config import LightningRLConfig
-from .run_recorder import RunRecorder
-from .runner import Runner, RunnerConfig
-from .runner_pool import RunnerPool
+from .runners.pool import RunnerPool
+from .runners.runner import Runner, RunnerConfig
+from .runs.recorder import RunRecorder
 from .store import DEFAULT_STORE_URL, Store, open_store
 
 __all__ = ["Trainer"]
@@ -110,17 +110,17 @@ class Trainer:
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
         token_ids: ``"exact"`` (the backend's own ids; calls without them are recorded as
             ``missing``) or ``"retokenize"``: calls whose backend returns no ids get ids rebuilt
-            with ``tokenizer`` and checked for drift (see :mod:`agentbolt.retokenize`).
+            with ``tokenizer`` and checked for drift (see :mod:`agentbolt.capture.retokenize`).
         tokenizer: the policy's tokenizer for ``token_ids="retokenize"``: a Hugging Face name or
             path, or a tokenizer object.
         agent_names: name agents from what calls carry, without changing the agent: a mapping
             agent name -> system-prompt substring or ``re.compile(...)`` pattern, an
-            :class:`~agentbolt.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.roles`).
+            :class:`~agentbolt.capture.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.capture.roles`).
         runners: ``"processes"`` (runner processes on this machine) or ``"ray"`` (Ray actors,
-            :class:`~agentbolt.ray_runners.RayRunnerPool`; needs ``agentbolt[ray]``).
+            :class:`~agentbolt.runners.ray.RayRunnerPool`; needs ``agentbolt[ray]``).
         ray_address: the Ray cluster for ``runners="ray"`` (``None``: a local one).
         ray_options: per-worker placement for ``runners="ray"``: a
-            :class:`~agentbolt.ray_runners.RayWorkerOptions` or its fields as a mapping.
+            :class:`~agentbolt.runners.ray.RayWorkerOptions` or its fields as a mapping.
     """
 
     def __init__(
@@ -222,7 +222,7 @@ class Trainer:
         in_process: bool = True,
     ) -> EvaluateResult:
         """Evaluate the agent on ``dataset`` through the gateway, learning nothing, and report
-        rewards and what was captured: the :mod:`agentbolt.doctor` report of the run (token
+        rewards and what was captured: the :mod:`agentbolt.runs.doctor` report of the run (token
         sources, drift, failed vs missing calls, adapters, agent names, group sizes).
 
         ``llm`` is any OpenAI-compatible endpoint (defaults to the trainer's ``upstream``).
@@ -261,7 +261,7 @@ class Trainer:
             return Evaluate(**self.algorithm_config)
         if isinstance(self.algorithm, Algorithm):
             return self.algorithm
-        from .plugins import default_plugins
+        from .plugins.registry import default_plugins
 
         factory = default_plugins().algorithms.get(self.algorithm)
         algorithm = factory(**self.algorithm_config)
@@ -354,7 +354,7 @@ class Trainer:
         return [watcher]
 
     async def _start_ray_runners(self, stack: AsyncExitStack) -> list[asyncio.Task[Any]]:
-        from .ray_runners import RayRunnerPool, options_from_mapping
+        from .runners.ray import RayRunnerPool, options_from_mapping
 
         assert isinstance(self.store_spec, str)
         pool = RayRunnerPool(
@@ -410,7 +410,7 @@ class Trainer:
 
 def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[str, Any]:
     """Gateway options for ``token_ids``, ``tokenizer`` and ``agent_names`` (validated up front)."""
-    from .roles import as_agent_namer
+    from .capture.roles import as_agent_namer
 
     options: dict[str, Any] = {"agent_names": as_agent_namer(agent_names)}
     if token_ids == "retokenize":
@@ -419,7 +419,7 @@ def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[s
                 "token_ids='retokenize' needs the policy's tokenizer: Trainer(..., tokenizer='org/model') "
                 "(a Hugging Face name or path) or a tokenizer object"
             )
-        from .retokenize import ChatTemplateRetokenizer
+        from .capture.retokenize import ChatTemplateRetokenizer
 
         options["retokenize"] = (
             ChatTemplateRetokenizer.from_pretrained(tokenizer)

@@ -208,7 +208,7 @@ class RolloutSpec(BaseModel):
     metadata: JsonDict = Field(default_factory=dict)
     """Free-form data kept with the rollout."""
     run_id: str | None = None
-    """The training/evaluation run that enqueued it (see :mod:`agentbolt.runs`), if any."""
+    """The training/evaluation run that enqueued it (see :mod:`agentbolt.store.run_records`), if any."""
     step: int | None = None
     """The run's step the rollout belongs to, if any."""
 

@@ -27,8 +27,8 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agentbolt.runs import finite_metrics
 from agentbolt.store import Store
+from agentbolt.store.run_records import finite_metrics
 from agentbolt.types import LLMEndpoint, Resources
 
 from ..config import AgentboltSettings, settings_from_verl_config
@@ -140,7 +140,7 @@ class WeightSyncCoordinator:
     async def start_run(self, config: Mapping[str, Any]) -> None:
         """Record a running ``verl`` run with the binding's settings."""
         if self.store is not None:
-            from agentbolt.runs import RunSpec
+            from agentbolt.store import RunSpec
 
             run = await self.store.start_run(RunSpec(algorithm="verl", model=self.model_name, config=dict(config)))
             self.run_id = run.run_id
@@ -158,7 +158,7 @@ class WeightSyncCoordinator:
     async def finish_run(self, status: str = "succeeded") -> None:
         """Give the run its final status."""
         if self.store is not None and self.run_id is not None:
-            from agentbolt.runs import RunStatus
+            from agentbolt.store import RunStatus
 
             await self.store.finish_run(self.run_id, RunStatus(status))
 
@@ -273,8 +273,8 @@ class AgentboltTrainerMixin:
         runners = self._agentbolt_config().runners
         if not runners.ray or self._agentbolt_runners is not None:
             return
-        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
-        from agentbolt.runner import RunnerConfig
+        from agentbolt.runners.ray import RayRunnerPool, RayWorkerOptions
+        from agentbolt.runners.runner import RunnerConfig
 
         assert runners.agent is not None
         pool = RayRunnerPool(

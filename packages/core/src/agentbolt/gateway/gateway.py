@@ -40,9 +40,9 @@ import orjson
 from pydantic import ValidationError
 
 from .. import semconv
+from ..capture.roles import AgentNamer
 from ..errors import UserError
 from ..hosts import is_loopback_name
-from ..roles import AgentNamer
 from ..store.base import Store
 from . import control, upstream_checks
 from .attempts import AttemptCache
@@ -121,7 +121,7 @@ class Gateway:
         header_timeout_s, body_timeout_s: deadlines for receiving a request's headers and body
             (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
-            the (Chat Completions) request: see :class:`agentbolt.roles.AgentRoles`.
+            the (Chat Completions) request: see :class:`agentbolt.capture.roles.AgentRoles`.
     """
 
     def __init__(

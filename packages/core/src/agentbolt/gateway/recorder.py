@@ -161,7 +161,7 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
             if ids is not None:
                 prompt_ids, response_ids = ids
                 source = semconv.TOKEN_SOURCE_RETOKENIZED
-                from ..retokenize import drift_reasons
+                from ..capture.retokenize import drift_reasons
 
                 drift = drift_reasons(resp, prompt_ids, response_ids, getattr(retokenize, "decode", None))
                 if drift:

@@ -38,7 +38,7 @@ from .merge import merge_transitions
 from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
 
 if TYPE_CHECKING:
-    from ..plugins import Plugins
+    from ..plugins.registry import Plugins
     from ..store import Store
 
 __all__ = ["LightningRL", "LightningRLBatch"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import types as t
 from ..errors import InvalidTransitionError, UserError
-from ..runs import RolloutSearch, Run, RunSpec, RunStatus
+from .run_records import RolloutSearch, Run, RunSpec, RunStatus
 
 __all__ = [
     "check_after_seq",

@@ -1,5 +1,5 @@
 """Runs, metrics, searches and health for :class:`~agentbolt.store.http.HttpStore` (routes in
-:mod:`agentbolt.server.run_routes`, bodies in :mod:`agentbolt.store.run_wire`)."""
+:mod:`agentbolt.store.server.run_routes`, bodies in :mod:`agentbolt.store.run_wire`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from ..runs import (
+from .run_common import check_after_seq, check_list_limit, check_step
+from .run_records import (
     RolloutSearch,
     RolloutSearchPage,
     Run,
@@ -19,7 +20,6 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
-from .run_common import check_after_seq, check_list_limit, check_step
 
 __all__ = ["HttpRunsMixin"]
 

@@ -16,7 +16,8 @@ from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import ConflictError, NotFoundError
-from ..runs import (
+from . import run_common
+from .run_records import (
     RolloutSearch,
     RolloutSearchPage,
     Run,
@@ -27,7 +28,6 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
-from . import run_common
 
 if TYPE_CHECKING:
     from .sql_schema import _Sql

@@ -34,7 +34,7 @@ import pytest
 
 from .. import semconv
 from .. import types as t
-from ..adapters import Adapter
+from ..capture.adapters import Adapter
 from ..errors import UserError
 from ..store.memory import MemoryStore
 from .fake_llm import FakeLLM, FakeLLMServer
@@ -123,7 +123,7 @@ class AdapterConformance:
     # -- the contract ---------------------------------------------------------------------------
 
     def test_registered_as_a_plugin(self) -> None:
-        from ..plugins import default_plugins
+        from ..plugins.registry import default_plugins
 
         assert self.adapter_name in default_plugins().adapters, (
             f"register the adapter with agentbolt_register_adapters under {self.adapter_name!r}"
@@ -220,7 +220,7 @@ class AdapterConformance:
             raise RuntimeError("recorder failure injected by the conformance suite")
 
         before = adapter.recorder.errors  # a recorder may be shared process-wide
-        monkeypatch.setattr("agentbolt.adapters.recorder._clean", broken)
+        monkeypatch.setattr("agentbolt.capture.adapters.recorder._clean", broken)
         run = self.run_dev(tasks=list(self.tasks())[:2])
         assert all(r.status is t.RolloutStatus.SUCCEEDED for r in run.rollouts)
         assert adapter.recorder.errors > before

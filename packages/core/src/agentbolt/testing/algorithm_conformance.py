@@ -40,8 +40,8 @@ import pytest
 from .. import types as t
 from ..algorithm import Algorithm
 from ..errors import UserError
-from ..runs import RolloutSearch, RunStatus
 from ..store.memory import MemoryStore
+from ..store.run_records import RolloutSearch, RunStatus
 from ..trainer import Trainer
 
 __all__ = ["AlgorithmConformance", "conformance_tasks", "parity_agent"]

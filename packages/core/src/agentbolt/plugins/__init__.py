@@ -1,0 +1,37 @@
+"""Plugins (pluggy): the registration hooks, the plugin manager and agentbolt's built-ins.
+
+- :mod:`~agentbolt.plugins.hookspecs` — the four ``agentbolt_register_*`` hooks,
+  :data:`hookimpl` (also ``from agentbolt import hookimpl``) and :class:`Register`;
+- :mod:`~agentbolt.plugins.registry` — the plugin manager (:func:`default_plugins`,
+  :class:`Plugins`): entry-point discovery, isolation of broken plugins, the registries;
+- :mod:`~agentbolt.plugins.builtin` — agentbolt's own stores and credit/advantage
+  implementations, registered through the same hooks.
+"""
+
+from __future__ import annotations
+
+from .hookspecs import Register, hookimpl, hookspec
+from .registry import (
+    ENTRY_POINT_GROUP,
+    ENV_VAR,
+    PluginInfo,
+    PluginLoadWarning,
+    Plugins,
+    Registry,
+    default_plugins,
+    distribution_version,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "PluginInfo",
+    "PluginLoadWarning",
+    "Plugins",
+    "Register",
+    "Registry",
+    "default_plugins",
+    "distribution_version",
+    "hookimpl",
+    "hookspec",
+]
