@@ -65,7 +65,13 @@ RS_OPTIONS: tuple[str, ...] = (
 """verl's rejection options (``SUPPORTED_ROLLOUT_RS_OPTIONS``)."""
 
 _EPS = 1e-8
-"""verl's ``masked_mean`` denominator epsilon (kept, so the statistics are verl's to the last bit)."""
+"""verl's ``masked_mean`` / clamp epsilon."""
+
+
+def _count(n: int) -> float:
+    """verl's ``masked_mean`` denominator ``mask.sum() + 1e-8`` for its integer response masks:
+    the sum is promoted to float32, where ``n + 1e-8`` is ``n`` for any count ``n >= 1``."""
+    return float(n) if n > 0 else _EPS
 
 
 @dataclass(frozen=True)
@@ -274,10 +280,10 @@ def _batch_normalize(weights: list[list[float]], mask: list[list[int]], token_le
     """Divide by the batch mean (over tokens, or over rows' mean weights), as verl does."""
     if token_level:
         total = math.fsum(w * k for wrow, m in zip(weights, mask, strict=True) for w, k in zip(wrow, m, strict=True))
-        mean = total / (sum(sum(m) for m in mask) + _EPS)
+        mean = total / _count(sum(sum(m) for m in mask))
     else:
         seq = [
-            math.fsum(w * k for w, k in zip(wrow, m, strict=True)) / (sum(m) + _EPS)
+            math.fsum(w * k for w, k in zip(wrow, m, strict=True)) / _count(sum(m))
             for wrow, m in zip(weights, mask, strict=True)
         ]
         valid = [1.0 if sum(m) > 0 else 0.0 for m in mask]
@@ -310,7 +316,7 @@ def _rejection_mask(log_ratio: list[list[float]], mask: list[list[int]], bounds:
                 if b.option.startswith("seq_sum"):
                     stat = math.fsum(masked)
                 elif b.option.startswith("seq_mean"):
-                    stat = math.fsum(masked) / (n + _EPS)
+                    stat = math.fsum(masked) / _count(n)
                 else:  # seq_max
                     stat = max(masked, default=0.0)
                 passed = [_within(stat, b)] * len(lr)
