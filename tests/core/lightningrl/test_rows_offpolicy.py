@@ -68,7 +68,7 @@ def test_merged_rows_weigh_only_their_trained_tokens() -> None:
 
 def test_training_rows_refuses_transitions_without_advantages() -> None:
     t = Transition(rollout_id="r", index=0, prompt_ids=[1], response_ids=[2], reward=1.0)
-    with pytest.raises(UserError, match="no reward or advantage"):
+    with pytest.raises(UserError, match="no advantage"):
         training_rows([t])
 
 

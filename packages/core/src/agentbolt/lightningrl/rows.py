@@ -52,8 +52,9 @@ class TrainingRow:
     ``None`` when the backend reported none."""
     policy_version: int | None
     """The policy version that sampled the response."""
-    reward: float
-    """The row's credit (credit assigner)."""
+    reward: float | None
+    """The row's credit (credit assigner); ``None`` only for rows built from transitions that an
+    algorithm gave advantages without rewards."""
     advantage: float
     """The row's advantage (advantage estimator), the same for each of its trained tokens."""
     loss_weight: float
@@ -79,18 +80,18 @@ class TrainingRow:
 def training_rows(
     transitions: Sequence[Transition], loss_aggregation: str = DEFAULT_LOSS_AGGREGATION
 ) -> list[TrainingRow]:
-    """Rows of transitions that carry a reward and an advantage, weighed with ``loss_aggregation``.
+    """Rows of transitions that carry an advantage, weighed with ``loss_aggregation``.
 
     Raises:
-        UserError: a transition has no reward or advantage (run the advantage estimator
-            first: :meth:`~agentbolt.lightningrl.LightningRL.process`), or malformed lengths.
+        UserError: a transition has no advantage (run the advantage estimator first:
+            :meth:`~agentbolt.lightningrl.LightningRL.process`), or malformed lengths.
     """
     weights = row_weights([t.rollout_id for t in transitions], [token_count(t) for t in transitions], loss_aggregation)
     rows = []
     for t, w in zip(transitions, weights, strict=True):
         where = f"transition {t.index} of rollout {t.rollout_id!r}"
-        if t.reward is None or t.advantage is None:
-            raise UserError(f"{where} has no reward or advantage: compute advantages with LightningRL first")
+        if t.advantage is None:
+            raise UserError(f"{where} has no advantage: compute advantages (LightningRL) before training")
         mask = [1 if m else 0 for m in t.response_mask] if t.response_mask is not None else [1] * len(t.response_ids)
         if len(mask) != len(t.response_ids):
             raise UserError(f"{where}: response_mask has {len(mask)} entries for {len(t.response_ids)} tokens")
@@ -107,7 +108,7 @@ def training_rows(
                 response_mask=mask,
                 behaviour_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
                 policy_version=t.policy_version,
-                reward=float(t.reward),
+                reward=None if t.reward is None else float(t.reward),
                 advantage=float(t.advantage),
                 loss_weight=w,
                 transition=t,
