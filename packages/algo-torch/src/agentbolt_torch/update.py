@@ -63,13 +63,19 @@ from agentbolt.lightningrl import (
     RolloutCorrection,
     TrainingRow,
     check_loss_aggregation,
-    rollout_correction,
     training_rows,
 )
 from agentbolt.types import Transition
 
 from . import update_checkpoint
-from .update_batches import PreparedTransition, assign_token_weights, micro_batches, mini_batches, prepare_items
+from .update_batches import (
+    PreparedTransition,
+    apply_correction,
+    assign_token_weights,
+    micro_batches,
+    mini_batches,
+    prepare_items,
+)
 from .update_config import UpdateConfig, UpdateMetrics
 from .update_forward import response_logprobs
 from .update_loss import kl_penalty, policy_loss
@@ -197,7 +203,7 @@ class PolicyUpdater:
                 if needs_old and (not single_pass or self.correction is not None):
                     self._recompute_old(needs_old)
                 if self.correction is not None:
-                    items, correction = self._correct(items)
+                    items, correction = apply_correction(items, self.correction)
                 first_step = True
                 for _ in range(cfg.epochs):
                     for mini in self._mini_batches(items):
@@ -294,28 +300,6 @@ class PolicyUpdater:
         self, rows: Sequence[TrainingRow] | Sequence[Transition], *, keep_empty: bool = False
     ) -> list[PreparedTransition]:
         return prepare_items(rows, self.policy.max_model_len, keep_empty=keep_empty)
-
-    def _correct(self, items: list[PreparedTransition]) -> tuple[list[PreparedTransition], dict[str, float]]:
-        """Core's off-policy correction on the whole batch: IS weights and rejection masks from the
-        behaviour (sampling) and the proximal (just recomputed) logprobs. Rows left with no
-        trained token after rejection drop out of the update."""
-        assert self.correction is not None
-        missing = [it for it in items if it.old is None]
-        if missing:
-            raise UserError(
-                f"{len(missing)} rows have no behaviour (sampling) logprobs, which off-policy correction needs "
-                "(LightningRL leaves such calls out with reason no_logprobs when rollout_is / rollout_rs is set)"
-            )
-        result = rollout_correction(
-            [it.old for it in items],  # type: ignore[misc]
-            [it.recomputed for it in items],  # type: ignore[misc]
-            [[1 if m > 0 else 0 for m in it.mask] for it in items],
-            self.correction,
-        )
-        for it, weights, mask in zip(items, result.weights, result.masks, strict=True):
-            it.set_mask(mask)
-            it.is_weights = weights
-        return [it for it in items if it.n_tokens > 0], result.stats
 
     def _mini_batches(self, items: list[PreparedTransition]) -> list[list[PreparedTransition]]:
         return mini_batches(items, self.config.mini_batches, self._rng)

@@ -18,10 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentbolt.errors import UserError
-from agentbolt.lightningrl import TrainingRow, token_loss_weights
+from agentbolt.lightningrl import RolloutCorrection, TrainingRow, rollout_correction, token_loss_weights
 from agentbolt.types import Transition
 
-__all__ = ["PreparedTransition", "assign_token_weights", "micro_batches", "mini_batches", "prepare_items"]
+__all__ = [
+    "PreparedTransition",
+    "apply_correction",
+    "assign_token_weights",
+    "micro_batches",
+    "mini_batches",
+    "prepare_items",
+]
 
 
 @dataclass
@@ -52,6 +59,32 @@ class PreparedTransition:
         """Replace the mask (rejection) and recount the trained tokens."""
         self.mask = [float(m) for m in mask]
         self.n_tokens = int(sum(1 for m in self.mask if m > 0))
+
+
+def apply_correction(
+    items: list[PreparedTransition], correction: RolloutCorrection
+) -> tuple[list[PreparedTransition], dict[str, float]]:
+    """Core's off-policy correction on a whole batch: IS weights and rejection masks from the
+    behaviour (``old``, recorded at sampling) and proximal (``recomputed``) logprobs. Returns the
+    items left with a trained token and the correction's statistics."""
+    missing = [it for it in items if it.old is None]
+    if missing:
+        raise UserError(
+            f"{len(missing)} rows have no behaviour (sampling) logprobs, which off-policy correction needs "
+            "(LightningRL leaves such calls out with reason no_logprobs when rollout_is / rollout_rs is set)"
+        )
+    if any(it.recomputed is None for it in items):
+        raise UserError("off-policy correction needs the proximal (recomputed) logprobs of every row")
+    result = rollout_correction(
+        [it.old for it in items],  # type: ignore[misc]
+        [it.recomputed for it in items],  # type: ignore[misc]
+        [[1 if m > 0 else 0 for m in it.mask] for it in items],
+        correction,
+    )
+    for it, weights, mask in zip(items, result.weights, result.masks, strict=True):
+        it.set_mask(mask)
+        it.is_weights = weights
+    return [it for it in items if it.n_tokens > 0], result.stats
 
 
 def assign_token_weights(mini: Sequence[PreparedTransition], loss_aggregation: str) -> None:
