@@ -55,7 +55,10 @@ class _TransferQueueIO(AgentboltTrainerMixin):
         padded = data.select(*[k for k in ("response_mask", "rollout_log_probs", "old_log_probs") if k in data])
         padded = padded.to_padded_tensor()
         return BatchFields(
-            extras=[None if pad else dict(extra or {}).get(EXTRA_KEY) for pad, extra in zip(padding, extra_fields, strict=True)],
+            extras=[
+                None if pad else dict(extra or {}).get(EXTRA_KEY)
+                for pad, extra in zip(padding, extra_fields, strict=True)
+            ],
             prompts=prompts,
             responses=responses,
             response_mask=padded["response_mask"],
