@@ -45,6 +45,9 @@ from ._verl import check_verl_version
 
 ADVANTAGE_SENTINEL = "agentbolt"
 """``algorithm.adv_estimator``: LightningRL computes the advantages (see :mod:`agentbolt_verl.registry`)."""
+LOSS_MODE = "agentbolt"
+"""``actor_rollout_ref.actor.policy_loss.loss_mode``: the one registered policy loss
+(:func:`agentbolt_verl.losses.compute_policy_loss_agentbolt`)."""
 
 __all__ = [
     "AGENT_LOOP_NAME",
@@ -290,8 +293,6 @@ def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
     ``max_staleness`` K becomes the V1 replay buffer's ``max_off_policy_threshold`` K + 1 (verl
     counts the versions a sample spans, the trained one included).
     """
-    from .losses import LOSS_MODE
-
     lrl = settings.lightningrl
     aggregation = lrl.loss_aggregation
     asynchronous = settings.async_

@@ -20,8 +20,8 @@ agentbolt-torch recomputes the weights per mini-batch instead).
 Select it with ``actor_rollout_ref.actor.policy_loss.loss_mode=agentbolt`` (the binding does).
 The loss runs in verl's worker processes: they import this module through
 ``actor_rollout_ref.model.external_lib=agentbolt_verl.registry`` (set by the binding). Entropy
-and KL terms use ``actor.loss_agg_mode`` (derived from ``loss_aggregation``; ``token-mean`` for
-``rollout-mean-token-mean``, which verl's aggregation cannot express).
+and KL terms use ``actor.loss_agg_mode``, derived from ``loss_aggregation`` (verl has no
+per-rollout mode: ``rollout-mean-token-mean`` maps to its per-sequence mean there).
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ import torch
 from agentbolt.errors import UserError
 
 from ._verl import import_verl
+from .config import LOSS_MODE
 
 core_algos = import_verl("verl.trainer.ppo.core_algos")
 
 __all__ = ["LOSS_MODE", "LOSS_WEIGHT_KEY", "compute_policy_loss_agentbolt", "register_losses"]
 
-LOSS_MODE = "agentbolt"
-"""Registered name (``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
 LOSS_WEIGHT_KEY = "rollout_is_weights"
 """The batch column that carries LightningRL's per-token loss weight (see the module docstring)."""
 
@@ -49,7 +48,7 @@ def compute_policy_loss_agentbolt(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-sum",
+    loss_agg_mode: str | None = None,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:

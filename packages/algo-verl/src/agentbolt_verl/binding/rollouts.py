@@ -295,7 +295,7 @@ class RolloutExecutor:
                     "response_logprobs": None if t.response_logprobs is None else list(t.response_logprobs),
                     # verl copies the last output's score onto every output (its reward metrics read
                     # it): the episode return. The row's own credit is in extra_fields.
-                    "reward_score": float(episode_return if episode_return is not None else t.reward or 0.0),
+                    "reward_score": episode_return if episode_return is not None else t.reward,
                     "num_turns": 2 * len(transitions),
                     "extra_fields": {
                         # verl's V1 agent loop copies this from the last output (KeyError if absent)
