@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import UserError
 from ..types import Rollout, Span, Transition
@@ -69,14 +69,24 @@ class LightningRLBatch:
     """The training rows (advantage and loss weight set); empty after :meth:`LightningRL.collect` alone."""
 
 
+class _Sampled(Protocol):
+    """An LLM call or a transition: what the off-policy rules read."""
+
+    @property
+    def policy_version(self) -> int | None: ...
+    @property
+    def response_logprobs(self) -> list[float] | None: ...
+
+
 def off_policy_exclusion(
-    config: LightningRLConfig, *, version: int | None, has_logprobs: bool, trained_version: int | None
+    config: LightningRLConfig, sampled: _Sampled, trained_version: int | None
 ) -> tuple[ExclusionReason, str] | None:
-    """Why a call (or transition) sampled by ``version`` may not be trained at ``trained_version``
-    under ``config`` (``max_staleness``, correction needing logprobs), or ``None``.
+    """Why a call (or transition) may not be trained at ``trained_version`` under ``config``
+    (``max_staleness``, correction needing logprobs), or ``None``.
 
     The staleness rule applies only when ``trained_version`` is known.
     """
+    version = sampled.policy_version
     bound = config.max_staleness
     if bound is not None and trained_version is not None:
         if version is None:
@@ -87,7 +97,7 @@ def off_policy_exclusion(
                 f"version {version} is {trained_version - version} behind the trained {trained_version} "
                 f"(max_staleness={bound})",
             )
-    if config.correction is not None and not has_logprobs:
+    if config.correction is not None and sampled.response_logprobs is None:
         return ExclusionReason.NO_LOGPROBS, "rollout_is / rollout_rs need the sampling logprobs"
     return None
 
@@ -153,13 +163,7 @@ class LightningRL:
         )
         exclusions = {}
         for call in episode.trainable_calls:
-            why = off_policy_exclusion(
-                cfg,
-                version=call.policy_version,
-                has_logprobs=call.response_logprobs is not None,
-                trained_version=policy_version,
-            )
-            if why is not None:
+            if (why := off_policy_exclusion(cfg, call, policy_version)) is not None:
                 exclusions[call.index] = why
         return episode.with_call_exclusions(exclusions) if exclusions else episode
 
@@ -367,13 +371,7 @@ class LightningRL:
         staleness: Counter[str] = Counter()
         excluded = Counter(report.excluded)
         for t in transitions:
-            why = off_policy_exclusion(
-                cfg,
-                version=t.policy_version,
-                has_logprobs=t.response_logprobs is not None,
-                trained_version=policy_version,
-            )
-            if why is not None:
+            if (why := off_policy_exclusion(cfg, t, policy_version)) is not None:
                 calls = _calls(t)
                 excluded[why[0].value] += calls
                 report.trained_calls -= min(calls, report.trained_calls)
