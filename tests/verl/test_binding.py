@@ -356,11 +356,12 @@ def test_gateway_follows_verls_weight_syncs() -> None:
     trainer.on_init_end()
     gateway = verl_helpers.GATEWAYS[-1]
     assert gateway.url == "http://gw:8100/v1"
-    assert log == ["update_weights", "set_upstreams", "resume"]
+    assert log == ["update_weights", "set_upstreams", "set_policy", "resume"]
     assert gateway.upstreams == ["http://10.0.0.1:8000/v1", "http://[fd00::1]:8001/v1"]
     coordinator = trainer._agentbolt_coordinator
     first = trainer._agentbolt_run(coordinator.store.get_resources())
     assert first.extra["verl_weights_version"] == 0
+    assert gateway.policy_version == first.version  # spans record the version that served each call
     assert first.llm.base_url == "http://gw:8100/v1" and first.llm.sampling["temperature"] == 0.8
     assert first.llm.sampling["max_tokens"] == trainer.config.actor_rollout_ref.rollout.response_length
 
@@ -370,9 +371,10 @@ def test_gateway_follows_verls_weight_syncs() -> None:
     log.clear()
     trainer.global_steps = 1
     trainer.on_step_end()  # new weights: publish a new version, resume (upstreams unchanged)
-    assert log == ["update_weights", "resume"] and not gateway.paused
+    assert log == ["update_weights", "set_policy", "resume"] and not gateway.paused
     latest = trainer._agentbolt_run(coordinator.store.get_resources())
     assert latest.version == first.version + 1 and latest.extra["verl_weights_version"] == 1
+    assert gateway.policy_version == latest.version
 
     gateway.drains = False
     log.clear()

@@ -52,6 +52,7 @@ class FakeGateway:
         self.url = url
         self.upstreams: list[str] = []
         self.paused = False
+        self.policy_version: int | None = None
 
     async def set_upstreams(self, urls):
         self.upstreams = list(urls)
@@ -68,6 +69,10 @@ class FakeGateway:
     async def drain(self, timeout=None):
         self.log.append("drain")
         return self.drains
+
+    async def set_policy(self, *, version=None, sampling=None, model=None):
+        self.policy_version = version
+        self.log.append("set_policy")
 
 
 GATEWAYS: list[FakeGateway] = []

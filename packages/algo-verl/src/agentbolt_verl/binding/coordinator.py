@@ -200,6 +200,11 @@ class WeightSyncCoordinator:
                     },
                 )
             )
+        set_policy = getattr(self.gateway, "set_policy", None)
+        if callable(set_policy) and self.resources is not None:
+            # each call's span records the version live when it ran: a rollout that spans a weight
+            # update keeps a version per call (staleness is measured per call)
+            await set_policy(version=self.resources.version)
         await self.gateway.resume()
         self.state = "serving"
         logger.info("gateway serving weights version %s from %d replica(s)", weights_version, len(urls))
