@@ -251,7 +251,7 @@ def _as_span(item: Any) -> t.Span | None:
 
 
 def _span_processor_base() -> type:
-    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace import SpanProcessor  # the SDK loads only when a runner installs capture
 
     return SpanProcessor
 
@@ -299,7 +299,7 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
 
 
 def _parent_span(parent_context: Any) -> Any:
-    from opentelemetry import trace
+    from opentelemetry import trace  # loaded with the SDK, on first use
 
     span = trace.get_current_span(parent_context)
     return span if span.get_span_context().is_valid else None
@@ -312,7 +312,7 @@ def install_otel() -> Any:
     processor. A non-SDK provider cannot take processors: a warning says so and OpenTelemetry
     spans are then not captured (the gateway still records every LLM call).
     """
-    from opentelemetry import trace
+    from opentelemetry import trace  # OpenTelemetry's SDK loads here, in runners, not on import
     from opentelemetry.sdk.trace import TracerProvider
 
     provider = trace.get_tracer_provider()

@@ -42,6 +42,7 @@ from .credit import CreditAssigner
 from .episode import Episode, ExclusionReason
 from .extraction import extract_episode
 from .merge import merge_transitions
+from .registry import get_advantage_estimator, get_credit_assigner
 from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
 from .rows import TrainingRow, training_rows
 
@@ -124,7 +125,6 @@ class LightningRL:
         plugins: Plugins | None = None,
         **overrides: Any,
     ) -> None:
-        from .registry import get_advantage_estimator, get_credit_assigner
 
         self.config = cfg = LightningRLConfig.from_value(config, **overrides)
         if isinstance(cfg.credit, str):

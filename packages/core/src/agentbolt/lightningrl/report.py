@@ -22,7 +22,7 @@ _HINTS = {
     "retokenized": "token ids were reconstructed from text; pass allow_retokenized=True to train on them",
     "token_drift": (
         "retokenized ids disagree with the backend's token counts or text: use the policy's own tokenizer "
-        "(Trainer(tokenizer=...)) and chat template, or a backend that returns token ids"
+        "(Trainer(capture=CaptureOptions(tokenizer=...))) and chat template, or a backend that returns token ids"
     ),
     "agent_not_selected": "agent_match selected none of these calls",
     "over_length": "raise max_prompt_length / max_response_length / max_length",

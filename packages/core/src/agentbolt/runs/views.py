@@ -21,6 +21,9 @@ from .. import types as t
 from ..errors import NotFoundError
 from ..store.run_records import RolloutSearch, Run
 from ..store.base import Store
+from ..errors import UserError
+from ..lightningrl import LightningRL
+from ..lightningrl import LightningRLConfig
 
 __all__ = [
     "METRIC_PRESETS",
@@ -254,8 +257,6 @@ def lightningrl_settings(run: Run | None) -> dict[str, Any]:
     """The :class:`~agentbolt.lightningrl.LightningRLConfig` the run trained with (its recorded
     ``lightningrl`` config, as :meth:`~agentbolt.lightningrl.LightningRLConfig.as_record`), else
     the defaults."""
-    from ..errors import UserError
-    from ..lightningrl import LightningRLConfig
 
     config = run.config.get("lightningrl") if run is not None else None
     if isinstance(config, dict):
@@ -273,7 +274,6 @@ def lightningrl_settings(run: Run | None) -> dict[str, Any]:
 def lightningrl_for(run: Run | None) -> Any:
     """A :class:`~agentbolt.lightningrl.LightningRL` configured like the run's (never raises on
     an empty batch)."""
-    from ..lightningrl import LightningRL
 
     return LightningRL(lightningrl_settings(run), allow_empty=True)
 

@@ -17,6 +17,7 @@ from packaging.version import Version
 from ... import semconv
 from ... import types as t
 from ...errors import MissingDependencyError, UserError
+from ...plugins.registry import default_plugins
 
 if TYPE_CHECKING:
     from .hooks import AdapterHooks
@@ -141,8 +142,6 @@ def instrument_adapters(
     appended to ``failures`` (as ``"name: why"``) when given: runners record them for ``agentbolt doctor``.
     """
     if plugins is None:
-        from ...plugins.registry import default_plugins
-
         plugins = default_plugins()
     active: list[Adapter] = []
     wanted = None if names is None else list(names)
