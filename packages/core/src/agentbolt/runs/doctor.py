@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from .. import semconv
 from .. import types as t
-from ..store.base import Store
 from ..lightningrl.extraction import extract_episode
 from ..lightningrl.spans import is_gateway_call
+from ..store.base import Store
 
 __all__ = ["CaptureCounts", "DoctorReport", "Finding", "diagnose", "doctor"]
 

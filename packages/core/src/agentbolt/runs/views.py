@@ -18,12 +18,10 @@ import orjson
 
 from .. import semconv
 from .. import types as t
-from ..errors import NotFoundError
-from ..store.run_records import RolloutSearch, Run
+from ..errors import NotFoundError, UserError
+from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
-from ..errors import UserError
-from ..lightningrl import LightningRL
-from ..lightningrl import LightningRLConfig
+from ..store.run_records import RolloutSearch, Run
 
 __all__ = [
     "METRIC_PRESETS",
