@@ -13,15 +13,16 @@ and at the end; metrics go to ``out_dir/metrics.jsonl`` and a PNG curve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
@@ -55,6 +56,13 @@ class TorchGRPOResult:
     metrics_path: str
     curve_png: str | None
     checkpoint: str | None
+    max_staleness: int | None = None
+    """The staleness bound of an asynchronous run (``None``: synchronous)."""
+    stale_calls: int = 0
+    """Calls left out of training because they were staler than ``max_staleness`` (counted by LightningRL)."""
+    untrained_rollouts: int = 0
+    """Asynchronous runs: rollouts started for batches after the last step, cancelled or left
+    untrained when training ended."""
     history: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,10 +92,21 @@ class TorchGRPO(Algorithm):
         resume: a checkpoint directory to start from.
         autocast: ``"auto"`` (bf16 where the hardware runs it fast, else fp32), ``"bfloat16"``,
             ``"float16"`` or ``None`` (fp32) for generation and the update.
+        swap: asynchronous training (``lightningrl.max_staleness`` set): how new weights reach
+            the policy server after an update, ``"inplace"`` (between two decode steps; calls in
+            flight go on with the new weights and keep the version they started with) or
+            ``"drain"`` (the gateway and the server let calls in flight finish first); see
+            :mod:`agentbolt_torch.asynchronous`.
         device, seed, plot: as named.
+
+    Asynchronous training: with ``lightningrl.max_staleness=K`` (or ``Trainer.fit(...,
+    max_staleness=K)``) the rollouts of the next K batches run while the policy updates and the
+    server answers from a copy of the weights; calls staler than K versions are dropped and
+    counted (:mod:`agentbolt_torch.asynchronous`).
     """
 
     name = "torch-grpo"
+    asynchronous = True
 
     def __init__(
         self,
@@ -111,6 +130,7 @@ class TorchGRPO(Algorithm):
         checkpoint_every: int | None = None,
         resume: str | Path | None = None,
         autocast: str | None = "auto",
+        swap: Literal["inplace", "drain"] = "inplace",
         device: str = "cpu",
         seed: int = 0,
         plot: bool = True,
@@ -139,6 +159,9 @@ class TorchGRPO(Algorithm):
         self.checkpoint_every = checkpoint_every
         self.resume = Path(resume) if resume else None
         self.autocast = autocast
+        if swap not in ("inplace", "drain"):
+            raise UserError(f"swap must be 'inplace' or 'drain', got {swap!r}")
+        self.swap = swap
         self.device = device
         self.seed = seed
         self.plot = plot
@@ -158,19 +181,60 @@ class TorchGRPO(Algorithm):
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
-        lrl = LightningRL(self.lightningrl)
-        metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
-        history: list[dict[str, float]] = []
+        run = _Run(
+            ctx,
+            policy,
+            updater,
+            LightningRL(self.lightningrl),
+            MetricsLogger(self.out_dir, append=self.resume is not None),
+        )
+        try:
+            accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=run.log_step)
+            if self.lightningrl.max_staleness is None:
+                await self._train_sync(run, train, val)
+            else:
+                from .asynchronous import train_async
 
-        def log_step(step: int, values: dict[str, float]) -> None:
-            values = {k: v for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
-            history.append({"step": step, **values})
-            metrics.log(values, step=step)
-            ctx.log_metrics(step, values)
+                await train_async(self, run, train, val)
+            accuracy_after, val_reward_after = (
+                await self._evaluate(ctx, policy, val, step=self.steps, log_step=run.log_step)
+                if self.steps
+                else (accuracy_before, val_reward_before)
+            )
+            checkpoint = None
+            if self.checkpoint_every:
+                checkpoint = str(await asyncio.to_thread(updater.save_checkpoint, self.out_dir / "checkpoint-final"))
+            curve = None
+            if self.plot:
+                curve = str(
+                    await asyncio.to_thread(
+                        plot_curves, run.metrics.path, self.out_dir / "curve.png", title=f"{self.name} on {policy.name}"
+                    )
+                )
+        finally:
+            run.metrics.close()
+        return TorchGRPOResult(
+            steps=len(run.step_times),
+            accuracy_before=accuracy_before,
+            accuracy_after=accuracy_after,
+            val_reward_before=val_reward_before,
+            val_reward_after=val_reward_after,
+            reward_first=run.rewards[0] if run.rewards else None,
+            reward_last=run.rewards[-1] if run.rewards else None,
+            seconds_per_step=statistics.fmean(run.step_times) if run.step_times else 0.0,
+            policy_version=policy.version,
+            metrics_path=str(run.metrics.path),
+            curve_png=curve,
+            checkpoint=checkpoint,
+            max_staleness=self.lightningrl.max_staleness,
+            stale_calls=run.stale_calls,
+            untrained_rollouts=run.untrained_rollouts,
+            history=run.history,
+        )
 
-        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
-        step_times: list[float] = []
-        rewards: list[float] = []
+    async def _train_sync(self, run: _Run, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
+        """The synchronous schedule: each step's rollouts, then its update while nothing generates."""
+        ctx, policy = run.ctx, run.policy
         epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
         for step, batch in enumerate(batches(train, self.batch_size, epochs=epochs, seed=self.seed), start=1):
             if step > self.steps:
@@ -186,71 +250,75 @@ class TorchGRPO(Algorithm):
                 step=step,
             )
             generated = time.monotonic()
-            engine = _engine_delta(engine_before, self._engine.stats)
-            reward = _mean_reward(rollouts)
-            try:
-                chosen = self._transitions_to_train(
-                    step, rollouts, await ctx.spans(rollouts), lrl, first=not step_times, policy_version=policy.version
-                )
-            except BaseException:
-                metrics.close()
-                raise
-            if chosen is None:
-                log_step(step, {"train/reward": reward, "train/skipped": 1.0})
-                continue
-            transitions, extra = chosen
-            update = await self._update(ctx, updater, transitions)
-            elapsed = time.monotonic() - started
-            step_times.append(elapsed)
-            rewards.append(reward)
-            values = {
-                "train/reward": reward,
-                "train/accuracy": self._accuracy(rollouts),
-                "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
-                "train/transitions": float(len(transitions)),
-                "time/step_s": elapsed,
-                "time/rollouts_s": generated - started,
-                "time/update_s": update.seconds,
-                **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
-                **engine,
-                **extra,
-            }
-            log_step(step, values)
-            if val and self.val_every and step % self.val_every == 0 and step < self.steps:
-                await self._evaluate(ctx, policy, val, step=step, log_step=log_step)
-            if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
-                await asyncio.to_thread(updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
-        accuracy_after, val_reward_after = (
-            await self._evaluate(ctx, policy, val, step=self.steps, log_step=log_step)
-            if self.steps
-            else (accuracy_before, val_reward_before)
-        )
-        checkpoint = None
-        if self.checkpoint_every:
-            checkpoint = str(await asyncio.to_thread(updater.save_checkpoint, self.out_dir / "checkpoint-final"))
-        curve = None
-        if self.plot:
-            curve = str(
-                await asyncio.to_thread(
-                    plot_curves, metrics.path, self.out_dir / "curve.png", title=f"{self.name} on {policy.name}"
-                )
+            timing = {"time/rollouts_s": generated - started, "time/trainer_wait_s": generated - started}
+            trained = await self._train_on(
+                run, step, rollouts, update=lambda rows: self._update(ctx, run.updater, rows), timing=timing
             )
-        metrics.close()
-        return TorchGRPOResult(
-            steps=len(step_times),
-            accuracy_before=accuracy_before,
-            accuracy_after=accuracy_after,
-            val_reward_before=val_reward_before,
-            val_reward_after=val_reward_after,
-            reward_first=rewards[0] if rewards else None,
-            reward_last=rewards[-1] if rewards else None,
-            seconds_per_step=statistics.fmean(step_times) if step_times else 0.0,
-            policy_version=policy.version,
-            metrics_path=str(metrics.path),
-            curve_png=curve,
-            checkpoint=checkpoint,
-            history=history,
+            if trained is not None:
+                elapsed = time.monotonic() - started
+                run.step_times.append(elapsed)
+                trained.update(_engine_delta(engine_before, self._engine.stats))
+                trained.update(_wait_shares(trained, elapsed, rollouts_wait_s=trained["time/update_s"]))
+                trained["time/step_s"] = elapsed
+                run.log_step(step, trained)
+            await self._after_step(run, step, val)
+
+    async def _train_on(
+        self,
+        run: _Run,
+        step: int,
+        rollouts: Sequence[t.Rollout],
+        *,
+        update: Callable[[list[Any]], Awaitable[tuple[Any, dict[str, float]]]],
+        timing: Mapping[str, float],
+    ) -> dict[str, float] | None:
+        """One step's training on finished ``rollouts``: LightningRL's rows (the staleness bound from
+        the policy's version), the update (``update``: rows -> metrics and extra values). Returns the
+        step's metrics for the caller to complete and log, or ``None`` when the update was skipped
+        (logged here)."""
+        reward = _mean_reward(rollouts)
+        chosen = self._transitions_to_train(
+            step,
+            rollouts,
+            await run.ctx.spans(rollouts),
+            run.lrl,
+            first=not run.step_times,
+            policy_version=run.policy.version,
         )
+        if chosen is None:
+            run.log_step(step, {"train/reward": reward, "train/skipped": 1.0, **timing})
+            return None
+        transitions, extra = chosen
+        result, more = await update(transitions)
+        run.rewards.append(reward)
+        run.stale_calls += int(extra.get("lightningrl/excluded/stale", 0))
+        return {
+            "train/reward": reward,
+            "train/accuracy": self._accuracy(rollouts),
+            "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
+            "train/transitions": float(len(transitions)),
+            **timing,
+            "time/update_s": result.seconds,
+            **{f"update/{k}": v for k, v in result.as_dict().items() if k not in ("step", "seconds")},
+            **extra,
+            **more,
+        }
+
+    async def _after_step(
+        self,
+        run: _Run,
+        step: int,
+        val: Sequence[t.Task],
+        *,
+        around_eval: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
+    ) -> None:
+        """Evaluation and checkpoint on their schedules after a step (the evaluation inside
+        ``around_eval()`` when given)."""
+        if val and self.val_every and step % self.val_every == 0 and step < self.steps:
+            async with around_eval() if around_eval is not None else contextlib.nullcontext():
+                await self._evaluate(run.ctx, run.policy, val, step=step, log_step=run.log_step)
+        if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
+            await asyncio.to_thread(run.updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
 
     _step_tag = "step"
     """Rollout-id tag of a training step (``step3``)."""
@@ -313,6 +381,8 @@ class TorchGRPO(Algorithm):
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
         self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)
+        if self.lightningrl.max_staleness is not None:
+            self._engine.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
         self._server = PolicyServer(self._engine, served_model_name=policy.name).start()
         log.info("policy server for %s at %s", policy.name, self._server.base_url)
         return policy, updater
@@ -325,7 +395,9 @@ class TorchGRPO(Algorithm):
             )
         )
 
-    async def _update(self, ctx: AlgorithmContext, updater: Any, transitions: list[Any]) -> Any:
+    async def _update(
+        self, ctx: AlgorithmContext, updater: Any, transitions: list[Any]
+    ) -> tuple[Any, dict[str, float]]:
         """Weights change only while nothing generates: gateway paused and drained, engine paused."""
         await asyncio.to_thread(ctx.gateway.pause)
         try:
@@ -333,7 +405,7 @@ class TorchGRPO(Algorithm):
             engine = self._engine
             await asyncio.to_thread(engine.pause, drain=True, timeout=120.0)
             try:
-                return await asyncio.to_thread(updater.update, transitions)
+                return await asyncio.to_thread(updater.update, transitions), {}
             finally:
                 engine.resume()
         finally:
@@ -381,3 +453,40 @@ def _engine_delta(before: Any, after: Any) -> dict[str, float]:
 def _mean_reward(rollouts: Sequence[t.Rollout]) -> float:
     values = [r.final_reward if r.final_reward is not None else 0.0 for r in rollouts]
     return statistics.fmean(values) if values else 0.0
+
+
+class _Run:
+    """What one run's loop carries: the context, the policy and its updater, LightningRL, the
+    metrics log and the running totals of the result."""
+
+    def __init__(self, ctx: AlgorithmContext, policy: Any, updater: Any, lrl: Any, metrics: Any) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self.updater = updater
+        self.lrl = lrl
+        self.metrics = metrics
+        self.history: list[dict[str, float]] = []
+        self.step_times: list[float] = []
+        self.rewards: list[float] = []
+        self.stale_calls = 0
+        self.untrained_rollouts = 0
+
+    def log_step(self, step: int, values: Mapping[str, float]) -> None:
+        """Record a step's finite numbers in the history, ``metrics.jsonl`` and the store."""
+        values = {k: v for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
+        self.history.append({"step": step, **values})
+        self.metrics.log(values, step=step)
+        self.ctx.log_metrics(step, values)
+
+
+def _wait_shares(values: Mapping[str, float], elapsed: float, *, rollouts_wait_s: float) -> dict[str, float]:
+    """The share of a step's wall time each side spent waiting for the other: the trainer for
+    rollouts (``time/trainer_wait_s``), the rollouts for the trainer (no training rollout could
+    run: the update of a synchronous step, the bound or a swap in an asynchronous one)."""
+    if elapsed <= 0:
+        return {}
+    return {
+        "time/rollouts_wait_s": rollouts_wait_s,
+        "time/trainer_wait_share": values.get("time/trainer_wait_s", 0.0) / elapsed,
+        "time/rollouts_wait_share": rollouts_wait_s / elapsed,
+    }

@@ -30,6 +30,10 @@ Design (continuous batching, one engine thread):
   ``torch.inference_mode`` and the policy's autocast, so an update never races generation.
   :meth:`GenerationEngine.pause` additionally stops admitting requests and, by default, drains
   the in-flight ones, so every response is sampled by a single policy version.
+- For asynchronous training, :meth:`GenerationEngine.serve_copy` makes generation read a copy
+  of the trainable weights under the copy's own lock, so the updater trains the policy at the
+  same time; :meth:`GenerationEngine.swap_weights` copies the new weights in at a version
+  boundary, draining the calls in flight or in place (:mod:`agentbolt_torch.serving`).
 - With bf16/fp16 autocast, the weights of every ``nn.Linear`` are cast to the autocast dtype
   **once per policy version** (not on every decode step, which is what autocast alone would do
   and which doubles decode time on CPU) and the forward runs through
@@ -84,6 +88,7 @@ from .engine_io import (
     TokenStep,
 )
 from .sampling import find_stop, held_back, sample_tokens
+from .serving import ServingWeights, SwapResult
 
 if TYPE_CHECKING:
     import torch
@@ -205,6 +210,7 @@ class GenerationEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()
+        self._weights: Policy | ServingWeights = policy
         low_precision = policy.autocast_dtype in (torch.bfloat16, torch.float16)
         self._cast_weights = cast_weights and low_precision
         self._cast: dict[str, torch.Tensor] | None = None
@@ -341,6 +347,63 @@ class GenerationEngine:
             self._frozen = False
             self._cv.notify_all()
 
+    # -- serving a copy of the weights (asynchronous training; see agentbolt_torch.serving) -----
+
+    @property
+    def served_version(self) -> int:
+        """The policy version of the weights generation uses now (the policy's own, unless
+        :meth:`serve_copy` is on and the policy trained since the last swap)."""
+        return self._weights.version
+
+    @property
+    def serving_copy(self) -> ServingWeights | None:
+        """The copy generation reads (:meth:`serve_copy`), or ``None`` when it reads the policy."""
+        return self._weights if isinstance(self._weights, ServingWeights) else None
+
+    def serve_copy(self) -> ServingWeights:
+        """Generate from a copy of the policy's trainable weights from now on, so that the policy
+        can be trained while generation runs (idempotent; see :mod:`agentbolt_torch.serving`).
+        :meth:`swap_weights` brings the copy up to date."""
+        current = self.serving_copy
+        if current is not None:
+            return current
+        weights = ServingWeights(self.policy)
+        with self._cv:
+            self._weights = weights
+        return weights
+
+    def swap_weights(self, *, drain: bool = True, timeout: float | None = None) -> SwapResult:
+        """Serve the policy's current weights and version: copy them into the serving copy while
+        generation is stopped, with the calls in flight finished first (``drain=True``) or
+        carried on with the new weights (``drain=False``, in place). Requests arriving meanwhile
+        wait in the queue. Thread-safe; returns the timings.
+
+        Raises:
+            UserError: :meth:`serve_copy` was not called (generation reads the policy itself).
+            TimeoutError: draining took longer than ``timeout`` (nothing was swapped).
+        """
+        weights = self.serving_copy
+        if weights is None:
+            raise UserError("swap_weights() needs serve_copy() first: generation reads the policy's own weights")
+        started = time.perf_counter()
+        previous = weights.version
+        try:
+            self.pause(drain=drain, timeout=timeout)
+            stopped = time.perf_counter()
+            carried = len(self._rows)
+            weights.load_from(self.policy)
+        finally:
+            self.resume()
+        done = time.perf_counter()
+        return SwapResult(
+            version=weights.version,
+            previous_version=previous,
+            drain=drain,
+            wait_s=stopped - started,
+            copy_s=done - stopped,
+            carried_rows=carried,
+        )
+
     @property
     def is_paused(self) -> bool:
         """True between :meth:`pause` and :meth:`resume`."""
@@ -446,7 +509,7 @@ class GenerationEngine:
 
     def _abort_handle(self, handle: RequestHandle) -> None:
         if handle.policy_version is None:
-            handle._admit(self.policy.version)
+            handle._admit(self._weights.version)
         for choice in range(handle.n):
             if handle.outputs[choice] is None:
                 output = Completion(choice, [], [], None, "", "abort", None, handle.policy_version or 0)
@@ -496,24 +559,24 @@ class GenerationEngine:
 
     def _forward(self, **kwargs: Any) -> Any:
         """One forward pass of the policy (call with the policy lock held, inside autocast)."""
-        policy = self.policy
+        policy, weights = self.policy, self._weights
         if not self._cast_weights:
-            return policy.model(**kwargs)
+            return weights.model(**kwargs)
         import torch
         from torch.func import functional_call
 
-        key = (policy.weights_generation, policy.version)
+        key = (weights.weights_generation, weights.version)
         if self._cast is None or self._cast_key != key:
             self._cast = None  # free the old copies first
             dtype = policy.autocast_dtype
             cast: dict[str, torch.Tensor] = {}
-            for name, module in policy.model.named_modules():
+            for name, module in weights.model.named_modules():
                 if isinstance(module, torch.nn.Linear):
                     cast[f"{name}.weight"] = module.weight.detach().to(dtype)
                     if module.bias is not None:
                         cast[f"{name}.bias"] = module.bias.detach().to(dtype)
             self._cast, self._cast_key = cast, key
-        return functional_call(policy.model, self._cast, args=(), kwargs=kwargs, tie_weights=False, strict=False)
+        return functional_call(weights.model, self._cast, args=(), kwargs=kwargs, tie_weights=False, strict=False)
 
     def _prefill(self, handles: list[RequestHandle]) -> None:
         """Admit ``handles``: their prompts' KV rows (computed once per distinct prompt, or from the
@@ -524,8 +587,8 @@ class GenerationEngine:
         t0 = time.perf_counter()
         device = self.policy.device
         stats = self._stats
-        with self.policy.lock:
-            version = self.policy.version
+        with self._weights.lock:
+            version = self._weights.version
             self._sync_prompt_cache()
             prompts: dict[tuple[int, ...], _PromptKV | None] = {}
             for handle in handles:
@@ -652,7 +715,7 @@ class GenerationEngine:
 
     def _sync_prompt_cache(self) -> None:
         """Empty the prompt cache when the weights or the version changed (call under the lock)."""
-        key = (self.policy.weights_generation, self.policy.version)
+        key = (self._weights.weights_generation, self._weights.version)
         if self._prompts_key != key:
             self._prompts.clear()
             self._prompts_bytes = 0
@@ -675,7 +738,7 @@ class GenerationEngine:
         batch = len(self._rows)
         positions = self._mask.sum(dim=-1, keepdim=True)
         mask = torch.cat([self._mask, self._mask.new_ones((batch, 1))], dim=1)
-        with self.policy.lock, self.policy.autocast():
+        with self._weights.lock, self.policy.autocast():
             out = self._forward(
                 input_ids=self._next[:, None],
                 attention_mask=mask,

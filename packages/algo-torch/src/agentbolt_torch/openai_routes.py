@@ -194,7 +194,9 @@ class PolicyRoutes:
 
     def error_response(self, exc: _HTTPError) -> JSONResponse:
         body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}}
-        return JSONResponse(body, status_code=exc.status, headers={POLICY_VERSION_HEADER: str(self.policy.version)})
+        return JSONResponse(
+            body, status_code=exc.status, headers={POLICY_VERSION_HEADER: str(self.engine.served_version)}
+        )
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         try:
@@ -228,24 +230,24 @@ class PolicyRoutes:
             "owned_by": "agentbolt",
             "root": self.model_name,
             "max_model_len": self.policy.max_model_len,
-            "policy_version": self.policy.version,
+            "policy_version": self.engine.served_version,
         }
         return JSONResponse(
-            {"object": "list", "data": [card]}, headers={POLICY_VERSION_HEADER: str(self.policy.version)}
+            {"object": "list", "data": [card]}, headers={POLICY_VERSION_HEADER: str(self.engine.served_version)}
         )
 
     async def health(self) -> dict[str, Any]:
         """``GET /health``: liveness, pause state, active and queued requests."""
         return {
             "status": "paused" if self.engine.is_paused else "ok",
-            "policy_version": self.policy.version,
+            "policy_version": self.engine.served_version,
             "active_sequences": self.engine.num_active,
             "queued_requests": self.engine.num_queued,
         }
 
     async def stats(self) -> dict[str, Any]:
         """``GET /stats``: the engine's counters."""
-        return {"policy_version": self.policy.version, **self.engine.stats.as_dict()}
+        return {"policy_version": self.engine.served_version, **self.engine.stats.as_dict()}
 
     async def chat_completions(self, request: Request) -> Any:
         """``POST /v1/chat/completions`` (streaming or not, tools, token ids, logprobs)."""

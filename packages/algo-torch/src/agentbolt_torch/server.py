@@ -1,5 +1,9 @@
 """The policy server: the OpenAI-compatible app of :mod:`agentbolt_torch.openai_routes` (routes,
-parameters, token ids and logprobs in vLLM's shapes) served by uvicorn on a background thread."""
+parameters, token ids and logprobs in vLLM's shapes) served by uvicorn on a background thread.
+
+While a policy trains, the server can keep answering from a copy of its weights and swap the
+new weights in at a version boundary: :meth:`PolicyServer.serve_copy` and
+:meth:`PolicyServer.swap_weights` (:mod:`agentbolt_torch.serving`)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from agentbolt.store.server.uvicorn_thread import UvicornThread
 
 from .engine import GenerationEngine
 from .openai_routes import POLICY_VERSION_HEADER, create_app
+from .serving import ServingWeights, SwapResult
 
 __all__ = ["POLICY_VERSION_HEADER", "PolicyServer", "create_app"]
 
@@ -91,6 +96,25 @@ class PolicyServer:
         """``with server.paused(): updater.update(...)`` (see :meth:`GenerationEngine.paused`):
         requests arriving meanwhile wait instead of failing."""
         return self.engine.paused(drain=drain, timeout=timeout)
+
+    def serve_copy(self) -> ServingWeights:
+        """Answer calls from a copy of the policy's weights from now on, so the policy can train
+        while the server keeps serving (:meth:`GenerationEngine.serve_copy`)."""
+        return self.engine.serve_copy()
+
+    def swap_weights(self, *, drain: bool = True, timeout: float | None = None) -> SwapResult:
+        """Serve the policy's current weights and version from now on (after :meth:`serve_copy`):
+        with ``drain=True`` the calls in flight finish on the old weights first, with ``False``
+        they continue on the new ones; calls arriving meanwhile wait. See
+        :meth:`GenerationEngine.swap_weights` and :mod:`agentbolt_torch.serving`.
+
+        Example (train while serving, then swap)::
+
+            server.serve_copy()
+            metrics = updater.update(rows)  # the server keeps answering from the copy
+            server.swap_weights()           # now it answers from the updated weights
+        """
+        return self.engine.swap_weights(drain=drain, timeout=timeout)
 
     def __enter__(self) -> PolicyServer:
         return self.start()

@@ -198,6 +198,37 @@ class AlgorithmContext:
         store when this returns (the gateway is flushed). Returns the final rollouts in task
         order; ``timeout`` leaves unfinished ones as they are (check their status).
         """
+        rollouts = await self.enqueue_rollouts(tasks, group_size=group_size, mode=mode, tag=tag, step=step)
+        ids = [r.rollout_id for r in rollouts]
+        phase = self.progress.phase(description or f"{mode.value} rollouts{f' ({tag})' if tag else ''}", len(ids))
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        done = 0
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            states = await self.store.wait_for_rollouts(ids, timeout=1.0 if remaining is None else min(remaining, 1.0))
+            finished = sum(r.status.is_final for r in states)
+            if finished > done:
+                phase.advance(finished - done)
+                done = finished
+            if finished == len(ids) or (remaining is not None and remaining <= 0):
+                break
+        phase.done()
+        await asyncio.to_thread(self.gateway.flush)
+        return states
+
+    async def enqueue_rollouts(
+        self,
+        tasks: Sequence[t.Task],
+        *,
+        group_size: int = 1,
+        mode: t.RolloutMode = t.RolloutMode.TRAIN,
+        tag: str = "",
+        step: int | None = None,
+    ) -> list[t.Rollout]:
+        """Enqueue every task ``group_size`` times and return at once (the queued rollouts, in
+        task order): what :meth:`run_rollouts` does before it waits, for an algorithm that keeps
+        rollouts running while it trains. Same ids, groups and pinned resources version."""
         if group_size < 1:
             raise UserError(f"group_size must be at least 1, got {group_size}")
         specs = []
@@ -220,24 +251,7 @@ class AlgorithmContext:
                         step=step,
                     )
                 )
-        rollouts = await self.store.enqueue(specs)
-        ids = [r.rollout_id for r in rollouts]
-        phase = self.progress.phase(description or f"{mode.value} rollouts{f' ({tag})' if tag else ''}", len(ids))
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        done = 0
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            states = await self.store.wait_for_rollouts(ids, timeout=1.0 if remaining is None else min(remaining, 1.0))
-            finished = sum(r.status.is_final for r in states)
-            if finished > done:
-                phase.advance(finished - done)
-                done = finished
-            if finished == len(ids) or (remaining is not None and remaining <= 0):
-                break
-        phase.done()
-        await asyncio.to_thread(self.gateway.flush)
-        return states
+        return await self.store.enqueue(specs)
 
     async def spans(self, rollouts: Sequence[t.Rollout]) -> dict[str, list[t.Span]]:
         """The spans of each rollout's final attempt, in ``seq`` order."""
@@ -284,6 +298,9 @@ class Algorithm(abc.ABC):
     ``agentbolt_register_algorithms`` (or pass an instance to :class:`~agentbolt.trainer.Trainer`)."""
 
     name: ClassVar[str] = "algorithm"
+    asynchronous: ClassVar[bool] = False
+    """True when the algorithm trains asynchronously once its ``lightningrl`` config has
+    ``max_staleness`` set (see :meth:`set_max_staleness`)."""
 
     def run_config(self) -> dict[str, Any]:
         """Settings recorded with the run (JSON): the public attributes, by default, leaving out
@@ -299,6 +316,29 @@ class Algorithm(abc.ABC):
             if not k.startswith("_") and not any(s in k.lower() for s in secret)
         }
         return json.loads(json.dumps(public, default=str))
+
+    def set_max_staleness(self, max_staleness: int) -> None:
+        """Train asynchronously with this staleness bound (what ``Trainer.fit(..., max_staleness=K)``
+        calls): rollouts of the next batches run while the policy updates, and a call sampled by a
+        policy more than ``max_staleness`` versions older than the one being trained is left out
+        and counted, never trained (``0``: on-policy only, the synchronous schedule).
+
+        The bound has one home, :attr:`LightningRLConfig.max_staleness
+        <agentbolt.lightningrl.LightningRLConfig.max_staleness>`: this sets it on the algorithm's
+        ``lightningrl`` attribute (an algorithm that trains a policy with LightningRL keeps its
+        config there and reads the bound from it to schedule its rollouts). An algorithm that
+        does not declare :attr:`asynchronous` raises :class:`~agentbolt.errors.UserError`.
+        """
+        config = getattr(self, "lightningrl", None)
+        if not self.asynchronous or not isinstance(config, LightningRLConfig):
+            raise UserError(
+                f"algorithm {self.name!r} has no asynchronous mode: max_staleness applies to algorithms that "
+                "train a policy with LightningRL asynchronously (torch-grpo, torch-sft; agentbolt-verl: "
+                "'async' and 'lightningrl.max_staleness' in its YAML)"
+            )
+        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+            raise UserError(f"max_staleness must be an integer >= 0 (0: on-policy), got {max_staleness!r}")
+        self.lightningrl = config.replace(max_staleness=max_staleness)
 
     def run_model(self) -> str | None:
         """The policy model recorded with the run: the ``model`` attribute when it is a string."""

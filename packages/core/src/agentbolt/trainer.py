@@ -157,9 +157,19 @@ class Trainer:
 
     # -- public API -----------------------------------------------------------------------------
 
-    def fit(self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None) -> Any:
-        """Run the algorithm on ``train`` (and ``val``); returns what the algorithm returns."""
-        return _run(self.afit(train, val))
+    def fit(
+        self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None, *, max_staleness: int | None = None
+    ) -> Any:
+        """Run the algorithm on ``train`` (and ``val``); returns what the algorithm returns.
+
+        ``max_staleness=K`` trains asynchronously: rollouts for the next batches run while the
+        policy updates, and calls sampled more than K policy versions before the one being
+        trained are dropped and counted (``0``: on-policy). It sets the algorithm's
+        :attr:`LightningRLConfig.max_staleness <agentbolt.lightningrl.LightningRLConfig.max_staleness>`
+        (:meth:`Algorithm.set_max_staleness <agentbolt.algorithm.Algorithm.set_max_staleness>`;
+        an algorithm instance is changed in place); ``None`` keeps what the algorithm has.
+        """
+        return _run(self.afit(train, val, max_staleness=max_staleness))
 
     def dev(
         self,
@@ -200,9 +210,13 @@ class Trainer:
             self._print_evaluate(result)
         return result
 
-    async def afit(self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None) -> Any:
+    async def afit(
+        self, train: Sequence[Any] | None = None, val: Sequence[Any] | None = None, *, max_staleness: int | None = None
+    ) -> Any:
         """:meth:`fit` for callers already on an event loop."""
         algorithm = self._make_algorithm()
+        if max_staleness is not None:
+            algorithm.set_max_staleness(max_staleness)
         return await self._run_algorithm(algorithm, as_tasks(train), as_tasks(val))
 
     # -- internals ------------------------------------------------------------------------------
