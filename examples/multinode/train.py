@@ -27,6 +27,7 @@ from multinode_agent import gated_math_agent  # noqa: E402
 from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--val", type=int, default=8)
     p.add_argument("--runners", type=int, default=2, help="Ray runner workers (one per worker node here)")
+    add_async_argument(p)
     p.add_argument("--out", default="runs/multinode")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         store=args.store,
         runners=RunnerOptions(
             n=args.runners,
-            concurrency=args.batch_size * args.group_size,
+            concurrency=rollouts_in_flight(args.batch_size, args.group_size, args.max_staleness),
             kind="ray",
             ray_address=args.ray,
             ray_options={
@@ -78,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         gateway=GatewayOptions(host=args.gateway_host, token=token),
         progress=False,
     )
-    result = trainer.fit(make_tasks(200, seed=1, prefix="train-"), make_tasks(args.val, seed=2, prefix="val-"))
+    result = trainer.fit(
+        make_tasks(200, seed=1, prefix="train-"),
+        make_tasks(args.val, seed=2, prefix="val-"),
+        max_staleness=args.max_staleness,
+    )
     summary = result.to_dict()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))

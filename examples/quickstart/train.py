@@ -3,6 +3,9 @@
     ./dev quickstart                                  # the defaults below (about 20 minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
+    # asynchronous: the next batch's rollouts run while the policy updates (calls at most 1 version stale)
+    uv run python examples/quickstart/train.py --async 1
+
     # SFT, then RL from its weights (--init-from: a checkpoint directory or a Hugging Face model dir)
     uv run python examples/quickstart/train.py --algorithm torch-sft --steps 5 --out runs/quickstart-sft
     uv run python examples/quickstart/train.py --init-from runs/quickstart-sft/checkpoint-final --steps 20
@@ -33,6 +36,7 @@ from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 from agentbolt_torch.metrics import step_means  # noqa: E402
 from agentbolt_torch.sft import TorchSFT, model_dir_of  # noqa: E402
 
@@ -58,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--no-tool", action="store_true", help="leave the calculator tool out (one call per question)")
+    add_async_argument(p)
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
     p.add_argument("--store", default="sqlite:///runs/quickstart.db", help="store URL")
@@ -100,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         math_agent_no_tool if args.no_tool else math_agent,
         algorithm,
         store=args.store,
-        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=300.0),
+        runners=RunnerOptions(
+            n=args.runners,
+            concurrency=rollouts_in_flight(args.batch_size, args.group_size, args.max_staleness),
+            timeout_s=300.0,
+        ),
         progress=not args.no_progress,
     )
-    result = trainer.fit(train, val)
+    result = trainer.fit(train, val, max_staleness=args.max_staleness)
     summary = result.to_dict()
     (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))
 
@@ -122,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens: "
             f"{means.get('engine/prompt_tokens', 0):,.0f} prompt tokens computed, "
             f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache",
+            flush=True,
+        )
+    if args.max_staleness is not None and means:
+        print(
+            f"asynchronous (max_staleness={args.max_staleness}): per step the trainer waited "
+            f"{means.get('time/trainer_wait_share', 0):.0%} of the time for rollouts and the rollouts "
+            f"{means.get('time/rollouts_wait_share', 0):.0%} for the trainer; mean staleness of trained calls "
+            f"{means.get('lightningrl/staleness_mean', 0):.2f}; {result.stale_calls} stale calls dropped",
             flush=True,
         )
     return 0

@@ -33,6 +33,7 @@ from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
 
 AGENT_SETS = {
@@ -62,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
+    add_async_argument(p)
     p.add_argument("--store", default="sqlite:///runs/sql_agent.db", help="store URL")
     p.add_argument("--out", default="runs/sql_agent", help="metrics, curve and checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
@@ -138,11 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         sql_agent,
         algorithm,
         store=args.store,
-        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=600.0),
+        runners=RunnerOptions(
+            n=args.runners,
+            concurrency=rollouts_in_flight(args.batch_size, args.group_size, args.max_staleness),
+            timeout_s=600.0,
+        ),
         progress=not args.no_progress,
     )
     started = time.time()
-    result = trainer.fit(train, val)
+    result = trainer.fit(train, val, max_staleness=args.max_staleness)
     n = len(val)
     summary = {
         **result.to_dict(),

@@ -37,6 +37,7 @@ both as shares of the step (``time/*_wait_share``), ``time/swap_s``, ``async/car
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import bisect
 import contextlib
@@ -57,7 +58,7 @@ from .serving import SwapResult
 if TYPE_CHECKING:
     from .algorithm import TorchGRPO, _Run
 
-__all__ = ["GroupStream", "train_async"]
+__all__ = ["GroupStream", "add_async_argument", "rollouts_in_flight", "train_async"]
 
 log = logging.getLogger(__name__)
 
@@ -349,3 +350,21 @@ def _evaluation_guard(algo: TorchGRPO, run: _Run, stream: GroupStream) -> Any:
                 await stream.release()
 
     return guard
+
+
+def rollouts_in_flight(batch_size: int, group_size: int, max_staleness: int | None) -> int:
+    """How many rollouts may run at once: a step's, and asynchronously the next ``max_staleness``
+    steps' too (give the runners this much concurrency so the admitted rollouts all run)."""
+    return batch_size * group_size * (1 + (max_staleness or 0))
+
+
+def add_async_argument(parser: argparse.ArgumentParser) -> None:
+    """The examples' ``--async K`` option (``args.max_staleness``; ``None`` when not given)."""
+    parser.add_argument(
+        "--async",
+        dest="max_staleness",
+        type=int,
+        metavar="K",
+        help="train asynchronously: rollouts of the next K batches run while the policy updates; calls sampled "
+        "more than K versions before the trained one are dropped and counted (0: on-policy; default: synchronous)",
+    )

@@ -193,6 +193,9 @@ STEP_KEYS = (
     "engine/busy_s",
     "update/prompt_len_mean",
     "update/response_len_mean",
+    "time/trainer_wait_share",
+    "time/rollouts_wait_share",
+    "lightningrl/staleness_mean",
 )
 """What :func:`step_means` averages by default: where a training step's time goes."""
 
