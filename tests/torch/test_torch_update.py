@@ -408,3 +408,62 @@ def test_correction_refuses_ratios_against_the_sampling_policy_and_rows_without_
     bare = Transition(rollout_id="r", index=0, prompt_ids=[5, 6], response_ids=[7, 8], advantage=1.0)
     with pytest.raises(UserError, match="behaviour"):
         updater.update([bare])
+
+
+@pytest.mark.parametrize(
+    ("lora", "share", "checkpointing"),
+    [(None, False, False), (None, True, False), (LoraSettings(r=4, alpha=8), True, False), (None, True, True)],
+    ids=["full", "full-shared", "lora-shared", "full-shared-checkpointing"],
+)
+def test_chunked_output_head_gives_the_model_logits_update(
+    monkeypatch: pytest.MonkeyPatch, lora: LoraSettings | None, share: bool, checkpointing: bool
+) -> None:
+    """Hidden states through the output head in recomputed chunks (a few positions each here) give
+    the logprobs, entropies, losses and weight change of the model's own full logits."""
+    from agentbolt_torch import update_forward
+
+    results = []
+    for chunked in (False, True):
+        with monkeypatch.context() as patch:
+            if chunked:
+                vocab = int(update_forward._output_head(fresh_policy().model).weight.shape[0])
+                patch.setattr(update_forward, "LOGIT_CHUNK_BYTES", 4 * vocab * 3)  # 3 positions per chunk
+            else:
+                patch.setattr(update_forward, "_output_head", lambda model: None)  # the model's own logits
+            torch.manual_seed(0)
+            policy = fresh_policy(lora=lora, autocast=False)
+            transitions = group_transitions(policy, PROMPTS)
+            config = UpdateConfig(
+                lr=1.0,
+                eps=1.0,
+                kl_coef=0.5,
+                entropy_coef=0.1,
+                logit_temperature=0.7,
+                share_prompts=share,
+                gradient_checkpointing=checkpointing,
+                micro_batch_tokens=10_000,
+            )
+            updater = PolicyUpdater(policy, config)
+            logprobs = updater.compute_logprobs(transitions)
+            before = trainable(policy)
+            metrics = updater.update(transitions)
+            delta = {k: v - before[k] for k, v in trainable(policy).items()}
+            results.append((logprobs, delta, metrics))
+    (lp_a, w_a, m_a), (lp_b, w_b, m_b) = results
+    for a, b in zip(lp_a, lp_b, strict=True):
+        assert b == pytest.approx(a, abs=1e-5)
+    for name in ("loss", "pg_loss", "kl", "entropy"):
+        assert getattr(m_b, name) == pytest.approx(getattr(m_a, name), rel=1e-5, abs=1e-6), name
+    assert m_b.grad_norm == pytest.approx(m_a.grad_norm, rel=1e-4)
+    scale = max(v.abs().max().item() for v in w_a.values())
+    assert scale > 1e-4
+    assert max((w_a[k] - w_b[k]).abs().max().item() for k in w_a) < 1e-4 * scale
+
+
+def test_output_head_is_used_only_when_logits_are_exactly_the_head() -> None:
+    from agentbolt_torch import update_forward
+
+    policy = fresh_policy()
+    assert update_forward._output_head(policy.model) is policy.model.get_output_embeddings()
+    policy.model.config.final_logit_softcapping = 30.0  # Gemma-style soft-capping: the model's own logits
+    assert update_forward._output_head(policy.model) is None

@@ -2,7 +2,12 @@
 
 Sequences are laid out like in generation: prompts left-padded to a common length so all
 responses start at the same column, responses right-padded; ``position_ids = cumsum(mask) - 1``.
-Logits are computed only for response positions (``logits_to_keep``), which keeps memory small.
+Only response positions go through the output head, and **in chunks** of at most
+:data:`LOGIT_CHUNK_BYTES` of fp32 logits (:func:`_head_logprobs`): each chunk's logits are
+recomputed in the backward pass instead of kept (``torch.utils.checkpoint``), so a micro-batch
+never holds its full ``[rows, response, vocab]`` logits, their softmax and their gradient at
+once (SmolLM2's 49,152-token vocabulary made those the largest buffers of the update). The
+recomputation costs one extra output-head product per response token in the backward pass.
 With prompt sharing (``UpdateConfig.share_prompts``), transitions with the same prompt (a GRPO
 group, packed together by :func:`~agentbolt_torch.update_batches.micro_batches`) run their
 prompt once with a KV cache, and the responses run against the cache rows of their prompt:
@@ -22,7 +27,11 @@ if TYPE_CHECKING:
 
     from .policy import Policy
 
-__all__ = ["response_logprobs"]
+__all__ = ["LOGIT_CHUNK_BYTES", "response_logprobs"]
+
+
+LOGIT_CHUNK_BYTES = 64 * 2**20
+"""Most fp32 logits one chunk of the output head holds (64 MiB: 341 positions of a 49k vocabulary)."""
 
 
 def response_logprobs(
@@ -39,41 +48,127 @@ def response_logprobs(
 
     ``model`` is the policy's model, its reference, or the policy's model with adapters off;
     ``policy`` gives the device, the pad token and the autocast. With ``share_prompts``, a
-    micro-batch whose transitions share prompts runs each prompt once (:func:`_shared_prompt_logits`).
+    micro-batch whose transitions share prompts runs each prompt once (:func:`_shared_prompt_hidden`).
     Entropies carry gradients only with ``entropy_grad``.
     """
+    head = _output_head(model)
+    if head is None:  # an output head with extra steps (e.g. logit soft-capping): the model's own logits
+        logits, targets, processed = _response_outputs(policy, model, micro, share_prompts, hidden=False)
+        logp, entropy = _logprobs_from_logits(logits, targets, logit_temperature, with_entropy, entropy_grad)
+        return logp, entropy, processed
+    hidden, targets, processed = _response_outputs(policy, model, micro, share_prompts, hidden=True)
+    logp, entropy = _head_logprobs(
+        policy, head, hidden, targets, micro, logit_temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+    return logp, entropy, processed
+
+
+def _output_head(model: Any) -> Any:
+    """The model's output projection when its logits are exactly ``head(last hidden state)``, else ``None``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    config = getattr(base, "config", None)
+    if head is None or not hasattr(base, "get_decoder") or getattr(head, "bias", None) is not None:
+        return None
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return head
+
+
+def _decoder(model: Any) -> Any:
+    """The transformer under the output head (``peft`` adapters, injected in its layers, stay active)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
+
+
+def _logprobs_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     import torch
 
-    logits, targets, processed = _response_logits(policy, model, micro, share_prompts)
     logits = logits.float()
-    if logit_temperature != 1.0:
-        logits = logits / logit_temperature
+    if temperature != 1.0:
+        logits = logits / temperature
     log_z = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = None
     if with_entropy:
-        ctx = contextlib.nullcontext() if entropy_grad else torch.no_grad()
-        with ctx:
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
             probs = torch.softmax(logits, dim=-1)
             entropy = log_z - (probs * logits).sum(-1)
-    return logp, entropy, processed
+    return logp, entropy
 
 
-def _response_logits(
-    policy: Policy, model: Any, micro: list[PreparedTransition], share_prompts: bool
+def _head_logprobs(
+    policy: Policy,
+    head: Any,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    micro: list[PreparedTransition],
+    temperature: float,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs (and entropies) [B, R] from the hidden states [B, R, H] predicting each response
+    token, through ``head`` in chunks of response positions; padding positions are skipped (0)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    B, R = targets.shape
+    lengths = torch.tensor([len(it.response) for it in micro], device=targets.device)
+    valid = (torch.arange(R, device=targets.device)[None, :] < lengths[:, None]).reshape(-1)
+    index = valid.nonzero().squeeze(-1)
+    flat_hidden = hidden.reshape(B * R, -1).index_select(0, index)
+    flat_targets = targets.reshape(-1).index_select(0, index)
+    vocab = int(head.weight.shape[0])
+    chunk = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
+    recompute = torch.is_grad_enabled() and flat_hidden.requires_grad
+
+    def piece(h: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with policy.autocast():
+            logits = head(h)
+        logp, entropy = _logprobs_from_logits(logits, target, temperature, with_entropy, entropy_grad)
+        return logp, entropy if entropy is not None else logp.new_zeros(())
+
+    logps, entropies = [], []
+    for start in range(0, flat_hidden.shape[0], chunk):
+        h, target = flat_hidden[start : start + chunk], flat_targets[start : start + chunk]
+        logp, entropy = checkpoint(piece, h, target, use_reentrant=False) if recompute else piece(h, target)
+        logps.append(logp)
+        entropies.append(entropy)
+    logp = hidden.new_zeros(B * R, dtype=torch.float32).index_put(
+        (index,), torch.cat(logps) if logps else hidden.new_zeros(0)
+    )
+    entropy = None
+    if with_entropy:
+        values = torch.cat(entropies) if entropies else hidden.new_zeros(0)
+        entropy = hidden.new_zeros(B * R, dtype=torch.float32).index_put((index,), values.to(torch.float32))
+        entropy = entropy.reshape(B, R)
+    return logp.reshape(B, R), entropy
+
+
+def _response_outputs(
+    policy: Policy, model: Any, micro: list[PreparedTransition], share_prompts: bool, *, hidden: bool
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Logits [B, R, V] predicting each response token, the targets [B, R], tokens processed."""
+    """The last hidden states [B, R, H] (``hidden``) or the logits [B, R, V] predicting each
+    response token, the targets [B, R], tokens processed."""
     groups: dict[tuple[int, ...], int] = {}
     rows = [groups.setdefault(it.prompt_key, len(groups)) for it in micro]
     if not share_prompts or len(groups) == len(micro):
         ids, attn, positions, targets = _batch_tensors(policy, micro)
         R = targets.shape[1]
         with policy.autocast():
-            out = model(
-                input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=R + 1, use_cache=False
-            )
-        return out.logits[:, :-1, :], targets, int(attn.sum())
-    return _shared_prompt_logits(policy, model, micro, list(groups), rows)
+            if hidden:
+                out = _decoder(model)(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
+                states = out.last_hidden_state[:, -(R + 1) : -1, :]
+            else:
+                out = model(
+                    input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=R + 1, use_cache=False
+                )
+                states = out.logits[:, :-1, :]
+        return states, targets, int(attn.sum())
+    return _shared_prompt_outputs(policy, model, micro, list(groups), rows, hidden=hidden)
 
 
 def _batch_tensors(policy: Policy, micro: list[PreparedTransition]) -> tuple[torch.Tensor, ...]:
@@ -98,16 +193,23 @@ def _batch_tensors(policy: Policy, micro: list[PreparedTransition]) -> tuple[tor
     return ids.to(device), attn.to(device), positions.to(device), targets.to(device)
 
 
-def _shared_prompt_logits(
-    policy: Policy, model: Any, micro: list[PreparedTransition], prompts: list[tuple[int, ...]], rows: list[int]
+def _shared_prompt_outputs(
+    policy: Policy,
+    model: Any,
+    micro: list[PreparedTransition],
+    prompts: list[tuple[int, ...]],
+    rows: list[int],
+    *,
+    hidden: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Like the plain pass, but each distinct prompt runs once and responses use its KV cache.
 
     Pass 1: the distinct ``prompts``, left-padded to P, with a fresh cache; the last
-    position's logits predict every response's first token. The cache rows are then
+    position's output predicts every response's first token. The cache rows are then
     repeated to one per transition (``prompts[rows[i]]`` is transition i's prompt). Pass 2: the
     responses minus their last token, right-padded, attend to their prompt's cache rows
     (mask = prompt mask + response mask, positions continue from each prompt's length).
+    Returns hidden states (``hidden``) or logits, as :func:`_response_outputs`.
     """
     import torch
     from transformers import DynamicCache
@@ -131,28 +233,34 @@ def _shared_prompt_logits(
     index = torch.tensor(rows, device=device)
     prompt_mask = prompt_mask.to(device)
     cache = DynamicCache(config=policy.base_model.config)
+    forward = _decoder(model) if hidden else model
+    keep: dict[str, Any] = {} if hidden else {"logits_to_keep": 1}
+
+    def last(out: Any, sl: slice) -> torch.Tensor:
+        return out.last_hidden_state[:, sl, :] if hidden else out.logits[:, sl, :]
+
     with policy.autocast():
-        out = model(
+        out = forward(
             input_ids=prompt_ids.to(device),
             attention_mask=prompt_mask,
             position_ids=prompt_positions.to(device),
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            **keep,
         )
-        logits = out.logits[:, -1:, :].index_select(0, index)
+        states = last(out, slice(-1, None)).index_select(0, index)
         if R > 1:
             cache_select(cache, index)
             lengths = prompt_mask.sum(-1).index_select(0, index)
             inputs, inputs_mask = response_ids[:, :-1].to(device), response_mask[:, :-1].to(device)
             positions = lengths[:, None] + torch.arange(R - 1, device=device)[None, :]
-            out = model(
+            out = forward(
                 input_ids=inputs,
                 attention_mask=torch.cat([prompt_mask.index_select(0, index), inputs_mask], dim=1),
                 position_ids=positions,
                 past_key_values=cache,
                 use_cache=True,
             )
-            logits = torch.cat([logits, out.logits], dim=1)
+            states = torch.cat([states, last(out, slice(None))], dim=1)
     processed = sum(len(p) for p in prompts) + int(response_mask.sum())
-    return logits, response_ids.to(device), processed
+    return states, response_ids.to(device), processed
