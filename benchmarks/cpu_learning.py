@@ -47,11 +47,11 @@ BATCH, GROUP, MAX_NEW, LR, SEED = 8, 4, 40, 1e-5, 0
 
 
 def train_tasks() -> list[dict[str, Any]]:
-    return make_tasks(4000, seed=1, prefix="train-")
+    return make_tasks(4000, seed=1, prefix="train-", heldout=False)
 
 
 def val_tasks(n: int) -> list[dict[str, Any]]:
-    return make_tasks(n, seed=2, prefix="val-")
+    return make_tasks(n, seed=2, prefix="val-", heldout=True)
 
 
 def cpu_pressure() -> str:

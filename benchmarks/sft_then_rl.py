@@ -40,7 +40,9 @@ def _fit(algorithm: Any, db: Path, n_val: int) -> Any:
     trainer = Trainer(
         math_agent_no_tool, algorithm, store=f"sqlite:///{db}", n_runners=1, concurrency=BATCH * GROUP, progress=False
     )
-    return trainer.fit(make_tasks(4000, seed=1, prefix="train-"), make_tasks(n_val, seed=2, prefix="val-"))
+    return trainer.fit(
+        make_tasks(4000, seed=1, prefix="train-", heldout=False), make_tasks(n_val, seed=2, prefix="val-", heldout=True)
+    )
 
 
 def main() -> int:
