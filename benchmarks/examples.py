@@ -215,22 +215,32 @@ def examples_table(names: list[str], records: dict[str, RunRecord | None], trivi
     return "\n".join(_table(header, rows))
 
 
-def quickstart_block(record: RunRecord | None) -> str:
-    """The top README's sentence on the quickstart's published run."""
+def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
+    """The top README's paragraph on the quickstart's published run."""
     if record is None:
         return "No published quickstart run yet (`docs/runs/quickstart/result.json`)."
-    score = record.heldout[record.headline.partition("/")[0]]
+    name = record.headline.partition("/")[0]
+    score = record.heldout[name]
     notes = stage_notes(score.stages)
-    return (
-        f"Published run ([`docs/runs/quickstart/`](docs/runs/quickstart/result.json): `{record.command}`, "
-        f"commit `{record.commit[:12]}`, {record.date}, {record.machine}): held-out accuracy "
+    extra = record.extra
+    text = (
+        f"[`docs/runs/quickstart/`](docs/runs/quickstart/result.json): `{record.command}` at commit "
+        f"`{record.commit[:12]}` on {record.date} ({record.machine}), {record.model}. Held-out accuracy "
         f"**{_f(score.before)} ± {_f(score.before_se)} → {_f(score.after)} ± {_f(score.after_se)}** "
-        f"(n = {score.n} problems no training question asks, one sample each at T = 1.0; "
-        f"{_gain(record, record.headline.partition('/')[0])}"
+        f"(n = {score.n}, one sample each at T = 1.0; {_gain(record, name)}"
         + (f"; {notes}" if notes else "")
         + f") after {record.steps} steps, {_f(record.s_per_step, 1)} s per step, "
-        f"{_f(record.wall_s / 60, 1)} minutes in all."
+        f"{_f(record.wall_s / 60, 1)} minutes in all"
     )
+    if "time/rollouts_s" in extra and "time/update_s" in extra:
+        text += f" (per step: rollouts {_f(extra['time/rollouts_s'], 1)} s, update {_f(extra['time/update_s'], 1)} s"
+        if "engine/prompt_tokens" in extra and "engine/cached_prompt_tokens" in extra:
+            text += (
+                f"; {extra['engine/prompt_tokens']:,.0f} prompt tokens computed, "
+                f"{extra['engine/cached_prompt_tokens']:,.0f} served from the prompt cache"
+            )
+        text += ")"
+    return text + f". Best trivial policy: {best_trivial(trivial, name, score.metric)}."
 
 
 # -- the README blocks ----------------------------------------------------------------------------
@@ -238,10 +248,10 @@ def quickstart_block(record: RunRecord | None) -> str:
 
 def replace_block(text: str, marker: str, body: str) -> str:
     """``text`` with the lines between ``<!-- figures:MARKER -->`` and ``<!-- /figures:MARKER -->`` replaced."""
-    pattern = re.compile(rf"(<!-- figures:{re.escape(marker)} -->\n).*?(\n<!-- /figures:{re.escape(marker)} -->)", re.S)
+    pattern = re.compile(rf"(<!-- figures:{re.escape(marker)} -->\n).*?(<!-- /figures:{re.escape(marker)} -->)", re.S)
     if not pattern.search(text):
         raise LookupError(f"no '<!-- figures:{marker} -->' ... '<!-- /figures:{marker} -->' block")
-    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text, count=1)
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1)
 
 
 def readme_updates(repo: Path = REPO, env: dict[str, str] | None = None) -> dict[Path, str]:
@@ -259,7 +269,7 @@ def readme_updates(repo: Path = REPO, env: dict[str, str] | None = None) -> dict
             )
     top = (repo / "README.md").read_text(encoding="utf-8")
     top = replace_block(top, "examples", examples_table([n for n in names if n != "quickstart"], records, trivial))
-    top = replace_block(top, "quickstart", quickstart_block(records.get("quickstart")))
+    top = replace_block(top, "quickstart", quickstart_block(records.get("quickstart"), trivial.get("quickstart", [])))
     out[repo / "README.md"] = top
     return out
 
