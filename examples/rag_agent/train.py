@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         n_runners=args.runners,
         concurrency=args.batch_size * args.group_size,
         timeout_s=args.timeout,
+        upstream_timeout_s=args.timeout,  # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
         progress=not args.no_progress,
     )
     started = time.time()

@@ -66,7 +66,9 @@ def test_run_record_round_trip_and_checks(tmp_path: Path) -> None:
         RunRecord.model_validate(_record(surprise=1))
 
 
-def test_provenance_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
+def test_provenance_names_the_commit_and_a_dirty_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
     repo = tmp_path / "repo"
     (repo / "examples").mkdir(parents=True)
     script = repo / "examples" / "train.py"
@@ -85,6 +87,8 @@ def test_provenance_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     script.write_text("print(2)\n")
     assert provenance([str(script)])["commit"] == f"{sha}+dirty"
     assert provenance([str(script)], device="cuda")["machine"].endswith("cuda")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # thread settings lead the command
+    assert provenance([str(script), "-x"])["command"] == "OMP_WAIT_POLICY=PASSIVE python examples/train.py -x"
     outside = tmp_path / "elsewhere.py"
     outside.write_text("")
     assert provenance([str(outside)])["commit"] == "unknown"

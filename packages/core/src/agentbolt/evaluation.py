@@ -241,6 +241,10 @@ class RunRecord(BaseModel):
         return path
 
 
+RECORDED_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
+"""Environment settings a run record's command shows when they are set (thread counts and waits)."""
+
+
 def _git(*args: str, cwd: Path) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
@@ -266,7 +270,8 @@ def provenance(
 ) -> dict[str, str]:
     """``command``, ``commit``, ``date`` and ``machine`` of this process, for a :class:`RunRecord`.
 
-    ``command`` is ``python <argv...>`` with the script path relative to the repository;
+    ``command`` is ``python <argv...>`` with the script path relative to the repository, led by
+    the settings of :data:`RECORDED_ENV` that are set (they change speed, not results);
     ``commit`` is ``git rev-parse HEAD`` of ``repo`` (default: the script's repository), with
     ``+dirty`` when tracked files differ from it, or ``unknown`` outside a git checkout.
     ``machine`` names the CPU count, its vector extensions and ``device`` ("no GPU" for ``cpu``).
@@ -285,8 +290,9 @@ def provenance(
         sha = _git("rev-parse", "HEAD", cwd=Path(top)) or "unknown"
         dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=Path(top))
         commit = f"{sha}+dirty" if dirty else sha
+    env = [f"{k}={os.environ[k]}" for k in RECORDED_ENV if k in os.environ]
     return {
-        "command": shlex.join(["python", script, *argv[1:]]),
+        "command": shlex.join([*env, "python", script, *argv[1:]]),
         "commit": commit,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "machine": _machine(device),
