@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument(
-        "--val", type=int, default=0, help="held-out questions per held-out set, the first N (default 0: all)"
+        "--val", type=int, default=60, help="held-out questions per held-out set, the first N (default 60; 0: all)"
     )
     p.add_argument("--val-every", type=int, default=0, help="also evaluate every N steps (default 0: before/after)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
