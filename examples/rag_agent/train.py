@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="smollm2",
         help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)",
     )
-    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
     p.add_argument("--batch-size", type=int, default=6, help="questions per step (default 6)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=0, help="held-out questions, the first N of dev (default 0: all)")
