@@ -254,12 +254,18 @@ def replace_block(text: str, marker: str, body: str) -> str:
     return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1)
 
 
-def readme_updates(repo: Path = REPO, env: dict[str, str] | None = None) -> dict[Path, str]:
-    """Every README whose figures come from records, with its blocks regenerated (path -> new text)."""
+def readme_updates(
+    repo: Path = REPO, env: dict[str, str] | None = None, trivial: dict[str, list[dict[str, Any]]] | None = None
+) -> dict[Path, str]:
+    """Every README whose figures come from records, with its blocks regenerated (path -> new text).
+
+    ``trivial``: the examples' trivial-policy rows when already computed (else each
+    ``baselines.py`` runs, with ``env`` added to its environment).
+    """
     names = example_names(repo)
     runs = repo / "docs" / "runs"
     records = {name: load_record(name, runs) for name in names}
-    trivial = {name: trivial_scores(name, repo, env) for name in names}
+    trivial = trivial if trivial is not None else {name: trivial_scores(name, repo, env) for name in names}
     out: dict[Path, str] = {}
     for name in names:
         path = repo / "examples" / name / "README.md"
@@ -274,11 +280,10 @@ def readme_updates(repo: Path = REPO, env: dict[str, str] | None = None) -> dict
     return out
 
 
-def print_table(names: list[str], runs: Path = RUNS) -> None:
+def print_table(names: list[str], trivial: dict[str, list[dict[str, Any]]], runs: Path = RUNS) -> None:
     """The console table: held-out sets before -> after, gains, and every trivial policy."""
     for name in names:
         record = load_record(name, runs)
-        trivial = trivial_scores(name)
         print(f"== {name}")
         if record is None:
             print(f"   no record ({runs / name / 'result.json'})")
@@ -290,7 +295,7 @@ def print_table(names: list[str], runs: Path = RUNS) -> None:
                     f"{_f(score.after)} +- {_f(score.after_se)} (n={score.n}, {_gain(record, set_name)})"
                     + (f"  {stage_notes(score.stages)}" if score.stages else "")
                 )
-        for row in trivial:
+        for row in trivial.get(name, []):
             print(f"   trivial  {row['heldout']:<12} {row['policy']:<15} {row['metric']:<20} {_f(row['score'])}")
 
 
@@ -351,9 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"published {args.publish}: {', '.join(sorted(p.name for p in target.iterdir()))} in {target}")
         return 0
     if args.report:
-        print_table(args.names)
+        trivial = {name: trivial_scores(name) for name in example_names()}
+        print_table(args.names, trivial)
         stale = []
-        for path, text in readme_updates().items():
+        for path, text in readme_updates(trivial=trivial).items():
             if path.read_text(encoding="utf-8") != text:
                 stale.append(path)
                 if not args.check:
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"READMEs {verb}: {', '.join(str(p.relative_to(REPO)) for p in stale) or 'none'}")
         return 1 if args.check and stale else 0
     failed = [name for name in args.names if run_example(name, args.extra) != 0]
-    print_table(args.names, REPO / "runs")
+    print_table(args.names, {name: trivial_scores(name) for name in args.names}, REPO / "runs")
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0
