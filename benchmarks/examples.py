@@ -2,7 +2,7 @@
 
     uv run python benchmarks/examples.py                         # run every example's train.py (its defaults), one after the other
     uv run python benchmarks/examples.py --only sql_agent        # a subset (repeat --only or give a comma list)
-    uv run python benchmarks/examples.py --publish sql_agent     # copy runs/sql_agent/ 's record into docs/runs/sql_agent/
+    uv run python benchmarks/examples.py --publish sql_agent     # runs/sql_agent/'s record into docs/runs/sql_agent/, with its curve
     uv run python benchmarks/examples.py --report                # print the table from docs/runs/ and write the READMEs' figures
     uv run python benchmarks/examples.py --report --check        # exit 1 when a README figure differs from its record (CI)
 
@@ -40,7 +40,6 @@ from agentbolt.evaluation import RunRecord
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "docs" / "runs"
 README = REPO / "README.md"
-PUBLISHED_FILES = ("result.json", "metrics.jsonl", "curve.png")
 MAX_METRICS_BYTES = 256 * 1024
 """A published metrics.jsonl larger than this is refused (records stay small)."""
 
@@ -316,8 +315,51 @@ def run_example(name: str, extra: list[str]) -> int:
     return status
 
 
+def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
+    """The published curve: training reward per step (from ``metrics.jsonl``) and every held-out
+    set's metric before and after (or at each stage), with standard-error bars (from the record)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rewards = []
+    if metrics is not None and metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if isinstance(row.get("train/reward"), int | float):
+                rewards.append((row["step"], row["train/reward"]))
+    if rewards:
+        steps, values = zip(*rewards, strict=True)
+        left.plot(steps, values, "o-", alpha=0.5, label="per step")
+        window = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
+        left.plot(steps, window, lw=2, label="moving average (5)")
+        left.legend(loc="lower right")
+    left.set(title="training reward", xlabel="step", ylabel="mean reward of the step's rollouts")
+    for name, score in record.heldout.items():
+        staged = [(k, v) for k, v in score.stages.items() if "score" in v and set(score.stages) != {"before", "after"}]
+        points = [(k, v["score"], v.get("se", 0.0)) for k, v in staged] or [
+            ("before", score.before, score.before_se),
+            ("after", score.after, score.after_se),
+        ]
+        labels, ys, errors = zip(*points, strict=True)
+        right.errorbar(range(len(ys)), ys, yerr=errors, marker="o", capsize=4, label=f"{name} (n={score.n})")
+        right.set_xticks(range(len(labels)), labels)
+    metric = next(iter(record.heldout.values())).metric.replace("_", " ")
+    right.set(title=f"held-out {metric} (± se)", ylim=(0, 1))
+    right.legend(loc="upper left")
+    fig.suptitle(f"{record.example}: {record.model}, {record.steps} steps ({record.date}, {record.commit[:7]})")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def publish(name: str, source: Path, runs: Path = RUNS) -> Path:
-    """Copy a run's record (validated), metrics and curve from ``source`` into ``runs/<name>/``."""
+    """Copy a run's record (validated) and metrics from ``source`` into ``runs/<name>/`` and draw
+    its curve there from them (:func:`plot_record`)."""
     record = RunRecord.load(source / "result.json")
     if record.example != name:
         raise ValueError(f"{source / 'result.json'} is a record of {record.example!r}, not {name!r}")
@@ -326,9 +368,10 @@ def publish(name: str, source: Path, runs: Path = RUNS) -> Path:
         raise ValueError(f"{metrics} is {metrics.stat().st_size:,} bytes (> {MAX_METRICS_BYTES:,}); trim it first")
     target = runs / name
     target.mkdir(parents=True, exist_ok=True)
-    for file in PUBLISHED_FILES:
+    for file in ("result.json", "metrics.jsonl"):
         if (source / file).is_file():
             shutil.copyfile(source / file, target / file)
+    plot_record(record, target / "metrics.jsonl", target / "curve.png")
     return target
 
 

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from agent import execution_accuracy, run_query  # noqa: E402
-from data import ensure_bundled, heldout_sets  # noqa: E402
+from data import HELDOUT_PER_SET, ensure_bundled, heldout_sets  # noqa: E402
 
 METRIC = "execution_accuracy"
 
@@ -53,11 +53,15 @@ def _most_frequent_result(tasks: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return list(results.most_common(1)[0][0])
 
 
-def trivial_scores(data_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One row per (held-out set, policy): ``heldout``, ``policy``, ``metric``, ``score``, ``n``."""
+def trivial_scores(data_dir: Path | None = None, per_set: int = HELDOUT_PER_SET) -> list[dict[str, Any]]:
+    """One row per (held-out set, policy): ``heldout``, ``policy``, ``metric``, ``score``, ``n``.
+
+    On the questions ``train.py`` evaluates by default, the first ``per_set`` of each set (0: all).
+    """
     folder = Path(data_dir) if data_dir else ensure_bundled()
     rows = []
-    for name, tasks in heldout_sets(folder).items():
+    for name, every in heldout_sets(folder).items():
+        tasks = every[: per_set or None]
         frequent = values_query(_most_frequent_result(tasks))
         policies = {
             "constant": lambda t: f"SELECT count(*) FROM {_first_table(t)}",
@@ -83,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=None, help="a Spider folder (default: the bundled mini-Spider)")
+    p.add_argument("--val", type=int, default=HELDOUT_PER_SET, help="questions per held-out set, as train.py's --val")
     args = p.parse_args(argv)
-    for row in trivial_scores(args.data):
+    for row in trivial_scores(args.data, args.val):
         print(f"{row['heldout']:<12} {row['policy']:<15} {row['metric']} {row['score']:.3f} (n={row['n']})")
     return 0
 

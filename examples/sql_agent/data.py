@@ -29,6 +29,8 @@ from bundled import write_bundled
 SPIDER_URL = "https://yale-lily.github.io/spider"
 BUNDLED_VERSION = "spider-mini-v2"
 HELDOUT_KINDS = ("seen_dbs", "unseen_dbs")
+HELDOUT_PER_SET = 0
+"""Held-out questions per set that ``train.py`` evaluates by default, the first ones (0: all)."""
 SPLITS = {"train": "train_spider.json", "dev": "dev.json"}
 REQUIRED_FIELDS = ("db_id", "question", "query")
 

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner processes
 
 from agent import sql_agent  # noqa: E402
-from data import SpiderDataError, ensure_bundled, heldout_sets, load_split  # noqa: E402
+from data import HELDOUT_PER_SET, SpiderDataError, ensure_bundled, heldout_sets, load_split  # noqa: E402
 
 from agentbolt.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
@@ -50,7 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument(
-        "--val", type=int, default=60, help="held-out questions per held-out set, the first N (default 60; 0: all)"
+        "--val",
+        type=int,
+        default=HELDOUT_PER_SET,
+        help=f"held-out questions per held-out set, the first N (0: all; default {HELDOUT_PER_SET})",
     )
     p.add_argument("--val-every", type=int, default=0, help="also evaluate every N steps (default 0: before/after)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
