@@ -178,6 +178,15 @@ def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, A
             )
         header = ["held-out set", "metric", "n", "before", "after", "gain", "more", "best trivial policy"]
         lines += _table(header, rows)
+    if record is not None:
+        differs = []
+        for set_name, score in record.heldout.items():
+            sizes = {r["n"] for r in trivial if r["heldout"] == set_name}
+            if sizes and sizes != {score.n}:
+                shown = ", ".join(map(str, sorted(sizes)))
+                differs.append(f"{set_name} (the run: {score.n}, the trivial policies: {shown})")
+        if differs:
+            lines += ["", f"The run and the trivial policies saw different numbers of questions: {'; '.join(differs)}."]
     if trivial:
         lines += ["", f"Trivial policies (`examples/{name}/baselines.py`, scored by the example's own scoring):", ""]
         lines += _table(
