@@ -6,6 +6,7 @@
   edit requests (on top of the fake server).
 - :mod:`agentbolt.testing.store_conformance`: the suite every store backend passes (needs pytest).
 - :mod:`agentbolt.testing.postgres`: a throwaway PostgreSQL server.
+- :mod:`agentbolt.testing.outbound`: refuse and record connections that would leave the machine.
 
 Submodules import on demand, so ``import agentbolt.testing`` stays cheap and pytest-free.
 """
