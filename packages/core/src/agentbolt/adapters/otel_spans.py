@@ -5,7 +5,8 @@ Such instrumentations already record agents, tools and LLM calls as OpenTelemetr
 conventions of their own. Core captures every span started inside a rollout
 (:mod:`agentbolt.tracing`), whoever set the tracer provider; these hooks add, while installed:
 
-- a **span translator**: each captured span the instrumentation made is mapped by
+- a **span translator**: each captured span the instrumentation made (and no other adapter
+  marked) is mapped by
   :meth:`OtelSpanHooks.map_span` to a :class:`~agentbolt.adapters.UnitRecord` (kind, name,
   GenAI attributes) and stored as that adapter unit, its own attributes kept, its ids, parent,
   times and status unchanged (the tree is the instrumentation's own);
@@ -19,6 +20,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from .. import semconv
 from .. import types as t
 from ..tracing import add_span_translator, remove_span_translator
 from .hooks import AdapterHooks
@@ -55,8 +57,8 @@ class OtelSpanHooks(AdapterHooks):
 
     def translate(self, span: t.Span) -> t.Span | None:
         """The :data:`~agentbolt.tracing.SpanTranslator` these hooks add."""
-        if not self.active:
-            return None
+        if not self.active or semconv.ADAPTER in span.attributes:
+            return None  # another adapter's unit (e.g. AutoGen marks its own OpenTelemetry spans)
         try:
             record = self.map_span(span)
         except Exception as exc:
