@@ -31,11 +31,14 @@ def main(
     *,
     order: str,
     adapters: list[str] | None = None,
+    flush: Callable[[], Any] | None = None,
 ) -> None:
     """``setup()`` installs the user's instrumentation and returns a function listing the span
     names its own exporter received; ``load()`` then gives the agent, the fake backend and the
     tasks. ``order``: ``"before"`` (the user's instrumentation first) or ``"after"`` (agentbolt's
-    capture first, as when a runner starts before the agent's code sets up its instrumentation)."""
+    capture first, as when a runner starts before the agent's code sets up its instrumentation).
+    ``flush()``, when given, runs after the rollouts, still under the outbound guard: what makes
+    the instrumentation export what it queued (its periodic exporters would run later)."""
     with OutboundGuard() as guard:
         if order == "after":
             install_otel()
@@ -45,6 +48,8 @@ def main(
         with FakeLLMServer(backend) as server:
             trainer = Trainer(agent, store=store, n_runners=0, concurrency=2, progress=False, adapters=adapters)
             result = trainer.dev(list(tasks), llm=server.base_url, model="fake-model")
+        if flush is not None:
+            flush()
         summary = asyncio.run(_summary(store))
         summary["failed"] = result.failed
         summary["user_exporter"] = sorted(set(exported()))
