@@ -213,4 +213,3 @@ def test_opt_in_adapters_are_instrumented_only_when_named() -> None:
         assert adapter.instrumented
     finally:
         adapter.uninstrument()
-

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,17 +37,50 @@ _CONTENT_TEXT = re.compile(
     rf"^{re.escape(MessageAttributes.MESSAGE_CONTENTS)}\.(\d+)\.{re.escape(MessageContentAttributes.MESSAGE_CONTENT_TEXT)}$"
 )
 _TOOL_CALL_FIELD = re.compile(rf"^{re.escape(MessageAttributes.MESSAGE_TOOL_CALLS)}\.(\d+)\.(.+)$")
+_MAX_OPEN = 65_536
+"""Spans whose agent is remembered while they run (a span that never ends is forgotten past this)."""
 _REPR_ID = re.compile(r"^\w+\(id='([^']+)'")
 """The response id at the head of a pydantic repr (``ChatCompletion(id='chatcmpl-…', …)``)."""
 
 
 class OpenInferenceHooks(OtelSpanHooks):
-    """Maps spans that carry ``openinference.span.kind``; leaves every other span alone."""
+    """Maps spans that carry ``openinference.span.kind``; leaves every other span alone.
+
+    LLM spans also get ``gen_ai.agent.name`` of their agent when they start: an instrumentor may
+    never end an agent's span (smolagents' leaves it open when the run raises), and LightningRL
+    then still knows whose calls they were.
+    """
+
+    def __init__(self, adapter: str) -> None:
+        super().__init__(adapter)
+        self._agents: collections.OrderedDict[int, str] = collections.OrderedDict()
+        """Open span id -> name of the agent it runs in."""
+        self._agents_lock = threading.Lock()
+
+    def on_span_start(self, span: Any) -> None:
+        attrs = span.attributes or {}
+        kind = attrs.get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
+        if not isinstance(kind, str):
+            return
+        parent = span.parent.span_id if span.parent is not None else None
+        with self._agents_lock:
+            if kind.upper() == OpenInferenceSpanKindValues.AGENT.value:
+                name = _agent_name(attrs, span.name)
+            else:
+                name = self._agents.get(parent) if parent is not None else None
+            if name:
+                self._agents[span.get_span_context().span_id] = name
+                while len(self._agents) > _MAX_OPEN:
+                    self._agents.popitem(last=False)
+        if name and kind.upper() == OpenInferenceSpanKindValues.LLM.value and not attrs.get(semconv.GEN_AI_AGENT_NAME):
+            span.set_attribute(semconv.GEN_AI_AGENT_NAME, name)
 
     def map_span(self, span: t.Span) -> UnitRecord | None:
         kind = span.attributes.get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
         if not isinstance(kind, str) or not kind:
             return None
+        with self._agents_lock:
+            self._agents.pop(int(span.span_id, 16), None)  # it ended
         kind = kind.upper()
         if kind == OpenInferenceSpanKindValues.AGENT.value:
             return UnitRecord(semconv.KIND_AGENT, "", _agent_attributes(span))
@@ -57,10 +92,15 @@ class OpenInferenceHooks(OtelSpanHooks):
 
 
 def _agent_attributes(span: t.Span) -> dict[str, Any]:
-    name = first_attribute(span, SpanAttributes.AGENT_NAME)
-    if not isinstance(name, str):
-        name = span.name[: -len(_RUN_SUFFIX)] if span.name.endswith(_RUN_SUFFIX) else span.name
-    return {semconv.GEN_AI_AGENT_NAME: name or None}
+    return {semconv.GEN_AI_AGENT_NAME: _agent_name(span.attributes, span.name)}
+
+
+def _agent_name(attrs: Mapping[str, Any], span_name: str) -> str | None:
+    """``agent.name``, else the span's name (without smolagents' ``.run``)."""
+    name = attrs.get(SpanAttributes.AGENT_NAME)
+    if isinstance(name, str) and name:
+        return name
+    return span_name.removesuffix(_RUN_SUFFIX) or None
 
 
 def _llm_attributes(span: t.Span) -> dict[str, Any]:

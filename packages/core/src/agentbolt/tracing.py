@@ -45,10 +45,13 @@ __all__ = [
     "AgentboltSpanProcessor",
     "RolloutContext",
     "SpanSink",
+    "SpanStarter",
     "SpanTranslator",
+    "add_span_starter",
     "add_span_translator",
     "current_rollout",
     "install_otel",
+    "remove_span_starter",
     "remove_span_translator",
     "rollout_context",
 ]
@@ -60,6 +63,10 @@ _CURRENT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar
 SpanTranslator = Callable[["t.Span"], "t.Span | None"]
 """Maps a captured OpenTelemetry span (converted to a :class:`~agentbolt.types.Span`) onto
 agentbolt's conventions: returns the span to store instead, or ``None`` to store it unchanged."""
+SpanStarter = Callable[[Any], None]
+"""Sees an OpenTelemetry SDK span of a rollout as it starts (still writable), on the thread that
+started it: what must be known before the span ends (e.g. the agent a span belongs to, in case
+its agent's span never ends). Must be cheap and must not raise (errors are logged)."""
 
 
 @dataclass
@@ -302,7 +309,18 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
     def __init__(self) -> None:
         self._open: dict[tuple[int, int], tuple[SpanSink, str, str]] = {}
         self._translators: tuple[SpanTranslator, ...] = ()
+        self._starters: tuple[SpanStarter, ...] = ()
         self._lock = threading.Lock()
+
+    def add_starter(self, start: SpanStarter) -> None:
+        """Call ``start`` on the spans of rollouts that start from now on (once, however often added)."""
+        with self._lock:
+            if start not in self._starters:
+                self._starters = (*self._starters, start)
+
+    def remove_starter(self, start: SpanStarter) -> None:
+        with self._lock:
+            self._starters = tuple(f for f in self._starters if f != start)
 
     def add_translator(self, translate: SpanTranslator) -> None:
         """Apply ``translate`` to the spans of rollouts that end from now on (once, however often added)."""
@@ -331,6 +349,11 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
         span.set_attribute(semconv.ATTEMPT_ID, route[2])
         sctx = span.get_span_context()
         self._open[(sctx.trace_id, sctx.span_id)] = route
+        for start in self._starters:
+            try:
+                start(span)
+            except Exception as exc:  # starters guard themselves; this is the last line of defence
+                log.warning("a span starter failed on %r (%r)", getattr(span, "name", "?"), exc)
 
     def on_end(self, span: Any) -> None:
         sctx = span.get_span_context()
@@ -466,6 +489,27 @@ def add_span_translator(translate: SpanTranslator) -> bool:
         return False
     _processor_of(provider).add_translator(translate)
     return True
+
+
+def add_span_starter(start: SpanStarter) -> bool:
+    """Call ``start`` on every OpenTelemetry span of a rollout as it starts (see :data:`SpanStarter`);
+    installs the capture first. False when the global provider is not the SDK's."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = install_otel()
+    if not isinstance(provider, TracerProvider):
+        return False
+    _processor_of(provider).add_starter(start)
+    return True
+
+
+def remove_span_starter(start: SpanStarter) -> None:
+    """Stop calling ``start`` (a no-op when it was not added)."""
+    from opentelemetry import trace
+
+    processor = getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+    if processor is not None:
+        processor.remove_starter(start)
 
 
 def remove_span_translator(translate: SpanTranslator) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import semconv
 from .. import types as t
-from ..tracing import add_span_translator, remove_span_translator
+from ..tracing import add_span_starter, add_span_translator, remove_span_starter, remove_span_translator
 from .hooks import AdapterHooks
 from .propagation import propagate_to_gateway
 from .recorder import UnitRecord
@@ -50,10 +50,25 @@ class OtelSpanHooks(AdapterHooks):
                 "provider",
                 f"the global OpenTelemetry TracerProvider is not the SDK's: {self.adapter} spans are not captured",
             )
+        add_span_starter(self.start)
         propagate_to_gateway(self)
 
     def uninstall(self) -> None:
         remove_span_translator(self.translate)
+        remove_span_starter(self.start)
+
+    def on_span_start(self, span: Any) -> None:
+        """An OpenTelemetry SDK span of a rollout started (writable; on the agent's thread):
+        what must be noted before it ends. Keep it cheap."""
+
+    def start(self, span: Any) -> None:
+        """The :data:`~agentbolt.tracing.SpanStarter` these hooks add."""
+        if not self.active:
+            return
+        try:
+            self.on_span_start(span)
+        except Exception as exc:
+            self.guard("reading a starting span", exc)
 
     def translate(self, span: t.Span) -> t.Span | None:
         """The :data:`~agentbolt.tracing.SpanTranslator` these hooks add."""
