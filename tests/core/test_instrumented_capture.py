@@ -169,10 +169,10 @@ def test_outbound_guard_refuses_and_records_what_would_leave_the_machine() -> No
     with OutboundGuard() as guard:
         with socket.create_connection(server.getsockname(), timeout=5):
             pass  # loopback passes
-        with pytest.raises(OSError, match="refused resolve example.invalid"):
+        with pytest.raises(OSError, match=r"refused resolve example\.invalid"):
             socket.getaddrinfo("example.invalid", 443)
         probe = socket.socket()
-        with pytest.raises(OSError, match="refused connect 192.0.2.1:80"):
+        with pytest.raises(OSError, match=r"refused connect 192\.0\.2\.1:80"):
             probe.connect(("192.0.2.1", 80))  # TEST-NET-1: refused before any packet
         probe.close()
     server.close()
