@@ -7,8 +7,9 @@
 for Phoenix. Installed next to ``agentbolt-openinference``, those spans tell LightningRL which
 agent made each call and which tools ran.
 
-The prompts are short versions of smolagents' own (the default system prompt alone is about
-1,000 tokens, too much for a 135M model on CPU); passing ``prompt_templates`` is smolagents' way.
+The prompts are short versions of smolagents' own with one worked example each (the default
+system prompt alone is about 1,000 tokens, too much for a 135M model on CPU); passing
+``prompt_templates`` is smolagents' way.
 """
 
 from __future__ import annotations
@@ -24,16 +25,31 @@ from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 SmolagentsInstrumentor().instrument()  # the user's own instrumentation (as for Phoenix)
 
-SOLVER_PROMPT = """You solve arithmetic. Call the calculator with the expression, then call final_answer with the number.
+SOLVER_PROMPT = """You solve arithmetic: call the calculator with the expression, then final_answer with its result.
+Example:
+What is 3 + 4?
+<tool_call>
+{"name": "calculator", "arguments": {"expression": "3 + 4"}}
+</tool_call>
+Observation: 7
+<tool_call>
+{"name": "final_answer", "arguments": {"answer": "7"}}
+</tool_call>
 Tools:
 {%- for tool in tools.values() %}
 - {{ tool.name }}: {{ tool.description }}
 {%- endfor %}"""
-MANAGER_PROMPT = """You answer arithmetic questions. Ask your team member `solver` (give it the question as `task`), then call final_answer with the number it returns.
-Tools:
-{%- for tool in tools.values() %}
-- {{ tool.name }}: {{ tool.description }}
-{%- endfor %}
+MANAGER_PROMPT = """You answer arithmetic questions: give the question to your team member solver, then call final_answer with its result.
+Example:
+What is 3 + 4?
+<tool_call>
+{"name": "solver", "arguments": {"task": "What is 3 + 4?"}}
+</tool_call>
+Observation: 7
+<tool_call>
+{"name": "final_answer", "arguments": {"answer": "7"}}
+</tool_call>
+Team members:
 {%- for agent in managed_agents.values() %}
 - {{ agent.name }}: {{ agent.description }}
 {%- endfor %}"""

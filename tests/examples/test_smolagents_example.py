@@ -73,33 +73,16 @@ def test_train_script_runs_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
 
 SCRIPTED = textwrap.dedent(
     """
-    import json, re, sys
+    import asyncio, json, sys
     sys.path.insert(0, {example!r})
     from agent import agent, tasks
+    from scripted import scripted_backend
     from agentbolt.lightningrl import LightningRL
     from agentbolt.store.memory import MemoryStore
-    from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
+    from agentbolt.testing.fake_llm import FakeLLMServer
     from agentbolt.trainer import Trainer
-    import asyncio
 
-    def text(m):
-        c = m.get("content")
-        return "".join(p.get("text", "") for p in c) if isinstance(c, list) else str(c or "")
-
-    def observation(r):
-        found = re.search(r"Observation:\\s*(.+)", text(r.messages[-1]), re.S)
-        return found.group(1) if found else None
-
-    def question(r):
-        return next(text(m) for m in r.messages if m["role"] == "user")
-
-    backend = FakeLLM(rules=[
-        Rule(match=lambda r: observation(r) is not None,
-             reply=lambda r: ToolCalls([ToolCall("final_answer", {{"answer": re.findall(r"-?\\d+", observation(r))[-1]}})])),
-        Rule(match=lambda r: "solver" in json.dumps(r.body.get("tools", [])),
-             reply=lambda r: ToolCalls([ToolCall("solver", {{"task": question(r)}})])),
-        Rule(reply=lambda r: ToolCalls([ToolCall("calculator", {{"expression": re.search(r"(\\d+ \\+ \\d+)", question(r)).group(1)}})])),
-    ])
+    backend = scripted_backend()
     store = MemoryStore()
     with FakeLLMServer(backend) as server:
         Trainer(agent, store=store, n_runners=0, progress=False).dev(tasks(3, held_out=False), llm=server.base_url, model="fake-model")
