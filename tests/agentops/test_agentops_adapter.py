@@ -20,7 +20,7 @@ HERE = Path(__file__).parent
 
 
 def test_conformance_suite_passes() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("AGENTOPS_API_KEY", None)
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "agentops_conformance_suite.py", "-q", "-p", "no:cacheprovider"],
@@ -121,8 +121,8 @@ TRACER_SCRIPT = textwrap.dedent(
         return lambda: []
 
     def load():
-        import plain_agents
-        return plain_agents.calc_agent, plain_agents.calc_backend(), plain_agents.calc_tasks(2)
+        import openai_calc
+        return openai_calc.calc_agent, openai_calc.calc_backend(), openai_calc.calc_tasks(2)
 
     instrumented_harness.main(setup, load, order="after", adapters=["agentops-tracer"], flush=flush)
     """

@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 
 def test_conformance_suite_passes() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "openllmetry_conformance_suite.py", "-q", "-p", "no:cacheprovider"],
         capture_output=True,

@@ -4,16 +4,14 @@ the agent imports it, or when the tracer initializes it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.adapters import OtelSpanHooks, UnitRecord, first_attribute, text_attribute
+from agentbolt.adapters import OtelSpanHooks, UnitRecord, call_arguments, first_attribute, text_attribute
 
 __all__ = ["AgentOpsHooks"]
 
@@ -80,25 +78,12 @@ def _tool_attributes(span: t.Span) -> dict[str, Any]:
         semconv.GEN_AI_TOOL_NAME: first_attribute(span, TOOL_NAME, ENTITY_NAME, OPERATION_NAME)
         or span.name.removesuffix(".tool"),
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
-            _arguments(first_attribute(span, "agentops.tool.input", ENTITY_INPUT)), _MAX_TEXT
+            call_arguments(first_attribute(span, "agentops.tool.input", ENTITY_INPUT)), _MAX_TEXT
         ),
         semconv.GEN_AI_TOOL_CALL_RESULT: text_attribute(
             attrs.get("agentops.tool.output", attrs.get(ENTITY_OUTPUT)), _MAX_TEXT
         ),
     }
-
-
-def _arguments(value: Any) -> Any:
-    """The keyword arguments of a decorated call recorded as ``{"args": [], "kwargs": {...}}``,
-    else the input as it is."""
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            call = json.loads(value)
-        except ValueError:
-            return value
-        if isinstance(call, Mapping) and not call.get("args") and isinstance(call.get("kwargs"), Mapping):
-            return json.dumps(call["kwargs"], ensure_ascii=False)
-    return value
 
 
 # -- nothing to AgentOps' cloud without an API key ------------------------------------------------

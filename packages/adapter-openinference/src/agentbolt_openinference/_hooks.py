@@ -19,7 +19,7 @@ from openinference.semconv.trace import (
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.adapters import OtelSpanHooks, UnitRecord, first_attribute, text_attribute, tool_call
+from agentbolt.adapters import OtelSpanHooks, UnitRecord, call_arguments, first_attribute, text_attribute, tool_call
 
 __all__ = ["OpenInferenceHooks"]
 
@@ -125,23 +125,10 @@ def _tool_attributes(span: t.Span) -> dict[str, Any]:
         semconv.GEN_AI_TOOL_DESCRIPTION: text_attribute(attrs.get(SpanAttributes.TOOL_DESCRIPTION), _MAX_TEXT),
         semconv.GEN_AI_TOOL_CALL_ID: first_attribute(span, SpanAttributes.TOOL_ID, ToolCallAttributes.TOOL_CALL_ID),
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
-            _arguments(attrs.get(SpanAttributes.INPUT_VALUE)), _MAX_TEXT
+            call_arguments(attrs.get(SpanAttributes.INPUT_VALUE)), _MAX_TEXT
         ),
         semconv.GEN_AI_TOOL_CALL_RESULT: text_attribute(attrs.get(SpanAttributes.OUTPUT_VALUE), _MAX_TEXT),
     }
-
-
-def _arguments(value: Any) -> Any:
-    """A tool's arguments from its ``input.value``: the keyword arguments when the instrumentor
-    recorded the call as ``{"args": [], "kwargs": {...}}`` (smolagents), else the value as it is."""
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            call = json.loads(value)
-        except ValueError:
-            return value
-        if isinstance(call, Mapping) and not call.get("args") and isinstance(call.get("kwargs"), Mapping):
-            return json.dumps(call["kwargs"], ensure_ascii=False)
-    return value
 
 
 def _output_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:

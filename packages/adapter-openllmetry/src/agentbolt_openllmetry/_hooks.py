@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.semconv_ai import SpanAttributes, TraceloopSpanKindValues
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.adapters import OtelSpanHooks, UnitRecord, first_attribute, text_attribute
+from agentbolt.adapters import OtelSpanHooks, UnitRecord, call_arguments, first_attribute, text_attribute
 
 __all__ = ["OpenLLMetryHooks"]
 
@@ -55,20 +53,7 @@ def _tool_attributes(span: t.Span) -> dict[str, Any]:
     return {
         semconv.GEN_AI_TOOL_NAME: first_attribute(span, semconv.GEN_AI_TOOL_NAME, SpanAttributes.TRACELOOP_ENTITY_NAME),
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
-            _arguments(attrs.get(SpanAttributes.TRACELOOP_ENTITY_INPUT)), _MAX_TEXT
+            call_arguments(attrs.get(SpanAttributes.TRACELOOP_ENTITY_INPUT)), _MAX_TEXT
         ),
         semconv.GEN_AI_TOOL_CALL_RESULT: text_attribute(attrs.get(SpanAttributes.TRACELOOP_ENTITY_OUTPUT), _MAX_TEXT),
     }
-
-
-def _arguments(value: Any) -> Any:
-    """A tool's arguments from ``traceloop.entity.input`` (``{"args": [...], "kwargs": {...}}``):
-    the keyword arguments when there are no positional ones, else the input as it is."""
-    if isinstance(value, str) and value.startswith("{"):
-        try:
-            call = json.loads(value)
-        except ValueError:
-            return value
-        if isinstance(call, Mapping) and not call.get("args") and isinstance(call.get("kwargs"), Mapping):
-            return json.dumps(call["kwargs"], ensure_ascii=False)
-    return value

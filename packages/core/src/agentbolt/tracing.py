@@ -427,7 +427,6 @@ def _attach(provider: Any, processor: AgentboltSpanProcessor) -> None:
     if getattr(provider, "_agentbolt_processor", None) is None:
         provider.add_span_processor(processor)
         provider._agentbolt_processor = processor
-        provider._agentbolt_installed = True
 
 
 def _let_later_providers_join(ours: Any) -> None:

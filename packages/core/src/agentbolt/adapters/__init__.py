@@ -41,6 +41,7 @@ framework's namespace (``autogen.*``, ``langgraph.*``, ``openai_agents.*``) in t
 from __future__ import annotations
 
 from .attributes import (
+    call_arguments,
     chat_completion_attributes,
     request_attributes,
     text_attribute,
@@ -63,6 +64,7 @@ __all__ = [
     "ToolCall",
     "ToolCallRequests",
     "UnitRecord",
+    "call_arguments",
     "capture_span",
     "chat_completion_attributes",
     "check_distribution",
