@@ -46,7 +46,13 @@ def main(
         agent, backend, tasks = load()
         store = MemoryStore()
         with FakeLLMServer(backend) as server:
-            trainer = Trainer(agent, store=store, n_runners=0, concurrency=2, progress=False, adapters=adapters)
+            trainer = Trainer(
+                agent,
+                store=store,
+                runners={"n": 0, "concurrency": 2},
+                capture={"adapters": adapters},
+                progress=False,
+            )
             result = trainer.dev(list(tasks), llm=server.base_url, model="fake-model")
         if flush is not None:
             flush()

@@ -64,12 +64,13 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from agent import agent, tasks
 
+    from agentbolt.options import RunnerOptions
     from agentbolt.trainer import Trainer
 
     if args.store.startswith("sqlite:///"):
         Path(args.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     with FakeLLMServer(scripted_backend()) as server:
-        result = Trainer(agent, store=args.store, n_runners=0, progress=False).dev(
+        result = Trainer(agent, store=args.store, runners=RunnerOptions(n=0), progress=False).dev(
             tasks(args.tasks, held_out=False), llm=server.base_url, model="fake-model"
         )
     print(f"{result.succeeded} rollouts in {args.store}")

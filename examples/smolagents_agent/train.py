@@ -30,6 +30,7 @@ from agent import agent, tasks  # noqa: E402
 
 from agentbolt.lightningrl import LightningRL, LightningRLConfig  # noqa: E402
 from agentbolt.store import open_store  # noqa: E402
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 
@@ -82,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=600.0,
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=600.0),
         progress=not args.no_progress,
     )
     result = trainer.fit(train, val)

@@ -85,7 +85,7 @@ SCRIPTED = textwrap.dedent(
     backend = scripted_backend()
     store = MemoryStore()
     with FakeLLMServer(backend) as server:
-        Trainer(agent, store=store, n_runners=0, progress=False).dev(tasks(3, held_out=False), llm=server.base_url, model="fake-model")
+        Trainer(agent, store=store, runners={{"n": 0}}, progress=False).dev(tasks(3, held_out=False), llm=server.base_url, model="fake-model")
 
     async def main():
         rollouts = (await store.query_rollouts(limit=100)).items

@@ -20,8 +20,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from .. import semconv
-from .. import types as t
+from ... import semconv
+from ... import types as t
 from ..tracing import add_span_starter, add_span_translator, remove_span_starter, remove_span_translator
 from .hooks import AdapterHooks
 from .propagation import propagate_to_gateway
