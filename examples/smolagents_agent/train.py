@@ -29,8 +29,8 @@ sys.path.insert(0, str(HERE))  # agent.py; also in the runner processes
 from agent import agent, tasks  # noqa: E402
 
 from agentbolt.lightningrl import LightningRL, LightningRLConfig  # noqa: E402
-from agentbolt.store import open_store  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
+from agentbolt.store import open_store  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 
