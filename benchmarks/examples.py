@@ -7,7 +7,7 @@
     uv run python benchmarks/examples.py --report --check        # exit 1 when a README figure differs from its record (CI)
 
 An **example** is a folder ``examples/<name>/`` with a ``baselines.py`` (its trivial policies)
-or a published run record ``docs/runs/<name>/result.json`` (:class:`agentbolt.evaluation.RunRecord`:
+or a published run record ``docs/runs/<name>/result.json`` (:class:`agentbolt.runs.evaluation.RunRecord`:
 the command, commit, date and machine of the run, and each held-out set's metric before and
 after training with standard errors). The table puts beside every held-out set the scores of
 the example's trivial policies on it (``trivial_scores()`` of its ``baselines.py``, run in a
@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agentbolt.evaluation import RunRecord
+from agentbolt.runs.evaluation import RunRecord
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "docs" / "runs"

@@ -32,7 +32,7 @@ from openai import AsyncOpenAI
 from retrieval import SearchIndex
 from reward import scores
 
-from agentbolt.emit import emit_reward
+from agentbolt.capture.emit import emit_reward
 
 INSTRUCTIONS = "Answer the question. Search for facts you do not know. Give the answer inside <answer>...</answer>."
 MAX_TURNS = 3

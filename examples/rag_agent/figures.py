@@ -13,7 +13,7 @@ from typing import Any
 
 from agentbolt import types as t
 from agentbolt.algorithm import summarize
-from agentbolt.evaluation import latest_run, mean_and_se, read_heldout
+from agentbolt.runs.evaluation import latest_run, mean_and_se, read_heldout
 from agentbolt.store import open_store
 
 

@@ -34,7 +34,8 @@ from data import corpus, load_split, to_tasks, write_bundled  # noqa: E402
 from figures import run_figures  # noqa: E402
 from retrieval import build_index  # noqa: E402
 
-from agentbolt.evaluation import RunRecord, SetScore, provenance  # noqa: E402
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
+from agentbolt.runs.evaluation import RunRecord, SetScore, provenance  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
@@ -132,10 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         rag_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=args.timeout,
-        upstream_timeout_s=args.timeout,  # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=args.timeout),
+        # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        gateway=GatewayOptions(upstream_timeout_s=args.timeout),
         progress=not args.no_progress,
     )
     started = time.time()

@@ -30,8 +30,9 @@ sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner proces
 from agent import sql_agent  # noqa: E402
 from data import HELDOUT_PER_SET, SpiderDataError, ensure_bundled, heldout_sets, load_split  # noqa: E402
 
-from agentbolt.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
+from agentbolt.runs.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
@@ -150,10 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         sql_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=args.timeout,
-        upstream_timeout_s=args.timeout,  # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=args.timeout),
+        # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        gateway=GatewayOptions(upstream_timeout_s=args.timeout),
         progress=not args.no_progress,
     )
     started = time.time()

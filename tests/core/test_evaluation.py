@@ -1,4 +1,4 @@
-"""agentbolt.evaluation: held-out outcomes read back from a real store, standard errors, run records."""
+"""agentbolt.runs.evaluation: held-out outcomes read back from a real store, standard errors, run records."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score
+from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score
 from agentbolt.store import open_store
 
 

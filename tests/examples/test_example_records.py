@@ -1,6 +1,6 @@
 """Published figures come from committed run records, and the READMEs say what the records say.
 
-Every ``docs/runs/<example>/`` holds a valid :class:`agentbolt.evaluation.RunRecord` and the
+Every ``docs/runs/<example>/`` holds a valid :class:`agentbolt.runs.evaluation.RunRecord` and the
 run's metrics; every README block between ``<!-- figures:... -->`` markers equals what
 ``benchmarks/examples.py --report`` generates from the records (and the trivial policies), so a
 figure edited by hand, or a record replaced without regenerating the READMEs, fails here.
@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from agentbolt.evaluation import RunRecord
+from agentbolt.runs.evaluation import RunRecord
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "docs" / "runs"
@@ -36,7 +36,8 @@ bench = _load(REPO / "benchmarks/examples.py", "benchmarks_examples_for_records"
 
 
 def test_the_published_runs_are_there() -> None:
-    assert {"quickstart", "rag_agent", "sql_agent"} <= set(RECORDS)
+    # the examples whose figures the READMEs publish; the others' READMEs say "no published run yet"
+    assert {"sql_agent"} <= set(RECORDS)
 
 
 @pytest.mark.parametrize("name", RECORDS)
