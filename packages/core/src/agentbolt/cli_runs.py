@@ -3,7 +3,7 @@
 agentbolt runs list|show RUN                       --store URL
 agentbolt rollouts list --run RUN [--status ...]   --store URL
 agentbolt rollouts show ROLLOUT                    --store URL
-agentbolt export --run RUN --format jsonl|otlp     --store URL [--output FILE]
+agentbolt export --run RUN --format jsonl|otlp|sft-jsonl [--mode train|val|all] --store URL [--output FILE]
 agentbolt dashboard --store URL [--host 127.0.0.1 --port 4780] [--token T]
 
 Every command only reads the store. A store that cannot be opened (no such SQLite file, an
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -267,9 +269,15 @@ def rollouts_show(
             str(len(c.prompt_ids)),
             str(len(c.tokens)),
             _num(x.reward) if x else "-",
-            _num(x.advantage) if x else "-",
+            _num(x.advantage) if x and not v.held_out else "-",
             c.token_source,
-            "yes" if x else f"excluded: {c.exclusion}" if c.exclusion else "-",
+            "held-out: never trained"
+            if v.held_out
+            else "yes"
+            if x
+            else f"excluded: {c.exclusion}"
+            if c.exclusion
+            else "-",
         )
     console.print(table)
     if v.lightningrl_error:
@@ -279,30 +287,69 @@ def rollouts_show(
 # -- export ----------------------------------------------------------------------------------------
 
 
+class ExportMode(StrEnum):
+    train = "train"
+    val = "val"
+    all = "all"
+
+
+@dataclass
+class ExportCounts:
+    """What :func:`_export` wrote, per rollout mode."""
+
+    rollouts: Counter[str] = field(default_factory=Counter)
+    """Rollouts exported, by mode (``train`` / ``val``)."""
+    records: Counter[str] = field(default_factory=Counter)
+    """Records written (transitions or spans), by the mode of their rollout."""
+    left_out: Counter[str] = field(default_factory=Counter)
+    """Finished rollouts of the run that ``--mode`` left out, by mode."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.records.values())
+
+
+_MODE_NAMES = {"train": "training", "val": "held-out (val)"}
+
+
 async def _export(
-    store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], None], min_reward: float | None = None
-) -> int:
-    """Write the run's transitions (jsonl) or spans (OTLP JSON, one request per line); returns
-    how many records were written."""
+    store: Any,
+    run_id: str,
+    fmt: ExportFormat,
+    write: Callable[[bytes], None],
+    min_reward: float | None = None,
+    mode: ExportMode = ExportMode.train,
+) -> ExportCounts:
+    """Write the transitions (jsonl, sft-jsonl) or spans (OTLP JSON, one request per line) of the
+    run's finished rollouts of ``mode`` (training rollouts by default: held-out ones are never
+    trained on and must not leak into training data)."""
     from .dashboard.views import lightningrl_for
     from .runs import RolloutSearch
     from .server.otlp_json import spans_to_otlp_json
 
     run = await store.get_run(run_id)
+    counts = ExportCounts()
     rollouts: list[t.Rollout] = []
     offset = 0
     while True:
         page = await store.search_rollouts(RolloutSearch(run_id=run_id, limit=1000, offset=offset))
-        rollouts.extend(r for r in page.items if r.status.is_final)
+        for r in page.items:
+            if not r.status.is_final:
+                continue
+            if mode is ExportMode.all or r.mode.value == mode.value:
+                rollouts.append(r)
+                counts.rollouts[r.mode.value] += 1
+            else:
+                counts.left_out[r.mode.value] += 1
         offset += len(page.items)
         if not page.items or offset >= page.total:
             break
     rollouts.reverse()  # enqueue order
+    mode_of = {r.rollout_id: r.mode.value for r in rollouts}
     groups: dict[str, list[t.Rollout]] = {}
     for r in rollouts:
         groups.setdefault(r.group_id or r.rollout_id, []).append(r)
     lrl = lightningrl_for(run)
-    written = 0
     batch: list[t.Rollout] = []
     for members in [*groups.values(), []]:
         batch.extend(members)
@@ -315,19 +362,20 @@ async def _export(
             flat = [s for r in batch for s in spans[r.rollout_id]]
             if flat:
                 write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
-                written += len(flat)
+                for s in flat:
+                    counts.records[mode_of[s.rollout_id or ""]] += 1
         elif fmt is ExportFormat.sft_jsonl:
             from .export_sft import sft_records
 
             for record in sft_records(lrl.process(batch, spans).transitions, spans, min_reward=min_reward):
                 write(orjson.dumps(record) + b"\n")
-                written += 1
+                counts.records[mode_of[record["rollout_id"]]] += 1
         else:
             for x in lrl.process(batch, spans).transitions:
                 write(x.model_dump_json().encode() + b"\n")
-                written += 1
+                counts.records[mode_of[x.rollout_id]] += 1
         batch = []
-    return written
+    return counts
 
 
 def export(
@@ -342,6 +390,14 @@ def export(
             "transition per line in TRL's conversational format (messages) with input_ids/labels/masks.",
         ),
     ] = ExportFormat.jsonl,
+    mode: Annotated[
+        ExportMode,
+        typer.Option(
+            "--mode",
+            help="Which rollouts: train (default: held-out rollouts never leak into training data), val (the "
+            "held-out ones) or all.",
+        ),
+    ] = ExportMode.train,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
     store_token: TokenOption = None,
     min_reward: Annotated[
@@ -349,17 +405,30 @@ def export(
         typer.Option("--min-reward", help="sft-jsonl: only transitions whose reward is at least this."),
     ] = None,
 ) -> None:
-    """Export a run's transitions (made by LightningRL with the run's settings) or its spans."""
+    """Export a run's transitions (made by LightningRL with the run's settings) or its spans, of
+    its training rollouts unless --mode says otherwise."""
     out = output.open("wb") if output is not None else sys.stdout.buffer
     try:
-        n = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward))
+        counts = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward, mode))
     finally:
         if output is not None:
             out.close()
         else:
             out.flush()
     what = "spans" if fmt is ExportFormat.otlp else "transitions"
-    typer.echo(f"exported {n} {what} of {run}" + (f" to {output}" if output else ""), err=True)
+    parts = [
+        f"{counts.records[m]} from {counts.rollouts[m]} {_MODE_NAMES[m]} rollouts"
+        for m in ("train", "val")
+        if counts.rollouts[m] or (mode.value == m)
+    ]
+    left = [f"{n} {_MODE_NAMES[m]} rollouts left out" for m, n in sorted(counts.left_out.items()) if n]
+    typer.echo(
+        f"exported {counts.total} {what} of {run}"
+        + (f" to {output}" if output else "")
+        + f": {'; '.join(parts)}"
+        + (f" ({', '.join(left)}; --mode all includes them)" if left else ""),
+        err=True,
+    )
 
 
 # -- dashboard -------------------------------------------------------------------------------------
