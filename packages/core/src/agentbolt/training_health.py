@@ -15,10 +15,12 @@ error is the spread of the per-task differences over the square root of their nu
   without getting better at the task: it may exploit the reward function or memorise tasks.
   ``heldout_inconclusive`` (info): the same, except that the held-out set is too small to tell the
   two gains apart. ``no_heldout`` (info): the reward rose and nothing was held out to check it.
-- ``entropy_collapse`` (warning): in the last steps at least 95 % of the sampled response tokens
-  had probability >= 0.99 under the policy (the logprobs the gateway recorded; vLLM and
-  agentbolt-torch report the policy's own distribution, at temperature 1). The policy has become
-  nearly deterministic: its samples stop differing, group advantages vanish, learning stops.
+- ``entropy_collapse`` (warning): in the last steps the sampled response tokens had a mean
+  -log p of at most 0.1 nats, or at least 95 % of them had probability >= 0.99, under the policy
+  (the logprobs the gateway recorded: vLLM and agentbolt-torch report the policy's own
+  distribution, at temperature 1, so at T = 1 the mean -log p estimates the policy's entropy).
+  The policy has become nearly deterministic: its samples stop differing, group advantages
+  vanish, learning stops.
 - ``identical_samples`` (warning): at least half of the last steps' samples repeat, token for
   token, an earlier sample of their group; such groups have zero advantage.
 - ``tools_never_called`` (warning): the agent offered tools in the first and last steps and no
@@ -50,6 +52,7 @@ from .store.base import Store
 
 __all__ = [
     "COLLAPSE_SHARE",
+    "COLLAPSE_SURPRISAL",
     "DUPLICATE_SHARE",
     "NEAR_CERTAIN_P",
     "HeldOut",
@@ -66,7 +69,9 @@ Z = 2.0
 NEAR_CERTAIN_P = 0.99
 """A sampled token is near-certain when the policy gave it at least this probability."""
 COLLAPSE_SHARE = 0.95
-"""``entropy_collapse`` fires when at least this share of the last steps' tokens is near-certain."""
+"""``entropy_collapse`` fires when at least this share of the last steps' tokens is near-certain..."""
+COLLAPSE_SURPRISAL = 0.1
+"""... or when their mean -log p (nats per token) is at most this."""
 DUPLICATE_SHARE = 0.5
 """``identical_samples`` fires when at least this share of the last steps' samples repeats one of its group."""
 MIN_TOKENS = 50
@@ -412,8 +417,13 @@ def _check_reward(run_id: str, first: Window, last: Window, held: HeldOut | None
 
 def _check_sampling(run_id: str, first: Window, last: Window) -> list[Finding]:
     out: list[Finding] = []
-    share = last.near_certain_share
-    if share is not None and last.tokens >= MIN_TOKENS and share >= COLLAPSE_SHARE:
+    share, surprisal = last.near_certain_share, last.surprisal
+    if (
+        share is not None
+        and surprisal is not None
+        and last.tokens >= MIN_TOKENS
+        and (share >= COLLAPSE_SHARE or surprisal <= COLLAPSE_SURPRISAL)
+    ):
         before = (
             f"; steps {first.steps}: {_pct(first.near_certain_share)}, {first.surprisal:.3f} nats"
             if first is not last and first.surprisal is not None
