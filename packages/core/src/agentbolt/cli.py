@@ -366,22 +366,29 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
-    template rewrites, adapters, agent names, group sizes) and what to fix. Exit 1 if not ok."""
+    template rewrites, adapters, agent names, group sizes), each run's training health (reward
+    without held-out gain, entropy collapse, identical samples, tool calls) and what to fix.
+    Exit 1 if anything is wrong, 2 if the store cannot be read."""
     import asyncio
     import time
 
+    from .cli_runs import open_existing_store
     from .doctor import doctor as run_doctor
-    from .store import open_store
+    from .errors import AgentboltError
 
     async def go() -> object:
-        opened = open_store(store)
+        opened = open_existing_store(store)  # a reader never creates a store
         try:
             since = time.time() - since_s if since_s is not None else None
             return await run_doctor(opened, run=run, rollout_ids=rollout or None, since=since)
         finally:
             await opened.close()
 
-    report = asyncio.run(go())
+    try:
+        report = asyncio.run(go())
+    except (AgentboltError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
     raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
 

@@ -132,7 +132,10 @@ class DoctorReport:
             for f in run.findings:
                 lines.append(f"{f.severity.upper()} {f.code} ({f.count}): {f.message}. Fix: {f.fix}")
             warned = sum(f.severity != "info" for f in run.findings)
-            lines.append(f"training health of {run.run_id}: " + (f"{warned} warnings" if warned else "ok"))
+            lines.append(
+                f"training health of {run.run_id}: "
+                + (f"{warned} warning{'s' if warned > 1 else ''}" if warned else "ok")
+            )
         return "\n".join(lines)
 
 

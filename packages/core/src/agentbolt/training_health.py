@@ -189,7 +189,7 @@ class Window:
     surprisal: float | None
     """Mean -logprob per sampled token (nats): the policy's entropy at temperature 1, estimated."""
     multi_groups: int
-    """Groups of two samples or more."""
+    """Groups of two samples or more (samples that generated tokens)."""
     identical_groups: int
     """Of those, groups whose samples are all the same."""
     duplicate_share: float | None
@@ -211,7 +211,8 @@ def _window(samples: Sequence[_Sample]) -> Window:
         groups.setdefault(s.group, []).append(s)
     reward, reward_se = _mean_se([statistics.fmean(x.reward for x in g) for g in groups.values()])
     tokens = sum(s.tokens for s in samples)
-    multi = [g for g in groups.values() if len(g) >= 2]
+    answered = [[x for x in g if any(x.response)] for g in groups.values()]  # samples that generated tokens
+    multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
     tool_groups = [[x for x in g if x.offered_tools] for g in groups.values()]
