@@ -117,14 +117,14 @@ def test_doctor_counts_training_groups_only_and_reports_training_health(tiny_sto
     run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
     (val_groups,) = sql(store_db, "SELECT COUNT(DISTINCT group_id) FROM rollouts WHERE mode = 'val'")[0]
     assert val_groups > 0
-    code, out, _ = invoke("doctor", "--store", tiny_store, "--json")
+    _, out, _ = invoke("doctor", "--store", tiny_store, "--json")
     report = json.loads(out)
     assert "singleton_groups" not in {f["code"] for f in report["findings"]}
     assert report["counts"]["singleton_groups"] == 0 and report["counts"]["groups_trained"]
     health = {r["run_id"]: r for r in report["runs"]}
     assert health[run_id]["first"]["rollouts"] == health[run_id]["last"]["rollouts"] == 8  # 2 tasks x 4 samples
     assert health[run_id]["held_out"]["tasks"] == 2 and health[run_id]["held_out"]["paired"]
-    code, out, _ = invoke("doctor", "--store", tiny_store, "--run", run_id)
+    _, out, _ = invoke("doctor", "--store", tiny_store, "--run", run_id)
     assert f"training health of {run_id}: steps 1 -> 2 (8 and 8 training rollouts)" in out
     assert "held-out reward" in out and "tokens with p >= 0.99" in out
 
