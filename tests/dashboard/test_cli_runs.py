@@ -51,7 +51,7 @@ def test_rollouts_list_and_show(tiny_store: str, store_db: Path) -> None:
         run_id,
     )[0]
     span_id = json.loads(span_id)["span_id"]
-    code, out, _ = invoke("rollouts", "show", rollout_id, "--store", tiny_store)
+    code, out, _ = invoke("rollouts", "show", rollout_id, "--store", tiny_store, "--wide")
     assert code == 0
     assert "spans (latest attempt)" in out and "agentbolt.llm" in out and "reward" in out
     assert "transitions (LightningRL final credit, grpo advantage, group of 4)" in out
@@ -197,3 +197,50 @@ def test_the_dashboard_command_serves_the_store(tiny_store: str) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _fits(out: str, width: int = 80) -> None:
+    assert "…" not in out, out  # nothing is cut
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out
+
+
+def test_every_table_is_readable_at_80_columns(tiny_store: str, store_db: Path) -> None:
+    """At 80 columns the default tables fit, cut no id and keep their key columns; --wide shows every
+    column at its natural width."""
+
+    def narrow(*args: str) -> str:
+        result = runner.invoke(app, list(args), env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    run_ids = [r for (r,) in sql(store_db, "SELECT run_id FROM runs")]
+    out = narrow("runs", "list", "--store", tiny_store)
+    _fits(out)
+    header = next(line for line in out.splitlines() if " run " in f" {line} ")
+    assert header.split() == ["run", "name", "status", "steps", "reward", "held-out"]
+    assert all(run_id in out for run_id in run_ids) and "tiny-lr1e-2" in out
+    wide = narrow("runs", "list", "--store", tiny_store, "--wide")
+    assert {"algorithm", "model", "started", "loss"} <= set(wide.split()) and "torch-grpo" in wide
+    assert max(len(line.rstrip()) for line in wide.splitlines()) > 80  # natural width, not folded to fit
+
+    run_id = run_ids[0]
+    out = narrow("rollouts", "list", "--store", tiny_store, "--run", run_id, "--limit", "5")
+    _fits(out)
+    shown = [line.split()[0] for line in out.splitlines() if line.strip().startswith(f"{run_id}:")]
+    newest = [r for (r,) in sql(store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? ORDER BY id DESC", run_id)]
+    assert len(shown) == 5 and set(shown) <= set(newest)  # whole ids, ready to paste into `rollouts show`
+
+    (rollout_id,) = sql(
+        store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? AND mode = 'train' LIMIT 1", run_id
+    )[0]
+    out = narrow("rollouts", "show", rollout_id, "--store", tiny_store)
+    assert "…" not in out and rollout_id in out
+    table_lines = out[out.index("transitions (") :].splitlines()
+    _fits("\n".join(table_lines))
+    assert {"call", "prompt", "response", "reward", "advantage", "trained"} <= set(" ".join(table_lines).split())
+    assert "source" in narrow("rollouts", "show", rollout_id, "--store", tiny_store, "--wide")
+
+    _fits(narrow("runs", "show", run_id, "--store", tiny_store))
+    out = narrow("plugins")
+    _fits(out)
+    assert "agentbolt-openai-agents" in out and "agentbolt-torch" in out

@@ -15,11 +15,11 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from . import __version__
 from .cli_runs import register as _register_run_commands
+from .cli_tables import Column, show, table
+from .cli_tables import console as make_console
 
 app = typer.Typer(
     name="agentbolt",
@@ -58,6 +58,7 @@ def main_callback(
 @app.command()
 def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")] = False,
 ) -> None:
     """List each plugin, its distribution and version, and what it registered."""
     from .plugins import default_plugins
@@ -80,15 +81,25 @@ def plugins(
             )
         )
         return
-    table = Table(title="agentbolt plugins")
-    for column in ("plugin", "distribution", "version", "registered", "status"):
-        table.add_column(column)
-    for i in infos:
-        registered = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(i.registered.items()))
-        status = "ok" if i.ok else "[red]failed (see below)[/red]"
-        table.add_row(i.name, i.distribution or "-", i.version or "-", registered or "-", status)
-    console = Console()
-    console.print(table)
+    columns = [
+        Column("plugin", ident=True),
+        Column("distribution", ident=True),
+        Column("version", wide=True),
+        Column("registered"),
+        Column("status"),
+    ]
+    rows = [
+        [
+            i.name,
+            i.distribution or "-",
+            i.version or "-",
+            "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(i.registered.items())) or "-",
+            "ok" if i.ok else "[red]failed (see below)[/red]",
+        ]
+        for i in infos
+    ]
+    console = make_console()
+    show(table("agentbolt plugins", columns, rows, wide=wide, keep=("registered", "status")), wide=wide, to=console)
     failed = [i.error for i in infos if i.error is not None]
     for error in failed:  # in full, below the table, so nothing is cut by the terminal width
         console.print(f"[red]error:[/red] {error}", soft_wrap=True)

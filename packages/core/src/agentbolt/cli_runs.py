@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 from rich.tree import Tree
 
 from . import types as t
+from .cli_tables import Column, show, table
+from .cli_tables import console as make_console
 from .errors import AgentboltError, UserError
 
 __all__ = ["open_existing_store", "register"]
@@ -119,24 +119,37 @@ def _num(x: Any) -> str:
 # -- runs ------------------------------------------------------------------------------------------
 
 
+WideOption = Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")]
+
+
 @runs_app.command("list")
 def runs_list(
     store: StoreOption,
     limit: Annotated[int, typer.Option(help="Most runs shown (newest first).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    wide: WideOption = False,
     store_token: TokenOption = None,
 ) -> None:
-    """List runs, newest first, with their latest reward and loss."""
+    """List runs, newest first, with their latest reward, held-out reward and loss."""
     runs = _run(store, store_token, lambda s: s.list_runs(limit=limit))
     if as_json:
         for run in runs:
             typer.echo(run.model_dump_json())
         return
-    table = Table(title=f"runs in {store}")
-    for col in ("run", "name", "algorithm", "model", "status", "started", "steps", "reward", "held-out", "loss"):
-        table.add_column(col, justify="right" if col in ("steps", "reward", "held-out", "loss") else "left")
-    for r in runs:
-        table.add_row(
+    columns = [
+        Column("run", ident=True),
+        Column("name"),
+        Column("algorithm", wide=True),
+        Column("model", wide=True),
+        Column("status"),
+        Column("started", wide=True),
+        Column("steps", number=True),
+        Column("reward", number=True),
+        Column("held-out", number=True),
+        Column("loss", number=True, wide=True),
+    ]
+    rows = [
+        [
             r.run_id,
             r.name or "",
             r.algorithm,
@@ -147,8 +160,10 @@ def runs_list(
             _num(r.latest.get("train/reward")),
             _num(r.latest.get("val/reward")),
             _num(r.latest.get("update/loss")),
-        )
-    Console().print(table)
+        ]
+        for r in runs
+    ]
+    show(table(f"runs in {store}", columns, rows, wide=wide, keep=("status", "steps", "reward", "held-out")), wide=wide)
 
 
 @runs_app.command("show")
@@ -172,19 +187,15 @@ def runs_show(
         )
 
     run, metrics, n_rollouts, apo_resources = _run(store, store_token, work)
-    console = Console()
+    console = make_console()
     console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]")
     console.print(f"algorithm {run.algorithm}  model {run.model or '-'}  steps {run.steps}  rollouts {n_rollouts}")
     console.print(f"started {_time(run.started_at)}  ended {_time(run.ended_at) or '-'}")
     if run.error:
         console.print(f"[red]error: {run.error}[/red]")
     console.print_json(orjson.dumps(run.config).decode())
-    table = Table(title="metrics per step")
-    table.add_column("step", justify="right")
-    table.add_column("metrics")
-    for m in metrics:
-        table.add_row(str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items()))
-    console.print(table)
+    rows = [[str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items())] for m in metrics]
+    show(table("metrics per step", [Column("step", number=True), Column("metrics")], rows), to=console)
     if apo_resources is not None:
         from .apo.result import stored_summary
 
@@ -202,19 +213,30 @@ def rollouts_list(
     run: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
     status: Annotated[list[t.RolloutStatus] | None, typer.Option("--status", help="Any of these statuses.")] = None,
     step: Annotated[int | None, typer.Option(help="Only this step.")] = None,
+    mode: Annotated[
+        t.RolloutMode | None, typer.Option(help="Only training (train) or held-out (val) rollouts.")
+    ] = None,
     limit: Annotated[int, typer.Option(help="Most rollouts shown (newest first).")] = 50,
+    wide: WideOption = False,
     store_token: TokenOption = None,
 ) -> None:
     """List rollouts, newest first."""
     from .runs import RolloutSearch
 
-    query = RolloutSearch(run_id=run, status=status or None, step=step, limit=limit)
+    query = RolloutSearch(run_id=run, status=status or None, step=step, mode=mode, limit=limit)
     page = _run(store, store_token, lambda s: s.search_rollouts(query))
-    table = Table(title=f"{page.total} rollouts" + (f" of {run}" if run else ""))
-    for col in ("rollout", "task", "step", "mode", "status", "reward", "attempts", "failure"):
-        table.add_column(col)
-    for r in page.items:
-        table.add_row(
+    columns = [
+        Column("rollout", ident=True),
+        Column("task", wide=True),
+        Column("step", number=True, wide=True),
+        Column("mode"),
+        Column("status"),
+        Column("reward", number=True),
+        Column("attempts", number=True, wide=True),
+        Column("failure"),
+    ]
+    rows = [
+        [
             r.rollout_id,
             r.task_id or "",
             "" if r.step is None else str(r.step),
@@ -223,14 +245,18 @@ def rollouts_list(
             _num(r.final_reward),
             str(r.attempt_count),
             f"{r.error.kind.value}: {r.error.type}" if r.error else "",
-        )
-    Console().print(table)
+        ]
+        for r in page.items
+    ]
+    title = f"{page.total} rollouts" + (f" of {run}" if run else "")
+    show(table(title, columns, rows, wide=wide, keep=("mode", "status", "reward")), wide=wide)
 
 
 @rollouts_app.command("show")
 def rollouts_show(
     rollout_id: Annotated[str, typer.Argument(help="The rollout id.")],
     store: StoreOption,
+    wide: WideOption = False,
     store_token: TokenOption = None,
 ) -> None:
     """One rollout: its span tree and the transitions LightningRL makes from it."""
@@ -238,7 +264,7 @@ def rollouts_show(
 
     v = _run(store, store_token, lambda s: trajectory(s, rollout_id))
     r = v.rollout
-    console = Console()
+    console = make_console()
     console.print(
         f"[bold]{r.rollout_id}[/bold] [{r.status.value}] task {r.task_id} run {r.run_id or '-'} step "
         f"{'-' if r.step is None else r.step} reward {_num(v.final_reward)}"
@@ -254,32 +280,42 @@ def rollouts_show(
         node = stack[-1][1].add(f"[cyan]{row.kind}[/cyan] {row.span.name} [dim]{row.summary} · {dur}[/dim]")
         stack.append((row.depth, node))
     console.print(tree)
-    table = Table(
-        title=f"transitions (LightningRL {v.settings['credit']} credit, {v.settings['advantage']} advantage, "
-        f"group of {v.group_size})"
-    )
-    for col in ("call", "agent", "span", "prompt", "response", "reward", "advantage", "source", "trained"):
-        table.add_column(col)
-    for c in v.calls:
-        x = c.transition
-        table.add_row(
+    columns = [
+        Column("call", number=True),
+        Column("agent"),
+        Column("span", ident=True, wide=True),
+        Column("prompt", number=True),
+        Column("response", number=True),
+        Column("reward", number=True),
+        Column("advantage", number=True),
+        Column("source", wide=True),
+        Column("trained"),
+    ]
+    rows = [
+        [
             "-" if c.index is None else str(c.index),
             c.agent_name or "-",
             c.span.span_id,
             str(len(c.prompt_ids)),
             str(len(c.tokens)),
-            _num(x.reward) if x else "-",
-            _num(x.advantage) if x and not v.held_out else "-",
+            _num(c.transition.reward) if c.transition else "-",
+            _num(c.transition.advantage) if c.transition and not v.held_out else "-",
             c.token_source,
             "held-out: never trained"
             if v.held_out
             else "yes"
-            if x
+            if c.transition
             else f"excluded: {c.exclusion}"
             if c.exclusion
             else "-",
-        )
-    console.print(table)
+        ]
+        for c in v.calls
+    ]
+    title = (
+        f"transitions (LightningRL {v.settings['credit']} credit, {v.settings['advantage']} advantage, "
+        f"group of {v.group_size})"
+    )
+    show(table(title, columns, rows, wide=wide, keep=("call", "prompt", "response", "trained")), wide=wide, to=console)
     if v.lightningrl_error:
         console.print(f"[red]LightningRL: {v.lightningrl_error}[/red]")
 
