@@ -1,7 +1,7 @@
 """Commands to inspect runs and rollouts, export them, and serve the dashboard.
 
-agentbolt runs list|show RUN                       --store URL
-agentbolt rollouts list --run RUN [--status ...]   --store URL
+agentbolt runs list [-q] [--wide]|show RUN          --store URL
+agentbolt rollouts list --run RUN [--status ...] [--mode train|val] [-q] [--wide]   --store URL
 agentbolt rollouts show ROLLOUT                    --store URL
 agentbolt export --run RUN --format jsonl|otlp|sft-jsonl [--mode train|val|all] --store URL [--output FILE]
 agentbolt dashboard --store URL [--host 127.0.0.1 --port 4780] [--token T]
@@ -120,6 +120,7 @@ def _num(x: Any) -> str:
 
 
 WideOption = Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the ids, one per line.")]
 
 
 @runs_app.command("list")
@@ -128,10 +129,16 @@ def runs_list(
     limit: Annotated[int, typer.Option(help="Most runs shown (newest first).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
     wide: WideOption = False,
+    quiet: QuietOption = False,
     store_token: TokenOption = None,
 ) -> None:
-    """List runs, newest first, with their latest reward, held-out reward and loss."""
+    """List runs, newest first, with their latest reward, held-out reward and loss
+    (``RUN=$(agentbolt runs list -q --limit 1)``: the newest run's id)."""
     runs = _run(store, store_token, lambda s: s.list_runs(limit=limit))
+    if quiet:
+        for run in runs:
+            typer.echo(run.run_id)
+        return
     if as_json:
         for run in runs:
             typer.echo(run.model_dump_json())
@@ -218,6 +225,7 @@ def rollouts_list(
     ] = None,
     limit: Annotated[int, typer.Option(help="Most rollouts shown (newest first).")] = 50,
     wide: WideOption = False,
+    quiet: QuietOption = False,
     store_token: TokenOption = None,
 ) -> None:
     """List rollouts, newest first."""
@@ -225,6 +233,10 @@ def rollouts_list(
 
     query = RolloutSearch(run_id=run, status=status or None, step=step, mode=mode, limit=limit)
     page = _run(store, store_token, lambda s: s.search_rollouts(query))
+    if quiet:
+        for r in page.items:
+            typer.echo(r.rollout_id)
+        return
     columns = [
         Column("rollout", ident=True),
         Column("task", wide=True),
