@@ -16,7 +16,7 @@ each in a temporary working directory that holds ``runs.db``: a store with one f
 (training and held-out rollouts of the fake LLM through the real Trainer, gateway and runner).
 A snippet that uses names the page does not define gets them from a setup block hidden in an
 HTML comment just before it, continued by ``<!--pytest-codeblocks:cont-->``. Skipped python
-blocks must still compile. Blocks without a language (diagrams, printed output) are not code.
+blocks must still compile. Blocks without a language (diagrams, printed output) and ``markdown`` examples are not code.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ DOCS = sorted(
     }
 )
 RUNNABLE = {"python", "bash", "sh", "toml"}
-NOT_CODE = {"", "text", "console", "output"}
+NOT_CODE = {"", "text", "console", "output", "markdown"}
 BLOCK_TIMEOUT_S = 120
 
 
