@@ -385,10 +385,11 @@ def _check_reward(run_id: str, first: Window, last: Window, held: HeldOut | None
         ]
     if _significant(held.delta, held.delta_se):
         return []
-    hse = held.delta_se if held.delta_se is not None else 0.0
+    hse = held.delta_se if held.delta_se is not None else math.inf  # one held-out task: its noise is unknown
     gap, gap_se = gain - held.delta, math.hypot(se, hse)
+    noise = f" ± {hse:.3f} SE" if held.delta_se is not None else ""
     seen = (
-        f"while the held-out reward went {held.before:.3f} -> {held.after:.3f} ({held.delta:+.3f} ± {hse:.3f} SE, "
+        f"while the held-out reward went {held.before:.3f} -> {held.after:.3f} ({held.delta:+.3f}{noise}, "
         f"{held.tasks} tasks, steps {held.first_step} and {held.last_step})"
     )
     if gap > Z * gap_se:
