@@ -20,11 +20,12 @@ from typer.testing import CliRunner
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext
 from agentbolt.cli import app
-from agentbolt.doctor import DoctorReport, doctor
+from agentbolt.options import CaptureOptions, RunnerOptions
+from agentbolt.runs.doctor import DoctorReport, doctor
+from agentbolt.runs.health import run_health, step_metrics
 from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeRequest, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
-from agentbolt.training_health import run_health, step_metrics
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 STEPS = 4
@@ -116,10 +117,9 @@ def train_run(
             agent,
             ScriptedRun(server.base_url, policy),
             store=url,
-            n_runners=0,
-            concurrency=24,
+            runners=RunnerOptions(n=0, concurrency=24),
             progress=False,
-            adapters=[],
+            capture=CaptureOptions(adapters=[]),
         )
         trainer.fit(train, val)
 

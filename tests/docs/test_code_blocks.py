@@ -40,6 +40,7 @@ from pytest_codeblocks import extract_from_file
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext
+from agentbolt.options import CaptureOptions, RunnerOptions
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeRequest, Rule
 from agentbolt.trainer import Trainer
 
@@ -105,7 +106,12 @@ def docs_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     llm = FakeLLM(rules=[Rule(reply=reply)])
     with FakeLLMServer(llm) as server:
         trainer = Trainer(
-            answer_agent, TwoSteps(server.base_url), store=f"sqlite:///{path}", n_runners=0, progress=False, adapters=[]
+            answer_agent,
+            TwoSteps(server.base_url),
+            store=f"sqlite:///{path}",
+            runners=RunnerOptions(n=0),
+            progress=False,
+            capture=CaptureOptions(adapters=[]),
         )
         trainer.fit(tasks[:2], tasks[2:])
     snapshot = path.with_name("snapshot.db")  # one self-contained file to copy (nothing left in a -wal beside it)

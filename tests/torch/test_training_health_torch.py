@@ -13,10 +13,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "dashboard"))
 
 from dashboard_helpers import TASKS, arithmetic_agent
 
-from agentbolt.doctor import doctor
+from agentbolt.options import RunnerOptions
+from agentbolt.runs.doctor import doctor
+from agentbolt.runs.health import COLLAPSE_SURPRISAL
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
-from agentbolt.training_health import COLLAPSE_SURPRISAL
 from agentbolt_torch.sft import TorchSFT
 
 
@@ -37,7 +38,9 @@ def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:
         plot=False,
         seed=0,
     )
-    Trainer(arithmetic_agent, algorithm, store=url, n_runners=0, progress=False).fit(TASKS[:4], TASKS[4:])
+    Trainer(arithmetic_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False).fit(
+        TASKS[:4], TASKS[4:]
+    )
 
     async def read() -> tuple[object, list[object]]:
         store = open_store(url)
