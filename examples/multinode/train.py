@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         progress=False,
     )
     result = trainer.fit(
-        make_tasks(200, seed=1, prefix="train-"),
-        make_tasks(args.val, seed=2, prefix="val-"),
+        make_tasks(200, seed=1, prefix="train-", heldout=False),
+        make_tasks(args.val, seed=2, prefix="val-", heldout=True),
         max_staleness=args.max_staleness,
     )
     summary = result.to_dict()

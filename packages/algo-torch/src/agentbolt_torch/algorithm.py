@@ -5,7 +5,9 @@ batch of tasks ``group_size`` times each through the runners, turn the spans of 
 attempts into transitions with LightningRL (credit and advantages), pause the gateway and the
 generation engine, update the policy (clipped policy gradient, per-rollout normalised), bump
 its version, resume. Held-out accuracy is measured before training, every ``val_every`` steps
-and at the end; metrics go to ``out_dir/metrics.jsonl`` and a PNG curve.
+and at the end; metrics (with each step's sampling health, ``health/*``: see
+:func:`agentbolt.runs.health.step_metrics`) go to ``out_dir/metrics.jsonl``, the run in the
+store and a PNG curve.
 
     Trainer(agent, TorchGRPO(model="smollm2", steps=30, batch_size=8, group_size=4)).fit(train, val)
 """
@@ -29,6 +31,10 @@ from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.runs.health import step_metrics
+
+from .asynchronous import train_async
+from .run_state import RunState, engine_delta, mean_reward, wait_shares
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -181,7 +187,7 @@ class TorchGRPO(Algorithm):
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
-        run = _Run(
+        run = RunState(
             ctx,
             policy,
             updater,
@@ -193,8 +199,6 @@ class TorchGRPO(Algorithm):
             if self.lightningrl.max_staleness is None:
                 await self._train_sync(run, train, val)
             else:
-                from .asynchronous import train_async
-
                 await train_async(self, run, train, val)
             accuracy_after, val_reward_after = (
                 await self._evaluate(ctx, policy, val, step=self.steps, log_step=run.log_step)
@@ -232,7 +236,7 @@ class TorchGRPO(Algorithm):
             history=run.history,
         )
 
-    async def _train_sync(self, run: _Run, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
+    async def _train_sync(self, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
         """The synchronous schedule: each step's rollouts, then its update while nothing generates."""
         ctx, policy = run.ctx, run.policy
         epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
@@ -257,15 +261,15 @@ class TorchGRPO(Algorithm):
             if trained is not None:
                 elapsed = time.monotonic() - started
                 run.step_times.append(elapsed)
-                trained.update(_engine_delta(engine_before, self._engine.stats))
-                trained.update(_wait_shares(trained, elapsed, rollouts_wait_s=trained["time/update_s"]))
+                trained.update(engine_delta(engine_before, self._engine.stats))
+                trained.update(wait_shares(trained, elapsed, rollouts_wait_s=trained["time/update_s"]))
                 trained["time/step_s"] = elapsed
                 run.log_step(step, trained)
             await self._after_step(run, step, val)
 
     async def _train_on(
         self,
-        run: _Run,
+        run: RunState,
         step: int,
         rollouts: Sequence[t.Rollout],
         *,
@@ -276,17 +280,19 @@ class TorchGRPO(Algorithm):
         the policy's version), the update (``update``: rows -> metrics and extra values). Returns the
         step's metrics for the caller to complete and log, or ``None`` when the update was skipped
         (logged here)."""
-        reward = _mean_reward(rollouts)
+        reward = mean_reward(rollouts)
+        spans = await run.ctx.spans(rollouts)
+        health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
         chosen = self._transitions_to_train(
             step,
             rollouts,
-            await run.ctx.spans(rollouts),
+            spans,
             run.lrl,
             first=not run.step_times,
             policy_version=run.policy.version,
         )
         if chosen is None:
-            run.log_step(step, {"train/reward": reward, "train/skipped": 1.0, **timing})
+            run.log_step(step, {"train/reward": reward, "train/skipped": 1.0, **timing, **health})
             return None
         transitions, extra = chosen
         result, more = await update(transitions)
@@ -300,13 +306,14 @@ class TorchGRPO(Algorithm):
             **timing,
             "time/update_s": result.seconds,
             **{f"update/{k}": v for k, v in result.as_dict().items() if k not in ("step", "seconds")},
+            **health,
             **extra,
             **more,
         }
 
     async def _after_step(
         self,
-        run: _Run,
+        run: RunState,
         step: int,
         val: Sequence[t.Task],
         *,
@@ -430,63 +437,6 @@ class TorchGRPO(Algorithm):
             description=f"held-out ({len(val)} tasks)",
             step=step,
         )
-        accuracy, reward = self._accuracy(rollouts), _mean_reward(rollouts)
+        accuracy, reward = self._accuracy(rollouts), mean_reward(rollouts)
         log_step(step, {"val/accuracy": accuracy, "val/reward": reward})
         return accuracy, reward
-
-
-_ENGINE_COUNTERS = (
-    "prompt_tokens",
-    "cached_prompt_tokens",
-    "generated_tokens",
-    "prefill_batches",
-    "decode_steps",
-    "busy_s",
-)
-
-
-def _engine_delta(before: Any, after: Any) -> dict[str, float]:
-    """What the generation engine did between two stats snapshots, as ``engine/*`` metrics."""
-    return {f"engine/{name}": float(getattr(after, name) - getattr(before, name)) for name in _ENGINE_COUNTERS}
-
-
-def _mean_reward(rollouts: Sequence[t.Rollout]) -> float:
-    values = [r.final_reward if r.final_reward is not None else 0.0 for r in rollouts]
-    return statistics.fmean(values) if values else 0.0
-
-
-class _Run:
-    """What one run's loop carries: the context, the policy and its updater, LightningRL, the
-    metrics log and the running totals of the result."""
-
-    def __init__(self, ctx: AlgorithmContext, policy: Any, updater: Any, lrl: Any, metrics: Any) -> None:
-        self.ctx = ctx
-        self.policy = policy
-        self.updater = updater
-        self.lrl = lrl
-        self.metrics = metrics
-        self.history: list[dict[str, float]] = []
-        self.step_times: list[float] = []
-        self.rewards: list[float] = []
-        self.stale_calls = 0
-        self.untrained_rollouts = 0
-
-    def log_step(self, step: int, values: Mapping[str, float]) -> None:
-        """Record a step's finite numbers in the history, ``metrics.jsonl`` and the store."""
-        values = {k: v for k, v in values.items() if isinstance(v, int | float) and math.isfinite(v)}
-        self.history.append({"step": step, **values})
-        self.metrics.log(values, step=step)
-        self.ctx.log_metrics(step, values)
-
-
-def _wait_shares(values: Mapping[str, float], elapsed: float, *, rollouts_wait_s: float) -> dict[str, float]:
-    """The share of a step's wall time each side spent waiting for the other: the trainer for
-    rollouts (``time/trainer_wait_s``), the rollouts for the trainer (no training rollout could
-    run: the update of a synchronous step, the bound or a swap in an asynchronous one)."""
-    if elapsed <= 0:
-        return {}
-    return {
-        "time/rollouts_wait_s": rollouts_wait_s,
-        "time/trainer_wait_share": values.get("time/trainer_wait_s", 0.0) / elapsed,
-        "time/rollouts_wait_share": rollouts_wait_s / elapsed,
-    }

@@ -53,10 +53,11 @@ from typing import TYPE_CHECKING, Any
 from agentbolt import types as t
 from agentbolt.algorithm import AlgorithmContext, batches
 
+from .run_state import RunState, engine_delta, wait_shares
 from .serving import SwapResult
 
 if TYPE_CHECKING:
-    from .algorithm import TorchGRPO, _Run
+    from .algorithm import TorchGRPO
 
 __all__ = ["GroupStream", "add_async_argument", "rollouts_in_flight", "train_async"]
 
@@ -249,9 +250,8 @@ class GroupStream:
             raise RuntimeError("the rollout watcher stopped")
 
 
-async def train_async(algo: TorchGRPO, run: _Run, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
+async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
     """The asynchronous schedule of :class:`~agentbolt_torch.algorithm.TorchGRPO` (module doc)."""
-    from .algorithm import _engine_delta, _wait_shares
 
     ctx, policy, engine = run.ctx, run.policy, algo._engine
     bound = algo.lightningrl.max_staleness
@@ -300,8 +300,8 @@ async def train_async(algo: TorchGRPO, run: _Run, train: Sequence[t.Task], val: 
                 run.step_times.append(elapsed)
                 idle, idle_mark = stream.idle_s - idle_mark, stream.idle_s
                 paused = swap[0].paused_s if swap else 0.0
-                values.update(_engine_delta(engine_before, engine.stats))
-                values.update(_wait_shares(values, elapsed, rollouts_wait_s=idle + paused))
+                values.update(engine_delta(engine_before, engine.stats))
+                values.update(wait_shares(values, elapsed, rollouts_wait_s=idle + paused))
                 values["time/step_s"] = elapsed
                 values["async/stale_calls"] = values.get("lightningrl/excluded/stale", 0.0)
                 values["async/groups_ahead"] = float(stream.ahead)
@@ -332,7 +332,7 @@ async def swap_weights(algo: TorchGRPO, ctx: AlgorithmContext, engine: Any) -> S
     return dataclasses.replace(done, wait_s=done.wait_s + drained)
 
 
-def _evaluation_guard(algo: TorchGRPO, run: _Run, stream: GroupStream) -> Any:
+def _evaluation_guard(algo: TorchGRPO, run: RunState, stream: GroupStream) -> Any:
     """What surrounds an evaluation during asynchronous training: with sampling parameters other
     than training's, the training rollouts in flight finish first (the gateway forces one set);
     afterwards training's resources are published again."""
