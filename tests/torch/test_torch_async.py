@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from agentbolt import semconv
 from agentbolt.algorithm import Evaluate, as_tasks, batches
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import LightningRLConfig
 from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
@@ -232,8 +234,10 @@ class _Recording(TorchGRPO):
         return await super()._train_on(run, step, rollouts, update=recording, timing=timing)
 
 
-def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp_path: Path) -> None:
-    """max_staleness=1 with a straggler whose rollout spans two weight swaps.
+@pytest.mark.parametrize("swap", ["inplace", "drain"])
+def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp_path: Path, swap: str) -> None:
+    """max_staleness=1 with a straggler whose rollout spans two weight swaps, for both swaps
+    (the drained one with token TIS and sequence MIS, whose weights the update reports).
 
     The first rollout to start makes its first call at version 0, then waits until version 2 is
     served and makes its second call; rollouts of batches >= 3 wait until it has finished, so the
@@ -284,6 +288,10 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
         plot=False,
         engine={"batch_window_s": 0.01},
         update={"lr": 1e-2},
+        swap=swap,
+        lightningrl=LightningRLConfig(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=10.0)
+        if swap == "drain"
+        else None,
         on_version=lambda v: released.set() if v >= 2 else None,
     )
     url = f"sqlite:///{tmp_path}/runs.db"
@@ -306,6 +314,11 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
     assert len(trained_keys) + left_out == len(calls), "a call neither trained nor counted"
     assert sum(h.get("async/stale_calls", 0) for h in history) == result.stale_calls >= 1
     assert result.untrained_rollouts == 0
+    if swap == "drain":  # the correction's weights: behaviour (sampling) vs recomputed logprobs
+        assert all(math.isfinite(h["update/is_weight_mean"]) and h["update/is_weight_max"] > 0 for h in history)
+        assert all(0 <= h["update/rs_masked_frac"] <= 1 for h in history)
+    else:
+        assert all("update/is_weight_mean" not in h for h in history)
 
     # the straggler: its calls keep their own versions and exact ids; the stale one is not trained
     mine = {k[0] for k in calls if k[0].split(":")[1] == straggler["task"]}
