@@ -1,0 +1,283 @@
+"""Synchronous vs asynchronous training (``max_staleness`` K = 1, 2), side by side (not in CI).
+
+Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
+      uv run python benchmarks/async.py [--model tiny|smollm2] [--steps 6] [--agents tail plain]
+      [--bounds sync 1 2] [--rounds 1] [--record docs/runs/async_benchmark.json]
+
+Two agents on the quickstart's arithmetic questions (``examples/quickstart/math_tasks.py``):
+
+- **tail**: a long-tailed agent. It asks the model (with the quickstart's calculator tool), then
+  runs one tool call that takes a log-normal time (median ``--median-s`` 0.5 s, sigma
+  ``--sigma`` 1.0: p99 = 10.2x the median) — the calculator when the model asked for it, else a
+  lookup it makes itself, so every rollout pays one — then asks the model for its final answer.
+- **plain**: the same two calls without the latency (CPU-bound: the cost of async where
+  generation and the update compete for the cores).
+
+Each arm is a fresh subprocess (``torch-grpo``, in-process runner, in-memory store) and the arms
+alternate (tail-sync, tail-K1, tail-K2, plain-...; ``--rounds``) so that contention on a shared
+machine hits all of them. Printed per arm: wall-clock of training (evaluations excluded), s/step,
+steps/hour, the share of each step the trainer waited for rollouts and the rollouts waited for
+the trainer, the staleness histogram of the trained calls, stale calls dropped, rollouts left
+untrained, held-out accuracy at each evaluation with the training wall-clock reached then; and
+for each async arm the held-out accuracy at the sync arm's step count and at its wall-clock, and
+its wall-clock to reach the sync arm's final held-out accuracy as a ratio of sync's (goal <= 0.6
+on the tail agent). On the random ``tiny`` model held-out accuracy stays 0: those runs measure
+time only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "quickstart"))
+
+MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+
+
+def make_agent(median_s: float, sigma: float, seed: int) -> Any:
+    """The benchmark's agent: two model calls with one tool call between them (module doc)."""
+    import openai
+    from math_tasks import CALCULATOR_TOOL, calculate, few_shot, reward
+
+    rng = random.Random(seed)
+
+    async def tool_latency() -> None:
+        if median_s > 0:
+            await asyncio.sleep(median_s * math.exp(sigma * rng.gauss(0.0, 1.0)))
+
+    async def agent(task: dict[str, Any], resources: Any) -> float:
+        client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
+        messages: list[dict[str, Any]] = [*few_shot(True), {"role": "user", "content": task["question"]}]
+        reply = await client.chat.completions.create(
+            model=resources.llm.model, messages=messages, tools=[CALCULATOR_TOOL]
+        )
+        message = reply.choices[0].message
+        await tool_latency()
+        if message.tool_calls:
+            messages.append(message.model_dump(exclude_none=True))
+            for call in message.tool_calls:
+                try:
+                    expression = json.loads(call.function.arguments).get("expression", "")
+                except json.JSONDecodeError:
+                    expression = ""
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+        else:
+            messages += [
+                {"role": "assistant", "content": message.content or ""},
+                {"role": "user", "content": "Check your answer and give it in <answer> tags."},
+            ]
+        final = await client.chat.completions.create(model=resources.llm.model, messages=messages)
+        return reward(final.choices[0].message.content, int(task["answer"]))
+
+    return agent
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One arm, in this process: prints and returns its figures."""
+    from math_tasks import make_tasks
+
+    from agentbolt.options import RunnerOptions
+    from agentbolt.trainer import Trainer
+    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.asynchronous import rollouts_in_flight
+
+    bound = None if args.bound == "sync" else int(args.bound)
+    evaluations: list[dict[str, float]] = []
+    clock = {"start": 0.0, "in_eval": 0.0}
+
+    class Timed(TorchGRPO):
+        """torch-grpo noting each evaluation's accuracy and the training wall-clock reached then."""
+
+        async def _evaluate(self, ctx: Any, policy: Any, val: Any, *, step: int, log_step: Any) -> Any:
+            began = time.monotonic()
+            out = await super()._evaluate(ctx, policy, val, step=step, log_step=log_step)
+            if not clock["start"]:
+                clock["start"] = time.monotonic()
+            else:
+                clock["in_eval"] += time.monotonic() - began
+                evaluations.append(
+                    {
+                        "step": step,
+                        "accuracy": out[0],
+                        "train_wall_s": round(time.monotonic() - clock["start"] - clock["in_eval"], 1),
+                    }
+                )
+            return out
+
+    algorithm = Timed(
+        args.model,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        max_tokens=args.max_tokens,
+        val_every=args.val_every,
+        out_dir=Path(args.out) / f"{args.agent}-{args.bound}",
+        plot=False,
+        seed=args.seed,
+    )
+    median = args.median_s if args.agent == "tail" else 0.0
+    trainer = Trainer(
+        make_agent(median, args.sigma, args.seed),
+        algorithm,
+        store="memory://",
+        runners=RunnerOptions(n=0, concurrency=rollouts_in_flight(args.batch_size, args.group_size, bound)),
+        progress=False,
+    )
+    train = make_tasks(4000, seed=1, prefix="train-", heldout=False)
+    val = make_tasks(args.val, seed=2, prefix="val-", heldout=True)
+    result = trainer.fit(train, val, max_staleness=bound)
+    steps = [h for h in result.history if "time/step_s" in h]
+    staleness: Counter[int] = Counter()
+    for h in steps:
+        for key, value in h.items():
+            if key.startswith("lightningrl/staleness/") and key.rsplit("/", 1)[1].isdigit():
+                staleness[int(key.rsplit("/", 1)[1])] += int(value)
+    train_wall = evaluations[-1]["train_wall_s"] if evaluations else float("nan")
+
+    def mean(key: str) -> float:
+        values = [h[key] for h in steps if key in h]
+        return round(sum(values) / len(values), 3) if values else float("nan")
+
+    return {
+        "agent": args.agent,
+        "bound": args.bound,
+        "model": args.model,
+        "steps": result.steps,
+        "train_wall_s": train_wall,
+        "s_per_step": round(train_wall / max(result.steps, 1), 2),
+        "steps_per_hour": round(3600 * result.steps / train_wall, 1) if train_wall else float("nan"),
+        "trainer_wait_share": mean("time/trainer_wait_share"),
+        "rollouts_wait_share": mean("time/rollouts_wait_share"),
+        "update_s": mean("time/update_s"),
+        "staleness": dict(sorted(staleness.items())),
+        "stale_calls": result.stale_calls,
+        "untrained_rollouts": result.untrained_rollouts,
+        "accuracy_before": result.accuracy_before,
+        "evaluations": evaluations,
+    }
+
+
+def at_or_before(evaluations: list[dict[str, float]], key: str, limit: float) -> float | None:
+    """The accuracy of the last evaluation with ``key`` <= ``limit``."""
+    found = [e["accuracy"] for e in evaluations if e[key] <= limit + 1e-9]
+    return found[-1] if found else None
+
+
+def compare(results: list[dict[str, Any]]) -> list[str]:
+    """Each async arm against its agent's sync arm (first round of each)."""
+    lines = []
+    for agent in dict.fromkeys(r["agent"] for r in results):
+        sync = next((r for r in results if r["agent"] == agent and r["bound"] == "sync"), None)
+        if sync is None or not sync["evaluations"]:
+            continue
+        target, wall, steps = sync["evaluations"][-1]["accuracy"], sync["train_wall_s"], sync["steps"]
+        for r in results:
+            if r["agent"] != agent or r["bound"] == "sync" or not r["evaluations"]:
+                continue
+            reached = [e["train_wall_s"] for e in r["evaluations"] if e["accuracy"] >= target]
+            ratio = f"{reached[0] / wall:.2f}" if reached and wall else "never"
+            lines.append(
+                f"{agent:<6} K={r['bound']}: wall-clock {r['train_wall_s'] / wall:.2f}x sync's for the same "
+                f"{steps} steps; held-out accuracy at sync's step count "
+                f"{at_or_before(r['evaluations'], 'step', steps)} (sync {target}), at sync's wall-clock "
+                f"{at_or_before(r['evaluations'], 'train_wall_s', wall)}; reached sync's final accuracy at "
+                f"{ratio} of sync's wall-clock"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="tiny (default: random, measures time only) or smollm2")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--val", type=int, default=16)
+    p.add_argument("--val-every", type=int, default=2)
+    p.add_argument("--median-s", type=float, default=0.5, help="tail agent: median tool latency (s)")
+    p.add_argument("--sigma", type=float, default=1.0, help="tail agent: log-normal sigma (1.0: p99 = 10.2x median)")
+    p.add_argument("--agents", nargs="+", default=["tail", "plain"], choices=["tail", "plain"])
+    p.add_argument("--bounds", nargs="+", default=["sync", "1", "2"], help="sync and/or max_staleness values")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/async_benchmark")
+    p.add_argument("--record", type=Path, help="write every arm's figures here as JSON")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--agent", default="tail", help=argparse.SUPPRESS)
+    p.add_argument("--bound", default="sync", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        print("ARM " + json.dumps(child(args)), flush=True)
+        return 0
+    results = []
+    passthrough = [a for a in (sys.argv[1:] if argv is None else argv) if a]
+    for round_ in range(args.rounds):
+        for agent in args.agents:
+            for bound in args.bounds:
+                print(f"round {round_ + 1}: {agent} agent, {bound} ...", flush=True)
+                done = subprocess.run(
+                    [sys.executable, __file__, *passthrough, "--child", "--agent", agent, "--bound", bound],
+                    env={**os.environ, **MALLOC},
+                    capture_output=True,
+                    text=True,
+                )
+                line = next((x for x in done.stdout.splitlines() if x.startswith("ARM ")), None)
+                if line is None:
+                    print(f"  failed (exit {done.returncode}):\n{done.stderr[-3000:]}", flush=True)
+                    continue
+                result = {**json.loads(line[4:]), "round": round_ + 1}
+                print("  " + json.dumps(result), flush=True)
+                results.append(result)
+    print(
+        f"\n{'agent':<6} {'arm':<5} {'steps':>5} {'train s':>8} {'s/step':>7} {'steps/h':>8} {'trainer wait':>12} "
+        f"{'rollouts wait':>13} {'update s':>8}  staleness (calls)  stale  untrained  held-out accuracy by step"
+    )
+    for r in results:
+        curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}@{e['train_wall_s']:.0f}s" for e in r["evaluations"])
+        print(
+            f"{r['agent']:<6} {r['bound']:<5} {r['steps']:>5} {r['train_wall_s']:>8.0f} {r['s_per_step']:>7.1f} "
+            f"{r['steps_per_hour']:>8.0f} {r['trainer_wait_share']:>12.0%} {r['rollouts_wait_share']:>13.0%} "
+            f"{r['update_s']:>8.1f}  {json.dumps(r['staleness']):<17}  {r['stale_calls']:>5}  "
+            f"{r['untrained_rollouts']:>9}  {r['accuracy_before']} -> {curve}"
+        )
+    print()
+    for line in compare([r for r in results if r["round"] == 1]):
+        print(line)
+    if args.record:
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "benchmark": "benchmarks/async.py",
+            "argv": passthrough,
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cpus": os.cpu_count(),
+            "results": results,
+        }
+        args.record.write_text(json.dumps(record, indent=2) + "\n")
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The quickstart's peak memory, before and after agentbolt-torch's memory change, side by side.
+
+Run:  uv run python benchmarks/quickstart_memory.py [--model smollm2] [--steps 2] [--val 8] [--arms before after]
+      [--rounds 1] [--record docs/runs/quickstart_memory.json]
+
+Each arm runs ``examples/quickstart/train.py`` under ``/usr/bin/time -v`` with the glibc malloc
+settings ``./dev`` gives training processes (freed memory is kept, so the peak RSS is the
+high-water mark of the heap) and prints the main process's peak RSS, the wall time, s/step and
+where a step's time went, read from the quickstart's own output:
+
+- ``after``: this checkout (the update runs the response hidden states through the output head
+  in recomputed chunks of at most 64 MiB of fp32 logits; fused AdamW);
+- ``before``: the same checkout with only ``agentbolt_torch/update.py`` and ``update_forward.py``
+  taken from ``--before-rev`` (default ``74737bd^``, the commit before the memory change: full
+  response logits, their softmax and gradient held per micro-batch; multi-tensor AdamW), put
+  first on ``PYTHONPATH``.
+
+``--update-only`` measures one policy update instead of the whole quickstart, in a fresh process
+per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's vocabulary (49,152 tokens,
+``--hidden``, ``--layers``), ``--groups`` GRPO groups of 4 responses of 64 tokens to a
+200-token prompt, the updater's defaults (fp32, 2,048-token micro-batches, shared prompts): the
+part of the quickstart the memory change touches, small enough for a machine whose memory is
+taken by other work.
+
+Arms alternate (``--rounds``) so that contention on a shared machine hits both. A watchdog stops
+an arm (and says so) when the machine's available memory falls below ``--min-available-gb``:
+other work on the machine comes first. The figures go to ``--record`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "packages" / "algo-torch" / "src" / "agentbolt_torch"
+CHANGED = ("update.py", "update_forward.py")
+MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+
+
+def available_gb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def before_tree(rev: str, into: Path) -> Path:
+    """A copy of agentbolt_torch with the memory change's files from ``rev``; returns its parent."""
+    target = into / "agentbolt_torch"
+    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in CHANGED:
+        path = f"packages/algo-torch/src/agentbolt_torch/{name}"
+        text = subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
+        (target / name).write_text(text)
+    return into
+
+
+UPDATE_CHILD = """
+import resource, sys, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from agentbolt.types import Transition
+from agentbolt_torch.models import tiny_tokenizer
+from agentbolt_torch.policy import Policy
+from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+
+hidden, layers, groups = (int(a) for a in sys.argv[1:4])
+vocab = 49152
+torch.manual_seed(0)
+tokenizer = tiny_tokenizer(512)
+config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
+    num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 192), tie_word_embeddings=True,
+    pad_token_id=tokenizer.pad_token_id, max_position_embeddings=1024)
+policy = Policy(LlamaForCausalLM(config), tokenizer, name="smollm2-vocab", autocast_dtype=None)
+updater = PolicyUpdater(policy, UpdateConfig(lr=1e-5))
+g = torch.Generator().manual_seed(0)
+rows = []
+for i in range(groups):
+    prompt = torch.randint(1, vocab, (200,), generator=g).tolist()
+    for k in range(4):
+        response = torch.randint(1, vocab, (64,), generator=g).tolist()
+        rows.append(Transition(rollout_id=f"r{i}-{k}", group_id=f"g{i}", index=0, prompt_ids=prompt,
+            response_ids=response, response_logprobs=[-10.0] * 64, advantage=float(k % 2) - 0.5))
+seconds = []
+for _ in range(3):
+    seconds.append(updater.update(rows).seconds)
+import agentbolt_torch.update_forward as forward
+path = "chunked" if hasattr(forward, "_head_logprobs") else "full-logits"
+print(f"UPDATE peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} update_s={min(seconds[1:]):.3f} path={path}")
+"""
+
+
+def run_update_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None) -> dict[str, Any]:
+    env = {**os.environ, **MALLOC}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
+    command = [sys.executable, "-c", UPDATE_CHILD, str(args.hidden), str(args.layers), str(args.groups)]
+    return _watched(arm, args, command, env, _parse_update)
+
+
+def _parse_update(output: str, result: dict[str, Any]) -> None:
+    found = re.search(r"UPDATE peak_rss_kb=(\d+) update_s=([\d.]+) path=(\S+)", output)
+    if found:
+        result["peak_rss_gb"] = round(int(found.group(1)) / 2**20, 2)
+        result["update_s"] = float(found.group(2))
+        result["forward"] = found.group(3)
+
+
+def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Path) -> dict[str, Any]:
+    env = {**os.environ, **MALLOC}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
+    command = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        str(REPO / "examples" / "quickstart" / "train.py"),
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--val",
+        str(args.val),
+        "--no-progress",
+        "--store",
+        f"sqlite:///{out}/{arm}.db",
+        "--out",
+        str(out / arm),
+    ]
+    return _watched(arm, args, command, env, _parse_quickstart)
+
+
+def _parse_quickstart(output: str, result: dict[str, Any]) -> None:
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", output)
+    step = re.search(r"over (\d+) steps \(([\d.]+) s/step", output)
+    means = re.search(r"per step \(means\): rollouts ([\d.]+) s, update ([\d.]+) s", output)
+    if rss is None or step is None:
+        return
+    result["peak_rss_gb"] = round(int(rss.group(1)) / 2**20, 2)
+    result["steps"] = int(step.group(1))
+    result["s_per_step"] = float(step.group(2))
+    if means:
+        result["rollouts_s"], result["update_s"] = float(means.group(1)), float(means.group(2))
+
+
+def _watched(arm: str, args: argparse.Namespace, command: list[str], env: dict[str, str], parse: Any) -> dict[str, Any]:
+    """Run ``command``, stopping it when the machine's available memory runs low; ``parse`` fills
+    the result from its output."""
+    if available_gb() < args.min_start_gb:
+        return {"arm": arm, "exit": None, "stopped": f"not started: {available_gb():.1f} GB available"}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    stopped: list[float] = []
+
+    def watchdog() -> None:
+        while proc.poll() is None:
+            if available_gb() < args.min_available_gb:
+                stopped.append(available_gb())
+                os.killpg(proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    output, _ = proc.communicate()
+    result: dict[str, Any] = {"arm": arm, "exit": proc.returncode, "wall_s": round(time.monotonic() - started, 1)}
+    if stopped:
+        result["stopped"] = f"available memory fell to {stopped[0]:.1f} GB"
+        return result
+    if proc.returncode == 0:
+        parse(output, result)
+    if "peak_rss_gb" not in result:
+        result["tail"] = output[-2000:]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="smollm2 (default) or tiny")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--val", type=int, default=8)
+    p.add_argument("--arms", nargs="+", default=["before", "after"], choices=["before", "after"])
+    p.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times")
+    p.add_argument("--before-rev", default="74737bd^", help="the revision the 'before' arm's update files come from")
+    p.add_argument("--min-available-gb", type=float, default=2.0, help="stop an arm below this much available memory")
+    p.add_argument("--min-start-gb", type=float, default=4.0, help="start an arm only with this much available memory")
+    p.add_argument(
+        "--update-only", action="store_true", help="one policy update with SmolLM2's vocabulary, not the quickstart"
+    )
+    p.add_argument("--hidden", type=int, default=576, help="--update-only: hidden size (SmolLM2: 576)")
+    p.add_argument("--layers", type=int, default=4, help="--update-only: layers (SmolLM2: 30)")
+    p.add_argument("--groups", type=int, default=8, help="--update-only: GRPO groups of 4 (the quickstart: 8)")
+    p.add_argument("--record", type=Path, help="write the figures here as JSON")
+    args = p.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="agentbolt-memory-") as tmp:
+        base = Path(tmp)
+        before = before_tree(args.before_rev, base / "before") if "before" in args.arms else None
+        for round_ in range(args.rounds):
+            for arm in args.arms:
+                out = base / f"round{round_}"
+                out.mkdir(exist_ok=True)
+                print(f"running {arm} (round {round_ + 1}/{args.rounds}) ...", flush=True)
+                path = before if arm == "before" else None
+                result = run_update_arm(arm, args, path) if args.update_only else run_arm(arm, args, path, out)
+                result["round"] = round_ + 1
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    if args.update_only:
+        print(
+            f"\none update, vocabulary 49,152, hidden {args.hidden}, {args.layers} layers, {args.groups * 4} sequences:"
+        )
+    else:
+        print(f"\nquickstart --model {args.model} --steps {args.steps} --val {args.val}, main process:")
+    print(f"{'arm':<8} {'round':>5} {'peak RSS GB':>12} {'s/step':>8} {'update s':>9} {'rollouts s':>11} {'wall s':>8}")
+    for r in results:
+        if "peak_rss_gb" not in r:
+            why = r.get("stopped", "exit {}".format(r["exit"]))
+            print(f"{r['arm']:<8} {r['round']:>5} failed: {why}")
+            continue
+        print(
+            f"{r['arm']:<8} {r['round']:>5} {r['peak_rss_gb']:>12.2f} {r.get('s_per_step', float('nan')):>8.1f} "
+            f"{r.get('update_s', float('nan')):>9.2f} {r.get('rollouts_s', float('nan')):>11.1f} {r['wall_s']:>8.0f}"
+        )
+    if args.record:
+        record = {
+            "benchmark": "benchmarks/quickstart_memory.py",
+            "argv": sys.argv[1:] if argv is None else argv,
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            ).stdout.strip(),
+            "before_rev": args.before_rev,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "cpus": os.cpu_count(),
+            "results": results,
+        }
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=2) + "\n")
+    return 0 if all("peak_rss_gb" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
