@@ -86,6 +86,9 @@ class SpanLink(BaseModel):
     """Link attributes."""
 
 
+_UNSET_STATUS = SpanStatus()
+"""The status of a span that sets none (shared: statuses are frozen)."""
+
 TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 """A trace id: 32 lowercase hex characters (checked by pydantic-core, in Rust)."""
 SpanId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
@@ -168,7 +171,7 @@ class Span(BaseModel):
             kind=kind,
             start_time_ns=start,
             end_time_ns=start if end_time_ns is None else end_time_ns,
-            status=status or SpanStatus(),
+            status=status or _UNSET_STATUS,
             attributes=dict(attributes or {}),
             events=list(events),
         )

@@ -112,6 +112,9 @@ def scope_resources(resources: t.Resources, rollout_id: str, attempt_id: str) ->
     return resources.model_copy(update={"llm": llm})
 
 
+_NO_RESOURCES = t.Resources()
+"""What an agent gets while no resources were published (shared: resources are frozen)."""
+
 _INFRA_ERROR_TYPES = {"agentbolt_upstream_error", "agentbolt_paused", "agentbolt_gateway_error"}
 _CONNECTION_ERRORS = {
     "APIConnectionError",
@@ -352,7 +355,7 @@ class Runner:
     async def _resources_for(self, version: int | None) -> t.Resources:
         if version not in self._resources:
             self._resources[version] = await self.store.get_resources(version)
-        return self._resources[version] or t.Resources()
+        return self._resources[version] or _NO_RESOURCES
 
     async def _call_agent(self, task: Any, resources: t.Resources) -> Any:
         assert self._workers is not None
