@@ -23,6 +23,7 @@ from __future__ import annotations
 from .. import types as t
 from ..errors import InvalidTransitionError, StaleAttemptError, UserError
 from ..fields import finite_number
+from .wire import MAX_LEASE_S, MAX_LIMIT
 
 __all__ = [
     "MAX_LEASE_S",
@@ -63,12 +64,6 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
         run_id=spec.run_id,
         step=spec.step,
     )
-
-
-MAX_LIMIT = 100_000
-"""Largest page or claim size of one call."""
-MAX_LEASE_S = 7 * 24 * 3600.0
-"""Longest lease (a week): a longer one would keep a dead worker's rollout for ever."""
 
 
 def check_limit(limit: int) -> None:

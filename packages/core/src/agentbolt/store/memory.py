@@ -1,6 +1,8 @@
 """``memory://``: an in-process store for tests and single-process experiments.
 
 Nothing survives the process. Safe to share between threads and event loops of one process.
+Each ``_<operation>`` method implements the operation declared on :class:`~agentbolt.store.Store`
+(arguments validated, defaults applied).
 """
 
 from __future__ import annotations
@@ -9,13 +11,13 @@ import asyncio
 import heapq
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
 from . import lifecycle
-from .base import Notifier, check_span_batch, normalize_statuses
+from .base import Notifier, Store, normalize_statuses
 from .run_memory import MemoryRunsMixin
 from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
@@ -25,7 +27,7 @@ __all__ = ["MemoryStore"]
 R = TypeVar("R")
 
 
-class MemoryStore(MemoryRunsMixin):
+class MemoryStore(MemoryRunsMixin, Store):
     """The in-memory backend. Options: ``sweep_interval_s`` (default 1.0), ``clock``."""
 
     def __init__(
@@ -104,7 +106,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- rollouts -----------------------------------------------------------------------------
 
-    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
+    async def _enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -114,7 +116,7 @@ class MemoryStore(MemoryRunsMixin):
             for spec in specs:
                 if spec.resources_version is not None and spec.resources_version not in known:
                     raise NotFoundError("resources version", spec.resources_version)
-                rid = spec.rollout_id or t.new_id("ro-")
+                rid = spec.rollout_id or t.new_id("ro-")  # Store.enqueue names every spec
                 existing = self._rollouts.get(rid) or planned.get(rid)
                 if existing is not None:
                     if not existing.matches_spec(spec):
@@ -137,17 +139,9 @@ class MemoryStore(MemoryRunsMixin):
             self._notifier.notify()
         return result
 
-    async def dequeue(
-        self,
-        worker_id: str,
-        *,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        mode: t.RolloutMode | None = None,
-        wait_s: float = 0.0,
+    async def _dequeue(
+        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
     ) -> list[t.Claim]:
-        lifecycle.check_claim_args(limit, lease_s)
-
         async def attempt() -> tuple[bool, list[t.Claim]]:
             claims = self._claim(worker_id, limit, lease_s, mode)
             return bool(claims), claims
@@ -183,8 +177,7 @@ class MemoryStore(MemoryRunsMixin):
                 claims.append(t.Claim(rollout=updated, attempt=attempt))
             return claims
 
-    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
-        lifecycle.check_lease(lease_s)
+    async def _heartbeat(self, attempt_ids: Sequence[str], lease_s: float) -> list[t.Attempt]:
         with self._lock:
             self._check_open()
             unknown = [a for a in attempt_ids if a not in self._attempts]
@@ -202,13 +195,8 @@ class MemoryStore(MemoryRunsMixin):
             self._notifier.notify()
         return out
 
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: t.AttemptStatus,
-        *,
-        reward: float | None = None,
-        error: t.ErrorInfo | None = None,
+    async def _finish_attempt(
+        self, attempt_id: str, status: t.AttemptStatus, reward: float | None, error: t.ErrorInfo | None
     ) -> t.Rollout:
         with self._lock:
             self._check_open()
@@ -221,7 +209,7 @@ class MemoryStore(MemoryRunsMixin):
                 rollout, attempt = lifecycle.finish(
                     self._rollouts[attempt.rollout_id],
                     attempt,
-                    t.AttemptStatus(status),
+                    status,
                     now=now,
                     reward=reward,
                     error=error,
@@ -233,7 +221,7 @@ class MemoryStore(MemoryRunsMixin):
         self._notifier.notify()
         return rollout
 
-    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
+    async def _cancel(self, rollout_ids: Sequence[str], reason: str) -> list[t.Rollout]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -248,30 +236,28 @@ class MemoryStore(MemoryRunsMixin):
         self._notifier.notify()
         return out
 
-    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
+    async def _get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
         with self._lock:
             unknown = [r for r in rollout_ids if r not in self._rollouts]
             if unknown:
                 raise NotFoundError("rollout", unknown)
             return [self._rollouts[r] for r in rollout_ids]
 
-    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+    async def _get_attempts(self, rollout_id: str) -> list[t.Attempt]:
         with self._lock:
             self._rollout(rollout_id)
             return [self._attempts[a] for a in self._attempts_of[rollout_id]]
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
-        mode: t.RolloutMode | None = None,
-        group_id: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
+        status: t.RolloutStatus | Sequence[t.RolloutStatus] | None,
+        mode: t.RolloutMode | None,
+        group_id: str | None,
+        limit: int,
+        cursor: str | None,
     ) -> t.Page[t.Rollout]:
         statuses = normalize_statuses(status)
         after = _parse_cursor(cursor)
-        lifecycle.check_limit(limit)
         with self._lock:
             items: list[t.Rollout] = []
             last = None
@@ -291,7 +277,7 @@ class MemoryStore(MemoryRunsMixin):
                 last = q
             return t.Page(items=items, next_cursor=None)
 
-    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
+    async def _count_rollouts(self, group_id: str | None) -> dict[t.RolloutStatus, int]:
         with self._lock:
             counts = dict.fromkeys(t.RolloutStatus, 0)
             for rollout in self._rollouts.values():
@@ -299,7 +285,7 @@ class MemoryStore(MemoryRunsMixin):
                     counts[rollout.status] += 1
             return counts
 
-    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+    async def _wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None) -> list[t.Rollout]:
         pending = list(dict.fromkeys(rollout_ids))
 
         async def check() -> tuple[bool, None]:
@@ -328,8 +314,7 @@ class MemoryStore(MemoryRunsMixin):
             # Changes notify; the periodic wake-up only bounds a sweep that is due but not run.
             await self._notifier.wait(fut, 1.0 if remaining is None else min(remaining, 1.0))
 
-    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        lifecycle.check_purge_args(rollout_ids, older_than_s)
+    async def _purge(self, rollout_ids: Sequence[str] | None, older_than_s: float | None) -> int:
         with self._lock:
             now = self._clock()
             chosen: list[str] = []
@@ -362,8 +347,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- spans --------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[t.Span]) -> int:
-        check_span_batch(spans)
+    async def _add_spans(self, spans: Sequence[t.Span]) -> int:
         with self._lock:
             self._check_open()
             unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
@@ -384,12 +368,8 @@ class MemoryStore(MemoryRunsMixin):
                 added += 1
             return added
 
-    async def query_spans(
-        self,
-        rollout_ids: Sequence[str],
-        *,
-        latest_attempt_only: bool = False,
-        after_seq: int | None = None,
+    async def _query_spans(
+        self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None
     ) -> dict[str, list[t.Span]]:
         with self._lock:
             unknown = [r for r in rollout_ids if r not in self._rollouts]
@@ -408,7 +388,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- resources ----------------------------------------------------------------------------
 
-    async def add_resources(self, resources: t.Resources) -> t.Resources:
+    async def _add_resources(self, resources: t.Resources) -> t.Resources:
         with self._lock:
             self._check_open()
             version = (self._resources[-1].version or 0) + 1 if self._resources else 1
@@ -416,7 +396,7 @@ class MemoryStore(MemoryRunsMixin):
             self._resources.append(stored)
             return stored
 
-    async def get_resources(self, version: int | None = None) -> t.Resources | None:
+    async def _get_resources(self, version: int | None) -> t.Resources | None:
         with self._lock:
             if version is None:
                 return self._resources[-1] if self._resources else None
@@ -426,7 +406,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- maintenance --------------------------------------------------------------------------
 
-    async def sweep(self) -> int:
+    async def _sweep(self) -> int:
         return self._sweep_now()
 
     async def close(self) -> None:
