@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from .. import types as t
 from ..errors import SchemaError, UserError
-from .lifecycle import check_purge_args
+from .lifecycle import check_purge_args, ended_as_reported
 from .operations import Operation, operation
 from .run_protocol import RunStore
 from .wire import DEFAULT_LEASE_S, AgeSeconds, LeaseSeconds, Limit, Version, WaitSeconds
@@ -38,6 +38,19 @@ def _with_ids(request: Any) -> Any:
 
 def _check_spans(request: Any) -> None:
     check_span_batch(request.spans)
+
+
+async def _finish_applied(store: Store, request: Any) -> t.Rollout | None:
+    (rollout,) = await _finishes_applied(store, [request]) or [None]
+    return rollout
+
+
+async def _finishes_applied(store: Store, reports: Sequence[Any]) -> list[t.Rollout] | None:
+    """The rollouts, if every report's attempt ended exactly as reported (a lost try applied)."""
+    attempts = await store.heartbeat([r.attempt_id for r in reports])  # renews nothing: they ended
+    if not all(ended_as_reported(a, r.status, r.error) for a, r in zip(attempts, reports, strict=True)):
+        return None
+    return await store.get_rollouts([a.rollout_id for a in attempts])
 
 
 def _check_purge(request: Any) -> None:
@@ -130,7 +143,7 @@ class Store(RunStore, Protocol):
         """
         ...
 
-    @operation("POST /v1/attempts/finish", tag="attempts", returns="rollout")
+    @operation("POST /v1/attempts/finish", tag="attempts", returns="rollout", recover=_finish_applied)
     async def finish_attempt(
         self,
         attempt_id: str,

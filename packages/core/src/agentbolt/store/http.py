@@ -17,9 +17,10 @@ operation's declaration says whether it is idempotent):
   ``cancel``, ``sweep``, ``add_spans`` (idempotent on span ids; the returned count then
   leaves out spans the lost try stored), and ``enqueue`` (made idempotent by generating the
   missing rollout ids here, before sending).
-- ``finish_attempt`` is retried too. If the lost try had already applied, the retry gets
-  ``StaleAttemptError``; the client then reads the attempt, and if it ended exactly as
-  reported, returns the rollout's current state instead of raising.
+- ``finish_attempt`` and ``finish_attempts`` are retried too. If the lost try had already
+  applied, the retry gets ``StaleAttemptError``; the client then reads the attempts, and if they
+  ended exactly as reported, returns the rollouts' current states instead of raising (the
+  operation's declared ``recover``).
 - ``dequeue`` is retried too. If the lost try had already claimed rollouts, those claims are
   orphaned: nobody heartbeats them, so their leases expire after ``lease_s`` and the store
   marks the attempts ``lost`` and requeues the rollouts (using one of their attempts). A
@@ -52,7 +53,6 @@ import orjson
 from pydantic import BaseModel
 
 from .. import __version__, errors
-from .. import types as t
 from ..errors import (
     AgentboltError,
     AuthenticationError,
@@ -73,8 +73,6 @@ log = logging.getLogger(__name__)
 
 _UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport failures that prove the request never reached the server."""
-_SERVER_KILLED_KINDS = frozenset({t.ErrorKind.CANCELLED, t.ErrorKind.TIMEOUT, t.ErrorKind.LOST})
-"""Error kinds the store itself gives attempts (a worker's own failure report has another)."""
 
 
 class _Call:
@@ -287,11 +285,25 @@ class HttpStore(Store):
 
     async def _dispatch(self, op: Operation, request: BaseModel) -> Any:
         """Send one operation (its validated arguments) to the server; returns its result."""
-        if op is _FINISH:
-            return await self._finish_attempt(request)
-        if op.waits is None:
-            return await self._send(op, request)
-        # A wait is split into requests of at most max_wait_s (the server caps each one too).
+        if op.waits is not None:
+            return await self._wait(op, request)
+        call = _Call()
+        try:
+            return await self._send(op, request, call=call)
+        except StaleAttemptError:
+            if not call.repeated or op.recover is None:
+                raise
+            # A try whose answer was lost may have applied: then the report was not stale.
+            result = await op.recover(self, request)
+            if result is None:
+                raise
+            log.info("%s: an earlier try whose answer was lost had applied it", op.name)
+            return result
+
+    async def _wait(self, op: Operation, request: BaseModel) -> Any:
+        """A waiting call as requests of at most ``max_wait_s`` (the server caps each one too),
+        until the result ends the wait or the time is up."""
+        assert op.waits is not None and op.done is not None
         loop = asyncio.get_running_loop()
         total = getattr(request, op.waits)
         deadline = None if total is None else loop.time() + total
@@ -299,7 +311,6 @@ class HttpStore(Store):
             remaining = self._max_wait_s if deadline is None else max(deadline - loop.time(), 0.0)
             chunk = min(remaining, self._max_wait_s)
             result = await self._send(op, request.model_copy(update={op.waits: chunk}), wait_s=chunk)
-            assert op.done is not None
             if op.done(result) or (deadline is not None and deadline - loop.time() < 0.005):
                 return result
 
@@ -333,23 +344,6 @@ class HttpStore(Store):
             log.warning("%s was retried after a lost answer: %s", op.name, op.lost_answer)
         return op.read_answer(content)
 
-    async def _finish_attempt(self, request: BaseModel) -> t.Rollout:
-        call = _Call()
-        try:
-            rollout: t.Rollout = await self._send(_FINISH, request, call=call)
-            return rollout
-        except StaleAttemptError:
-            if not call.repeated:
-                raise
-            # A try whose answer was lost may have applied: then the attempt ended as reported.
-            aid = request.attempt_id  # type: ignore[attr-defined]
-            (attempt,) = await self.heartbeat([aid])  # renews nothing: the attempt has ended
-            if not _ended_as_reported(attempt, request.status, request.error):  # type: ignore[attr-defined]
-                raise
-            log.info("finish_attempt(%s): an earlier try whose answer was lost had applied it", aid)
-            (current,) = await self.get_rollouts([attempt.rollout_id])
-            return current
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -362,9 +356,6 @@ class HttpStore(Store):
                 await lifetime.aclose()
             elif loop.is_running():  # another thread's loop: close there
                 asyncio.run_coroutine_threadsafe(lifetime.aclose(), loop)
-
-
-_FINISH = Store.finish_attempt.operation  # type: ignore[attr-defined]
 
 
 def _path_param(name: str) -> re.Pattern[str]:
@@ -388,17 +379,6 @@ async def _lifetime(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
         yield
     finally:
         await client.aclose()
-
-
-def _ended_as_reported(attempt: t.Attempt, status: t.AttemptStatus, error: t.ErrorInfo | None) -> bool:
-    """Whether an ended attempt is exactly what the worker's report would have made of it."""
-    if attempt.status is not status:
-        return False
-    if status is t.AttemptStatus.SUCCEEDED:
-        return True  # only the worker's report makes an attempt succeed
-    if error is not None:
-        return attempt.error == error
-    return attempt.error is not None and attempt.error.kind not in _SERVER_KILLED_KINDS
 
 
 def _rebuild(cls: type[AgentboltError], message: str, body: dict[str, Any] | None) -> AgentboltError:

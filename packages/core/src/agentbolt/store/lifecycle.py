@@ -35,6 +35,7 @@ __all__ = [
     "check_purge_args",
     "check_reward",
     "claim",
+    "ended_as_reported",
     "expire",
     "expire_due",
     "finish",
@@ -44,6 +45,8 @@ __all__ = [
 
 RETRYABLE = frozenset({t.ErrorKind.INFRASTRUCTURE, t.ErrorKind.LOST})
 """Failure kinds that requeue a rollout while attempts remain."""
+_STORE_ENDED = frozenset({t.ErrorKind.CANCELLED, t.ErrorKind.TIMEOUT, t.ErrorKind.LOST})
+"""Error kinds the store itself gives attempts (a worker's own failure report has another)."""
 
 
 def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
@@ -254,3 +257,16 @@ def _end(
     else:
         update = {"status": t.RolloutStatus.FAILED, "error": error, "ended_at": now, "final_reward": reward}
     return rollout.model_copy(update={**update, "updated_at": now}), ended
+
+
+def ended_as_reported(attempt: t.Attempt, status: t.AttemptStatus, error: t.ErrorInfo | None) -> bool:
+    """Whether an ended attempt is exactly what a worker's report (``status``, ``error``) would
+    have made of it: a client that lost the answer to a report it repeated tells this way whether
+    the lost try had applied."""
+    if attempt.status is not status:
+        return False
+    if status is t.AttemptStatus.SUCCEEDED:
+        return True  # only the worker's report makes an attempt succeed
+    if error is not None:
+        return attempt.error == error
+    return attempt.error is not None and attempt.error.kind not in _STORE_ENDED

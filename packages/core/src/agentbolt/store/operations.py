@@ -63,6 +63,7 @@ class Operation:
         reports_done: bool,
         prepare: Callable[[Any], Any] | None,
         lost_answer: str | None,
+        recover: Callable[[Any, Any], Awaitable[Any]] | None,
     ) -> None:
         method, _, path = route.partition(" ")
         if method not in ("GET", "POST") or not path.startswith("/"):
@@ -94,6 +95,9 @@ class Operation:
         """Checks across arguments, or fills them in, after validation: takes and returns the request."""
         self.lost_answer = lost_answer
         """What a repeated try after a lost answer may have left behind (logged when it happens)."""
+        self.recover = recover
+        """When a try repeated after a lost answer is refused as stale (``StaleAttemptError``),
+        ``await recover(store, request)`` gives the result if the lost try had applied, else ``None``."""
         self.handler = f"_{self.name}"
         """The backend coroutine implementing the operation."""
         self._fn = fn
@@ -256,6 +260,7 @@ def operation(
     reports_done: bool = False,
     prepare: Callable[[Any], Any] | None = None,
     lost_answer: str | None = None,
+    recover: Callable[[Any, Any], Awaitable[Any]] | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated method of :class:`~agentbolt.store.Store` a store operation.
 
@@ -270,6 +275,8 @@ def operation(
         reports_done: the response also carries ``done``.
         prepare: checks across arguments (or fills them in), run on the validated request.
         lost_answer: what a repeated try after a lost answer may leave behind.
+        recover: ``(store, request) -> result | None``: whether a lost try had applied, when its
+            repetition is refused as stale.
     """
 
     def decorate(fn: F) -> F:
@@ -285,6 +292,7 @@ def operation(
             reports_done=reports_done,
             prepare=prepare,
             lost_answer=lost_answer,
+            recover=recover,
         )
 
         @functools.wraps(fn)
