@@ -9,7 +9,7 @@ versioned snapshots, one row each.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 __all__ = ["SqlSpansMixin"]
 
 R = TypeVar("R")
+
+
+class _SpanWrite(NamedTuple):
+    """A prepared span batch (see ``SqlSpansMixin._span_write``)."""
+
+    rollout_ids: list[str]
+    """The rollouts the spans belong to, sorted."""
+    insert: Callable[[Connection], int]
+    """Inserts the spans in the given transaction (locking their rollouts on PostgreSQL);
+    returns how many were new."""
+    committed: Callable[[], None]
+    """Call after the transaction committed."""
 
 
 class SqlSpansMixin:
@@ -43,6 +55,15 @@ class SqlSpansMixin:
     async def _add_spans(self, spans: Sequence[t.Span]) -> int:
         if not spans:
             return 0
+        write = self._span_write(spans)
+        added = await self._run(write.insert)
+        write.committed()
+        return added
+
+    def _span_write(self, spans: Sequence[t.Span]) -> _SpanWrite:
+        """A span batch prepared outside any transaction (JSON bodies, keys, SQL text), so the
+        transaction only assigns seq values and inserts: :meth:`_SpanWrite.insert` runs in a
+        transaction (this one's or another operation's), :meth:`_SpanWrite.committed` after it."""
         # Everything per span is prepared here, so the writer thread only assigns seq values.
         by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
         attempts_seen: set[tuple[str, str]] = set()
@@ -69,7 +90,7 @@ class SqlSpansMixin:
             allocate = self._q(f"SELECT rollout_id, id FROM {{rollouts}} WHERE {in_rids}")
             allocate_params = tuple(rids)
 
-        def tx(conn: Connection) -> int:
+        def insert(conn: Connection) -> int:
             cur = _cursor(conn)
             if self._q.pg:  # lock in id order so concurrent batches cannot deadlock
                 cur.execute(
@@ -110,12 +131,13 @@ class SqlSpansMixin:
                 cur.executemany(self._q(_INSERT_SPAN_WITH_ID), rows)
             return cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else len(rows)
 
-        added = await self._run(tx)
-        if unchecked:  # attempts never change rollout; remember the pairs that checked out
-            if len(self._known_attempts) > 100_000:
-                self._known_attempts.clear()
-            self._known_attempts.update(unchecked)  # type: ignore[arg-type]
-        return added
+        def committed() -> None:
+            if unchecked:  # attempts never change rollout; remember the pairs that checked out
+                if len(self._known_attempts) > 100_000:
+                    self._known_attempts.clear()
+                self._known_attempts.update(unchecked)  # type: ignore[arg-type]
+
+        return _SpanWrite(rids, insert, committed)
 
     async def _query_spans(
         self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None
