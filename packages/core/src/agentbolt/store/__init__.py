@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from .base import Store
+from .base import AttemptReport, Store
 from .run_records import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, RunStatus, StoreHealth
 
 __all__ = [
     "DEFAULT_STORE_URL",
+    "AttemptReport",
     "RolloutSearch",
     "RolloutSearchPage",
     "Run",

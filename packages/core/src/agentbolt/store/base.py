@@ -19,11 +19,26 @@ from pydantic import BaseModel
 from .. import types as t
 from ..errors import SchemaError, UserError
 from .lifecycle import check_purge_args, ended_as_reported
-from .operations import Operation, operation
+from .operations import WIRE_CONFIG, Operation, operation
 from .run_protocol import RunStore
 from .wire import DEFAULT_LEASE_S, AgeSeconds, LeaseSeconds, Limit, Version, WaitSeconds
 
-__all__ = ["Notifier", "Store", "check_span_batch", "normalize_statuses"]
+__all__ = ["AttemptReport", "Notifier", "Store", "check_span_batch", "normalize_statuses"]
+
+
+class AttemptReport(BaseModel):
+    """A worker's report of the end of an attempt (:meth:`Store.finish_attempts`)."""
+
+    model_config = WIRE_CONFIG
+
+    attempt_id: str
+    """The attempt."""
+    status: t.AttemptStatus
+    """``succeeded`` or ``failed``."""
+    reward: float | None = None
+    """The episode's final reward."""
+    error: t.ErrorInfo | None = None
+    """Why it failed; kind ``infrastructure`` requeues the rollout while attempts remain."""
 
 
 def _with_ids(request: Any) -> Any:
@@ -43,6 +58,10 @@ def _check_spans(request: Any) -> None:
 async def _finish_applied(store: Store, request: Any) -> t.Rollout | None:
     (rollout,) = await _finishes_applied(store, [request]) or [None]
     return rollout
+
+
+async def _finish_many_applied(store: Store, request: Any) -> list[t.Rollout] | None:
+    return await _finishes_applied(store, request.reports)
 
 
 async def _finishes_applied(store: Store, reports: Sequence[Any]) -> list[t.Rollout] | None:
@@ -163,6 +182,30 @@ class Store(RunStore, Protocol):
             status: ``succeeded`` or ``failed``.
             reward: the episode's final reward.
             error: why it failed; kind ``infrastructure`` requeues the rollout while attempts remain.
+        """
+        ...
+
+    @operation(
+        "POST /v1/attempts/finish-batch",
+        tag="attempts",
+        returns="rollouts",
+        prepare=_check_spans,
+        recover=_finish_many_applied,
+    )
+    async def finish_attempts(
+        self, reports: Sequence[AttemptReport], *, spans: Sequence[t.Span] = ()
+    ) -> list[t.Rollout]:
+        """Store spans and report the ends of attempts in one transaction; returns each
+        report's rollout, in order.
+
+        All or nothing: a report :meth:`finish_attempt` would refuse raises the same error, and
+        nothing is written then, spans included. A worker sends an attempt's last spans with its
+        end this way, so its rollout is never final without them, and one transaction serves the
+        attempts that end together.
+
+        Args:
+            reports: the ends of attempts, each as :meth:`finish_attempt` takes it.
+            spans: spans to store first (as :meth:`add_spans` does), of any rollouts.
         """
         ...
 

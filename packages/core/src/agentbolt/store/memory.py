@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .. import types as t
-from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
+from ..errors import ConflictError, InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
 from . import lifecycle
-from .base import Notifier, Store, normalize_statuses
+from .base import AttemptReport, Notifier, Store, normalize_statuses
 from .run_memory import MemoryRunsMixin
 from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
@@ -198,28 +198,50 @@ class MemoryStore(MemoryRunsMixin, Store):
     async def _finish_attempt(
         self, attempt_id: str, status: t.AttemptStatus, reward: float | None, error: t.ErrorInfo | None
     ) -> t.Rollout:
+        report = AttemptReport.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
+        (rollout,) = self._finish([report], (), keep_expiry=True)
+        return rollout
+
+    async def _finish_attempts(self, reports: Sequence[AttemptReport], spans: Sequence[t.Span]) -> list[t.Rollout]:
+        return self._finish(reports, spans, keep_expiry=False)
+
+    def _finish(
+        self, reports: Sequence[AttemptReport], spans: Sequence[t.Span], *, keep_expiry: bool
+    ) -> list[t.Rollout]:
+        """Store ``spans`` and apply ``reports``, all or nothing; with ``keep_expiry`` a report
+        refused because its attempt's lease or deadline had passed still leaves it expired."""
         with self._lock:
             self._check_open()
-            if attempt_id not in self._attempts:
-                raise NotFoundError("attempt", attempt_id)
+            self._check_spans(spans)
             now = self._clock()
-            expired = self._expire_one(attempt_id, now)
-            attempt = self._attempts[attempt_id]
-            try:
-                rollout, attempt = lifecycle.finish(
-                    self._rollouts[attempt.rollout_id],
-                    attempt,
-                    status,
-                    now=now,
-                    reward=reward,
-                    error=error,
-                )
-            finally:
-                if expired:
-                    self._notifier.notify()
-            self._apply(rollout, attempt)
+            rollouts: dict[str, t.Rollout] = {}
+            attempts: dict[str, t.Attempt] = {}
+            out = []
+            for report in reports:
+                aid = report.attempt_id
+                attempt = attempts.get(aid) or self._attempts.get(aid)
+                if attempt is None:
+                    raise NotFoundError("attempt", aid)
+                rollout = rollouts.get(attempt.rollout_id) or self._rollouts[attempt.rollout_id]
+                expired = lifecycle.expire(rollout, attempt, now)
+                if expired is not None:
+                    rollout, attempt = expired
+                try:
+                    rollout, attempt = lifecycle.finish(
+                        rollout, attempt, report.status, now=now, reward=report.reward, error=report.error
+                    )
+                except StaleAttemptError:
+                    if keep_expiry and expired is not None:
+                        self._apply(*expired)
+                        self._notifier.notify()
+                    raise
+                rollouts[rollout.rollout_id], attempts[aid] = rollout, attempt
+                out.append(rollout)
+            self._store_spans(spans)
+            for attempt in attempts.values():
+                self._apply(rollouts[attempt.rollout_id], attempt)
         self._notifier.notify()
-        return rollout
+        return out
 
     async def _cancel(self, rollout_ids: Sequence[str], reason: str) -> list[t.Rollout]:
         with self._lock:
@@ -350,23 +372,31 @@ class MemoryStore(MemoryRunsMixin, Store):
     async def _add_spans(self, spans: Sequence[t.Span]) -> int:
         with self._lock:
             self._check_open()
-            unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
-            if unknown:
-                raise NotFoundError("rollout", unknown)
-            for span in spans:
-                if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
-                    raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
-            added = 0
-            for span in spans:
-                rid = span.rollout_id
-                assert rid is not None
-                stored = self._spans[rid]
-                if span.span_id in stored:
-                    continue
-                self._span_seq[rid] += 1
-                stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})
-                added += 1
-            return added
+            self._check_spans(spans)
+            return self._store_spans(spans)
+
+    def _check_spans(self, spans: Sequence[t.Span]) -> None:
+        """``NotFoundError`` for spans of unknown rollouts or attempts (call with the lock held)."""
+        unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
+        if unknown:
+            raise NotFoundError("rollout", unknown)
+        for span in spans:
+            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
+                raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
+
+    def _store_spans(self, spans: Sequence[t.Span]) -> int:
+        """Store checked spans (with the lock held); returns how many were new."""
+        added = 0
+        for span in spans:
+            rid = span.rollout_id
+            assert rid is not None
+            stored = self._spans[rid]
+            if span.span_id in stored:
+                continue
+            self._span_seq[rid] += 1
+            stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})
+            added += 1
+        return added
 
     async def _query_spans(
         self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None

@@ -48,7 +48,7 @@ from ..errors import (
     UserError,
 )
 from . import lifecycle
-from .base import Notifier, Store, normalize_statuses
+from .base import AttemptReport, Notifier, Store, normalize_statuses
 from .sql_engine import (
     _data_version,
     _GroupCommitWriter,
@@ -479,34 +479,64 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
     async def _finish_attempt(
         self, attempt_id: str, status: t.AttemptStatus, reward: float | None, error: t.ErrorInfo | None
     ) -> t.Rollout:
+        report = AttemptReport.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
+        (rollout,) = await self._finish([report], (), keep_expiry=True)
+        return rollout
 
-        def tx(conn: Connection) -> tuple[t.Rollout | None, StaleAttemptError | None]:
+    async def _finish_attempts(self, reports: Sequence[AttemptReport], spans: Sequence[t.Span]) -> list[t.Rollout]:
+        return await self._finish(reports, spans, keep_expiry=False)
+
+    async def _finish(
+        self, reports: Sequence[AttemptReport], spans: Sequence[t.Span], *, keep_expiry: bool
+    ) -> list[t.Rollout]:
+        """Store ``spans`` and apply ``reports`` in one transaction, all or nothing; with
+        ``keep_expiry`` (one report, no spans) a report refused because its attempt's lease or
+        deadline had passed still commits that expiry."""
+        ids = [r.attempt_id for r in reports]
+        write = self._span_write(spans) if spans else None
+
+        def tx(conn: Connection) -> tuple[list[t.Rollout], StaleAttemptError | None]:
             now = self._now()
-            attempt = self._load_attempts(conn, [attempt_id])[attempt_id]
-            rollout = self._load_rollouts(conn, [attempt.rollout_id], lock=True)[attempt.rollout_id]
-            if self._q.pg:  # re-read under the rollout's row lock
-                attempt = self._load_attempts(conn, [attempt_id], lock=True)[attempt_id]
-            expired = lifecycle.expire(rollout, attempt, now)
-            if expired is not None:  # the deadline or lease passed: that is final, keep it
-                self._save(conn, [expired])
-                self._notify_final(conn)
-                rollout, attempt = expired
-            try:
-                rollout, attempt = lifecycle.finish(rollout, attempt, status, now=now, reward=reward, error=error)
-            except StaleAttemptError as exc:
-                if expired is None:
-                    raise
-                return None, exc  # commit the expiry, then reject the report
-            self._save(conn, [(rollout, attempt)])
+            found = self._load_attempts(conn, ids)
+            rids = {a.rollout_id for a in found.values()}
+            if write is not None and self._q.pg:  # every rollout row this locks, in one id order
+                rids |= set(write.rollout_ids)
+            rolls = self._load_rollouts(conn, sorted(rids), lock=True)
+            if write is not None:
+                write.insert(conn)
+            if self._q.pg:  # re-read under the rollouts' row locks
+                found = self._load_attempts(conn, ids, lock=True)
+            ended, out = [], []
+            for report in reports:
+                attempt = found[report.attempt_id]
+                rollout = rolls[attempt.rollout_id]
+                expired = lifecycle.expire(rollout, attempt, now)
+                if expired is not None:  # the deadline or lease passed: that is final
+                    rollout, attempt = expired
+                try:
+                    rollout, attempt = lifecycle.finish(
+                        rollout, attempt, report.status, now=now, reward=report.reward, error=report.error
+                    )
+                except StaleAttemptError as exc:
+                    if not keep_expiry or expired is None:
+                        raise
+                    self._save(conn, [expired])
+                    self._notify_final(conn)
+                    return [], exc  # commit the expiry, then reject the report
+                rolls[rollout.rollout_id], found[report.attempt_id] = rollout, attempt
+                ended.append((rollout, attempt))
+                out.append(rollout)
+            self._save(conn, ended)
             self._notify_final(conn)
-            return rollout, None
+            return out, None
 
-        rollout, stale = await self._run(tx)
+        out, stale = await self._run(tx)
+        if write is not None:
+            write.committed()
         self._notifier.notify()
         if stale is not None:
             raise stale
-        assert rollout is not None
-        return rollout
+        return out
 
     async def _cancel(self, rollout_ids: Sequence[str], reason: str) -> list[t.Rollout]:
         ids = list(rollout_ids)
