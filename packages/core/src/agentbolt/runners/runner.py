@@ -18,7 +18,8 @@ runner processes, watches them and replaces one that dies. Per attempt the runne
 - on an exception records it (type, message, traceback, as the attempt's error and an exception
   span) and reports the attempt failed: an agent error is final, an infrastructure error
   (gateway/back-end failure) is retried by the store while attempts remain;
-- writes every span of the attempt before reporting it finished.
+- writes every span of the attempt with its end, in one transaction (:mod:`agentbolt.runners.reporter`:
+  the ends of attempts that finish together share it).
 
 On SIGTERM or Ctrl-C a runner stops claiming, lets running rollouts finish (``drain_timeout_s``),
 then hands the rest back to the store as infrastructure failures so they are retried.
@@ -41,9 +42,10 @@ from urllib.parse import quote
 
 from .. import types as t
 from ..capture.emit import emit_exception, emit_reward
-from ..capture.tracing import RolloutContext, SpanSink, install_otel, rollout_context
+from ..capture.tracing import RolloutContext, install_otel, rollout_context
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
 from ..store.base import Store
+from .reporter import Reporter
 from .workers import AgentWorkers
 
 __all__ = [
@@ -226,7 +228,7 @@ class Runner:
         self._stop: asyncio.Event | None = None
         self._resources: dict[int | None, t.Resources | None] = {}
         self._workers: AgentWorkers | None = None
-        self._sink: SpanSink | None = None
+        self._sink: Reporter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapters: list[Any] = []
         self.adapter_failures: list[str] = []
@@ -252,7 +254,7 @@ class Runner:
 
             self.adapter_failures = []
             self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
-        self._sink = SpanSink(self.store)
+        self._sink = Reporter(self.store)
         self._sink.start()
         self._workers = AgentWorkers(f"agentbolt-agent-{self.worker_id}", grace_s=self.config.cancel_grace_s)
         heartbeats = self._loop.create_task(self._heartbeat_loop(), name="agentbolt-heartbeats")
@@ -381,8 +383,7 @@ class Runner:
                 reward = _as_reward(result)
                 if reward is not None:
                     emit_reward(reward, final=True)
-            await self._sink.flush()
-            await self.store.finish_attempt(aid, t.AttemptStatus.SUCCEEDED, reward=ctx.final_reward)
+            await self._sink.finish(aid, t.AttemptStatus.SUCCEEDED, reward=ctx.final_reward)  # with its spans
             self.stats.succeeded += 1
         except asyncio.CancelledError:
             running = self._running.get(aid)
@@ -405,11 +406,8 @@ class Runner:
             log.info("rollout %s attempt %s failed (%s): %r", rid, aid, kind.value, exc)
             with rollout_context(ctx):
                 emit_exception(exc)
-            await self._sink.flush()
             try:
-                await self.store.finish_attempt(
-                    aid, t.AttemptStatus.FAILED, error=t.ErrorInfo.from_exception(exc, kind)
-                )
+                await self._sink.finish(aid, t.AttemptStatus.FAILED, error=t.ErrorInfo.from_exception(exc, kind))
             except StaleAttemptError as stale:
                 log.info("%s", stale)
             except Exception as report_exc:
