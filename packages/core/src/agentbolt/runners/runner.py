@@ -45,6 +45,7 @@ from ..capture.emit import emit_exception, emit_reward
 from ..capture.tracing import RolloutContext, install_otel, rollout_context
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
 from ..store.base import Store
+from ..store.wire import DEFAULT_LEASE_S
 from .reporter import Reporter
 from .workers import AgentWorkers
 
@@ -156,7 +157,7 @@ class RunnerConfig:
 
     concurrency: int = 8
     """Rollouts run at once in this process."""
-    lease_s: float = 30.0
+    lease_s: float = DEFAULT_LEASE_S
     """Lease length; renewed every ``lease_s / 3`` seconds."""
     dequeue_wait_s: float = 1.0
     """How long one claim request waits for queued work."""
