@@ -27,6 +27,7 @@ from agent import calc_agent  # noqa: E402
 from data import DataError, load  # noqa: E402
 from figures import run_figures  # noqa: E402
 
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
@@ -107,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         calc_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=300.0,
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=300.0),
         progress=not args.no_progress,
     )
     result = trainer.fit(train, val)

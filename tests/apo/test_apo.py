@@ -15,6 +15,7 @@ import pytest
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
+from agentbolt.options import GatewayOptions, RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.store import RolloutSearch, open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLMServer
@@ -54,9 +55,8 @@ def fit(agent: Any, optimizer: ScriptedOptimizer, tmp_path: Path, *, n_runners: 
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, **overrides),
             store=f"sqlite:///{tmp_path}/apo.db",
-            upstream=policy.base_url,
-            n_runners=n_runners,
-            concurrency=8,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=n_runners, concurrency=8),
             progress=True,
         )
         return trainer.fit(TRAIN, VAL)
@@ -221,8 +221,8 @@ def test_unreachable_optimizer_is_a_clear_error(tmp_path: Path) -> None:
             algorithm="apo",
             algorithm_config=apo_config(url, rounds=1),
             store=f"sqlite:///{tmp_path}/apo.db",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         )
         with pytest.raises(UserError, match=rf"optimizer endpoint {url}/chat/completions cannot be reached"):
@@ -239,8 +239,8 @@ def test_a_refused_key_names_its_environment_variable(tmp_path: Path, monkeypatc
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, optimizer_api_key_env="APO_TEST_OPTIMIZER_KEY"),
             store="memory://",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         )
         with pytest.raises(UserError, match=r"refused the request \(401\).*\$APO_TEST_OPTIMIZER_KEY \(unset\)"):
@@ -270,7 +270,7 @@ def test_bad_options_are_clear_errors(config: dict[str, Any], message: str) -> N
         algorithm="apo",
         algorithm_config=apo_config("http://127.0.0.1:9/v1", **config),
         store="memory://",
-        n_runners=0,
+        runners=RunnerOptions(n=0),
         progress=False,
     )
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -281,7 +281,9 @@ def test_missing_initial_prompt_and_datasets_are_clear_errors() -> None:
     with pytest.raises(UserError, match="APO needs initial_prompt"):
         default_plugins().algorithms.get("apo")(optimizer_model="m")
     apo = APO("Repeat the word.", optimizer_base_url="http://127.0.0.1:9/v1", optimizer_api_key_env=None)
-    trainer = Trainer(apo_agents.prompt_agent, algorithm=apo, store="memory://", n_runners=0, progress=False)
+    trainer = Trainer(
+        apo_agents.prompt_agent, algorithm=apo, store="memory://", runners=RunnerOptions(n=0), progress=False
+    )
     with pytest.raises(UserError, match="APO needs validation tasks"):
         trainer.fit(TRAIN, [])
     with pytest.raises(UserError, match="APO needs training tasks"):
@@ -299,8 +301,9 @@ def test_apo_is_registered_by_the_agentbolt_apo_plugin() -> None:
     assert listing.exit_code == 0
     (apo,) = [p for p in json.loads(listing.output) if p["name"] == "apo"]
     assert apo["distribution"] == "agentbolt-apo" and apo["registered"]["algorithms"] == ["apo"]
-    (core,) = [p for p in json.loads(listing.output) if p["name"] == "agentbolt"]
-    assert "apo" not in core["registered"].get("algorithms", [])
+    core = [p for p in json.loads(listing.output) if p["distribution"] == "agentbolt"]
+    assert [p["name"] for p in core] == ["agentbolt.store", "agentbolt.lightningrl"]
+    assert not any(p["registered"].get("algorithms") for p in core)
 
 
 def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
@@ -312,8 +315,8 @@ def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
             store="memory://",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         ).fit(TRAIN, VAL)
         answered = len(backend.requests)
@@ -329,7 +332,7 @@ def test_an_agent_that_calls_no_llm_through_the_gateway_is_optimized_too(tmp_pat
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
             store=f"sqlite:///{tmp_path}/apo.db",
-            n_runners=0,
+            runners=RunnerOptions(n=0),
             progress=False,
         ).fit(TRAIN, VAL)
     assert (result.score_before, result.score_after) == (pytest.approx(0.25), pytest.approx(1.0))

@@ -10,6 +10,7 @@ import apo_agents
 import pytest
 
 from agentbolt.algorithm import Algorithm
+from agentbolt.options import GatewayOptions, RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance
 from agentbolt.testing.fake_llm import FakeLLMServer
@@ -46,9 +47,7 @@ class TestAPOConformance(AlgorithmConformance):
             self.agent,
             algorithm,
             store=store,
-            upstream=self.policy_url,
-            n_runners=0,
-            concurrency=8,
+            gateway=GatewayOptions(upstreams=self.policy_url),
+            runners=RunnerOptions(n=0, concurrency=8, max_attempts=1),
             progress=False,
-            max_attempts=1,
         )

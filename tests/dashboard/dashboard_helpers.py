@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentbolt.options import RunnerOptions
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
 
@@ -57,7 +58,12 @@ def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -
             seed=k,
         )
         trainer = Trainer(
-            arithmetic_agent, algorithm, store=url, n_runners=0, progress=False, run_name=f"tiny-lr{k + 1}e-2"
+            arithmetic_agent,
+            algorithm,
+            store=url,
+            runners=RunnerOptions(n=0),
+            progress=False,
+            run_name=f"tiny-lr{k + 1}e-2",
         )
         trainer.fit(TASKS[:4], TASKS[4:])
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
@@ -53,7 +54,11 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         update={"lr": 1e-2},
     )
     trainer = Trainer(
-        parity_agent, algorithm, store=f"sqlite:///{tmp_path}/runs.db", n_runners=0, concurrency=8, progress=False
+        parity_agent,
+        algorithm,
+        store=f"sqlite:///{tmp_path}/runs.db",
+        runners=RunnerOptions(n=0, concurrency=8),
+        progress=False,
     )
     result = trainer.fit(tasks[:4], tasks[4:])
 
@@ -89,7 +94,7 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
         "torch-grpo",
         algorithm_config={"model": "tiny", "out_dir": str(tmp_path)},
         lightningrl=config,
-        n_runners=0,
+        runners=RunnerOptions(n=0),
         store="memory://",
     )
     algorithm = trainer._make_algorithm()
@@ -100,7 +105,13 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
     with pytest.raises(UserError, match="valid fields"):
         TorchGRPO("tiny", lightningrl={"agent_matcher": "solver"})
     with pytest.raises(UserError, match="pass it to the algorithm's own constructor"):
-        Trainer(lambda task, resources: 1.0, TorchGRPO("tiny"), lightningrl=config, n_runners=0, store="memory://")
+        Trainer(
+            lambda task, resources: 1.0,
+            TorchGRPO("tiny"),
+            lightningrl=config,
+            runners=RunnerOptions(n=0),
+            store="memory://",
+        )
 
 
 @pytest.mark.slow
@@ -136,7 +147,7 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
         "tiny", steps=1, batch_size=2, group_size=2, max_tokens=8, val_every=None, out_dir=tmp_path / "out", plot=False
     )
     url = f"sqlite:///{tmp_path}/runs.db"
-    Trainer(parity_agent, algorithm, store=url, n_runners=0, progress=False, run_name="parity").fit(
+    Trainer(parity_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False, run_name="parity").fit(
         tasks[:2], tasks[2:]
     )
 

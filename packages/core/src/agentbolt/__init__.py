@@ -1,6 +1,7 @@
 """agentbolt: train any AI agent with reinforcement learning, with almost zero change to the agent.
 
-The names most programs need are here::
+The names most programs need are here (the option groups ``RunnerOptions``, ``GatewayOptions``
+and ``CaptureOptions`` of :mod:`agentbolt.options` too)::
 
     from agentbolt import Trainer, emit_reward
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     )
     from .capture.roles import AgentRoles
     from .lightningrl.config import LightningRLConfig
+    from .options import CaptureOptions, GatewayOptions, RunnerOptions
     from .store import Store, open_store
     from .trainer import Trainer
     from .types import LLMEndpoint, Resources, Rollout, Span, Task, Transition
@@ -49,10 +51,13 @@ __all__ = [
     "AgentRoles",
     "Algorithm",
     "AlgorithmContext",
+    "CaptureOptions",
+    "GatewayOptions",
     "LLMEndpoint",
     "LightningRLConfig",
     "Resources",
     "Rollout",
+    "RunnerOptions",
     "Span",
     "Store",
     "Task",
@@ -81,6 +86,7 @@ __getattr__, __dir__ = lazy_exports(
         ),
         "AgentRoles": "capture.roles",
         "LightningRLConfig": "lightningrl.config",
+        **dict.fromkeys(["CaptureOptions", "GatewayOptions", "RunnerOptions"], "options"),
         "Store": "store",
         "open_store": "store",
         **dict.fromkeys(["LLMEndpoint", "Resources", "Rollout", "Span", "Task", "Transition"], "types"),

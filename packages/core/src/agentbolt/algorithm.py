@@ -36,6 +36,8 @@ from typing import Any, ClassVar, Protocol
 from . import semconv
 from . import types as t
 from .errors import UserError
+from .lightningrl import LightningRLConfig
+from .runs.doctor import diagnose
 from .store.base import Store
 from .store.run_records import finite_metrics
 
@@ -289,7 +291,6 @@ class Algorithm(abc.ABC):
         :class:`~agentbolt.lightningrl.LightningRLConfig` is recorded as its fields (the dashboard
         rebuilds it from the ``lightningrl`` attribute); other values JSON cannot hold are
         recorded as their ``str``."""
-        from .lightningrl import LightningRLConfig
 
         secret = ("key", "token", "secret", "password")
         public = {
@@ -365,7 +366,6 @@ def summarize(
 ) -> EvaluateResult:
     """Counts, rewards and token usage of finished rollouts and their spans (of every attempt:
     the call counts are :func:`agentbolt.runs.doctor.diagnose`'s, the same ``agentbolt doctor`` prints)."""
-    from .runs.doctor import diagnose
 
     report = diagnose(rollouts, spans, gateway_stats=gateway_stats)
     rewards = [r.final_reward for r in rollouts if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None]

@@ -59,7 +59,7 @@ def _to_json(value: Any) -> str:
 def _parent() -> tuple[str | None, str | None]:
     """Trace id and span id of the current OpenTelemetry span, if any."""
     try:
-        from opentelemetry import trace
+        from opentelemetry import trace  # OpenTelemetry loads on the first emit, not when agents import us
     except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
         return None, None
     ctx = trace.get_current_span().get_span_context()
@@ -199,7 +199,7 @@ def emit_exception(exc: BaseException, *, attributes: Mapping[str, Any] | None =
 
 @contextmanager
 def _operation_span(name: str, inputs: Mapping[str, Any] | None) -> Iterator[Any]:
-    from opentelemetry import trace
+    from opentelemetry import trace  # loaded on first use, like in _parent()
 
     tracer = trace.get_tracer("agentbolt")
     with tracer.start_as_current_span(

@@ -2,7 +2,7 @@
 
 Exact ids (the backend's own, ``token_source = "exact"``) are what training should use. A hosted
 API, SGLang, llama.cpp or an older vLLM returns text only; with
-``Trainer(..., token_ids="retokenize", tokenizer="HuggingFaceTB/SmolLM2-135M-Instruct")`` the
+``Trainer(..., capture=CaptureOptions(token_ids="retokenize", tokenizer="HuggingFaceTB/SmolLM2-135M-Instruct"))`` the
 gateway renders each such call's messages with the policy's tokenizer and chat template
 (:class:`ChatTemplateRetokenizer`) and records ``token_source = "retokenized"``.
 

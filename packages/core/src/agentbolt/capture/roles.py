@@ -4,9 +4,12 @@ An agent on one client with several roles (a planner and a solver with different
 prompts) sends nothing that says which role is calling. :class:`AgentRoles` names each call
 from its request, in the gateway, so LightningRL's ``agent_match`` can select roles::
 
-    Trainer(agent, agent_names={"planner": "You plan", "solver": re.compile(r"^You solve")})
-    Trainer(agent, agent_names=AgentRoles(tools={"searcher": "web_search"}))
-    Trainer(agent, agent_names=lambda request: "judge" if request.get("max_tokens") == 1 else None)
+    CaptureOptions(agent_names={"planner": "You plan", "solver": re.compile(r"^You solve")})
+    CaptureOptions(agent_names=AgentRoles(tools={"searcher": "web_search"}))
+    CaptureOptions(agent_names=lambda request: "judge" if request.get("max_tokens") == 1 else None)
+
+passed as ``Trainer(agent, capture=...)`` (``agentbolt gateway serve --agent-name NAME=TEXT`` builds
+the first kind).
 
 Precedence, per call: the ``X-Agentbolt-Agent-Name`` header (the explicit way) over these rules;
 a framework adapter's agent span (LightningRL's nearest enclosing agent) over the gateway's name.
@@ -80,6 +83,21 @@ class AgentRoles:
                     f"got {pattern!r}"
                 )
 
+    @classmethod
+    def from_specs(cls, specs: Sequence[str]) -> AgentRoles | None:
+        """System-prompt rules from ``NAME=TEXT`` (a substring) or ``NAME=re:PATTERN`` (a regex
+        searched) strings, as the CLI's ``--agent-name`` gives them; ``None`` for no spec."""
+        rules: dict[str, str | re.Pattern[str]] = {}
+        for spec in specs:
+            name, sep, text = spec.partition("=")
+            if not sep or not name or not text:
+                raise UserError(f"an agent-name rule is NAME=TEXT or NAME=re:PATTERN, got {spec!r}")
+            try:
+                rules[name] = re.compile(text[3:]) if text.startswith("re:") else text
+            except re.error as exc:
+                raise UserError(f"agent {name!r}: {text[3:]!r} is not a regular expression: {exc}") from None
+        return cls(system_prompt=rules) if rules else None
+
     def __call__(self, request: Mapping[str, Any]) -> str | None:
         if self.function is not None:
             name = self.function(request)
@@ -100,7 +118,7 @@ class AgentRoles:
 
 
 def as_agent_namer(spec: AgentRoles | Mapping[str, Any] | AgentNamer | None) -> AgentNamer | None:
-    """An :data:`AgentNamer` from what ``Trainer(agent_names=...)`` accepts: :class:`AgentRoles`, a
+    """An :data:`AgentNamer` from what ``CaptureOptions(agent_names=...)`` accepts: :class:`AgentRoles`, a
     mapping of agent name -> system-prompt substring / regex, or a function of the request."""
     if spec is None or isinstance(spec, AgentRoles):
         return spec

@@ -5,13 +5,21 @@ agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
 agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
 agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
+
+Each command imports the part it runs inside its body (the store server and the gateway bring
+FastAPI and uvicorn, the runners Ray or SQLAlchemy), so ``agentbolt --help`` and every command
+load only what they use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import signal
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +27,11 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
+from .. import types as t
+from ..capture.roles import AgentRoles
+from ..errors import StoreUnavailableError, UserError
+from ..plugins.registry import default_plugins
+from ..store.urls import check_store_url
 from .runs import register as _register_run_commands
 
 app = typer.Typer(
@@ -60,7 +73,6 @@ def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List each plugin, its distribution and version, and what it registered."""
-    from ..plugins.registry import default_plugins
 
     infos = default_plugins().infos()
     if as_json:
@@ -119,7 +131,6 @@ def store_serve(
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
 ) -> None:
     """Serve a store over HTTP (OpenAPI at /openapi.json) with OTLP trace ingest at /v1/traces."""
-    from ..errors import StoreUnavailableError, UserError
     from ..store.server import serve
 
     try:
@@ -182,43 +193,33 @@ def gateway_serve(
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
-    import asyncio
-    import re
-    import signal
 
-    from ..errors import StoreUnavailableError, UserError
-    from ..gateway import Gateway, Upstream
+    from ..gateway import Upstream
+    from ..options import CaptureOptions, GatewayOptions
     from ..store import open_store
 
-    rules: dict[str, str | re.Pattern[str]] = {}
-    for spec in agent_name or []:
-        name, sep, text = spec.partition("=")
-        if not sep or not name or not text:
-            typer.echo(f"error: --agent-name takes NAME=TEXT or NAME=re:PATTERN, got {spec!r}", err=True)
-            raise typer.Exit(code=2)
-        rules[name] = re.compile(text[3:]) if text.startswith("re:") else text
-    options: dict[str, object] = {}
-    if rules:
-        from ..capture.roles import AgentRoles
-
-        options["agent_names"] = AgentRoles(system_prompt=rules)
-    if retokenize:
-        from ..capture.retokenize import ChatTemplateRetokenizer
-
-        options["retokenize"] = ChatTemplateRetokenizer.from_pretrained(retokenize)
+    try:  # the same option objects as Trainer(gateway=..., capture=...)
+        capture = CaptureOptions(
+            agent_names=AgentRoles.from_specs(agent_name or []),
+            token_ids="retokenize" if retokenize else "exact",
+            tokenizer=retokenize,
+        )
+        options = GatewayOptions(
+            upstreams=[Upstream(base_url=u, api_key=upstream_key) for u in upstream or []],
+            host=host,
+            port=port,
+            token=token,
+            upstream_timeout_s=request_timeout,
+        )
+        captured = capture.gateway_options()
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
 
     async def run() -> None:
         opened = open_store(store)
-        gateway = Gateway(
-            opened,
-            [Upstream(base_url=u, api_key=upstream_key) for u in upstream or []],
-            token=token,
-            served_model=model,
-            request_timeout_s=request_timeout,
-            allowed_hosts=allowed_host or (),
-            **options,  # type: ignore[arg-type]
-        )
-        await gateway.start(host, port)
+        gateway = options.gateway(opened, captured, served_model=model, allowed_hosts=allowed_host or ())
+        await gateway.start(options.host, options.port)
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
         typer.echo(f"gateway listening on {gateway.url} (forwarding to {target})", err=True)
         stop = asyncio.Event()
@@ -269,37 +270,27 @@ def runner(
     """Attach runner processes to a store (e.g. a store server on another machine) and run the
     agent on the rollouts it hands out, until Ctrl-C / SIGTERM. With --ray, the runners are Ray
     actors placed on a Ray cluster (restarted by Ray if they die)."""
-    import os
-    import signal
-    import time
 
-    from .. import types as t
-    from ..errors import UserError
-    from ..runners.pool import RunnerPool
-    from ..runners.runner import RunnerConfig
+    from ..options import RunnerOptions
+    from ..runners.ray import RayWorkerOptions, parse_resources
 
     if token:
         os.environ["AGENTBOLT_STORE_TOKEN"] = token  # runner processes inherit it
-    from ..store.urls import check_store_url
-
     pool: Any
-    try:
+    try:  # the same option object as Trainer(runners=...)
         check_store_url(store)
-        config = RunnerConfig(concurrency=concurrency, lease_s=lease, mode=t.RolloutMode(mode) if mode else None)
-        if ray is not None:
-            from ..runners.ray import RayRunnerPool, RayWorkerOptions, parse_resources
-
-            pool = RayRunnerPool(
-                agent,
-                store,
-                workers=processes,
-                config=config,
-                address=None if ray == "local" else ray,
-                options=RayWorkerOptions(num_cpus=num_cpus, resources=parse_resources(resource or [])),
-                store_token=token,
-            )
-        else:
-            pool = RunnerPool(agent, store, processes=processes, config=config)
+        options = RunnerOptions(
+            n=processes,
+            concurrency=concurrency,
+            lease_s=lease,
+            kind="processes" if ray is None else "ray",
+            ray_address=None if ray in (None, "local") else ray,
+            ray_options=None
+            if ray is None
+            else RayWorkerOptions(num_cpus=num_cpus, resources=parse_resources(resource or [])),
+        )
+        config = options.config(mode=t.RolloutMode(mode) if mode else None)
+        pool = options.pool(agent, store, config, store_token=token if ray is not None else None)
     except (UserError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -367,8 +358,6 @@ def doctor(
 ) -> None:
     """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
     template rewrites, adapters, agent names, group sizes) and what to fix. Exit 1 if not ok."""
-    import asyncio
-    import time
 
     from ..runs.doctor import doctor as run_doctor
     from ..store import open_store

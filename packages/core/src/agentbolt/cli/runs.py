@@ -6,14 +6,17 @@ agentbolt rollouts show ROLLOUT                    --store URL
 agentbolt export --run RUN --format jsonl|otlp     --store URL [--output FILE]
 agentbolt dashboard --store URL [--host 127.0.0.1 --port 4780] [--token T]
 
-Every command only reads the store. A store that cannot be opened (no such SQLite file, an
+Each command imports what it runs inside its body (see :mod:`agentbolt.cli.app`). Every command
+only reads the store. A store that cannot be opened (no such SQLite file, an
 unreachable server or database, an older table layout) is a clear error with exit status 2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from enum import StrEnum
@@ -29,6 +32,8 @@ from rich.tree import Tree
 
 from .. import types as t
 from ..errors import AgentboltError, UserError
+from ..plugins.registry import default_plugins
+from ..store.run_records import RolloutSearch
 
 __all__ = ["open_existing_store", "register"]
 
@@ -105,7 +110,6 @@ def _run(url: str, token: str | None, work: Callable[[Any], Awaitable[R]]) -> R:
 
 
 def _time(ts: float | None) -> str:
-    import time
 
     return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
@@ -158,7 +162,6 @@ def runs_show(
     """One run: its settings, latest metrics and metrics per step."""
 
     async def work(s: Any) -> tuple[Any, Any, Any, Any]:
-        from ..store.run_records import RolloutSearch
 
         run = await s.get_run(run_id)
         return (
@@ -189,7 +192,6 @@ def runs_show(
 async def _algorithm_summary(run: Any, store: Any) -> Any:
     """What the run's algorithm says about its runs (e.g. APO's table of prompt versions): the
     ``describe_run(run, store)`` of its registered factory, when it has one and is installed."""
-    from ..plugins.registry import default_plugins
 
     try:
         factory = default_plugins().algorithms.get(run.algorithm)
@@ -212,7 +214,6 @@ def rollouts_list(
     store_token: TokenOption = None,
 ) -> None:
     """List rollouts, newest first."""
-    from ..store.run_records import RolloutSearch
 
     query = RolloutSearch(run_id=run, status=status or None, step=step, limit=limit)
     page = _run(store, store_token, lambda s: s.search_rollouts(query))
@@ -293,7 +294,6 @@ async def _export(
     """Write the run's transitions (jsonl) or spans (OTLP JSON, one request per line); returns
     how many records were written."""
     from ..runs.views import lightningrl_for
-    from ..store.run_records import RolloutSearch
     from ..store.server.otlp_json import spans_to_otlp_json
 
     run = await store.get_run(run_id)
@@ -412,7 +412,6 @@ def dashboard(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     app = create_app(opened, token=token)
-    import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

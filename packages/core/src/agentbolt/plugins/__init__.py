@@ -3,9 +3,11 @@
 - :mod:`~agentbolt.plugins.hookspecs` — the four ``agentbolt_register_*`` hooks,
   :data:`hookimpl` (also ``from agentbolt import hookimpl``) and :class:`Register`;
 - :mod:`~agentbolt.plugins.registry` — the plugin manager (:func:`default_plugins`,
-  :class:`Plugins`): entry-point discovery, isolation of broken plugins, the registries;
-- :mod:`~agentbolt.plugins.builtin` — agentbolt's own stores and credit/advantage
-  implementations, registered through the same hooks.
+  :class:`Plugins`): entry-point discovery, isolation of broken plugins, the registries.
+
+Core's own implementations register through the same hooks, from the part they belong to:
+:mod:`agentbolt.store.plugin` (store backends) and :mod:`agentbolt.lightningrl.plugin` (credit
+assigners, advantage estimators); the registry loads them by module name.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ entry-point or distribution names.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "agentbolt.plugins"
 ENV_VAR = "AGENTBOLT_PLUGINS"
 BUILTIN_NAME = "agentbolt"
+BUILTIN_PLUGINS = {"agentbolt.store": "agentbolt.store.plugin", "agentbolt.lightningrl": "agentbolt.lightningrl.plugin"}
+"""Core's own plugins, plugin name -> module: each part registers its built-ins (store backends;
+credit assigners and advantage estimators) through the same hooks as any plugin. Named by module,
+like entry points, so the registry at the bottom of core depends on none of them."""
 
 T = TypeVar("T")
 
@@ -193,9 +198,8 @@ class Plugins:
         with self._lock:
             if self._loaded:
                 return
-            from . import builtin
-
-            self._add(builtin, BUILTIN_NAME, _dist_of_module("agentbolt"))
+            for name, module in BUILTIN_PLUGINS.items():
+                self._add(importlib.import_module(module), name, _dist_of_module(BUILTIN_NAME))
             if self._load_entry_points:
                 self._load_from_entry_points()
             self._loaded = True

@@ -13,6 +13,7 @@ actors.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import UserError
+from ..store import open_store
 from .runner import AgentLike, Runner, RunnerConfig, load_agent
 
 __all__ = ["RunnerPool"]
@@ -44,8 +46,6 @@ def _exit_reason(code: int | None) -> str:
 def _die_with_parent(parent_pid: int) -> None:
     """Linux: get SIGTERM when the parent dies (even by SIGKILL), so no runner outlives it."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the parent's shutdown stops the runners
@@ -72,7 +72,6 @@ def _process_main(
 
 
 async def _process_async(agent: Any, store_url: str, worker_id: str, config: RunnerConfig, ready: Any) -> None:
-    from ..store import open_store
 
     store = open_store(store_url)
     runner = Runner(agent, store, worker_id=worker_id, config=config)
@@ -123,7 +122,7 @@ class RunnerPool:
         if store_url.startswith("memory:"):
             raise UserError(
                 "runner processes cannot share a memory:// store; use sqlite:///path.db, or run the runner "
-                "in this process (Trainer(n_runners=0))"
+                "in this process (Trainer(runners=RunnerOptions(n=0)))"
             )
         if processes < 1:
             raise UserError(f"processes must be at least 1, got {processes}")

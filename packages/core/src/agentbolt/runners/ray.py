@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import UserError
+from ..store import open_store
 from ..store.server.run import is_loopback
 from .runner import AgentLike, Runner, RunnerConfig, load_agent
 
@@ -144,8 +145,8 @@ def check_urls_for_cluster(store_url: str, *, cluster_is_local: bool, gateway_ho
     if gateway_host and is_loopback(gateway_host):
         raise UserError(
             f"the gateway listens on {gateway_host!r}, which Ray workers on other nodes cannot reach; pass "
-            "gateway_host=an address of this machine the workers reach, with gateway_token=... (required beyond "
-            "loopback)"
+            "GatewayOptions(host=an address of this machine the workers reach, token=...) (a token is required "
+            "beyond loopback)"
         )
 
 
@@ -194,7 +195,6 @@ class RunnerWorker:
             asyncio.run(self._run())
 
     async def _run(self) -> None:
-        from ..store import open_store
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()

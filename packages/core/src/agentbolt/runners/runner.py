@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import types as t
+from ..capture.adapters import capture_span, instrument_adapters
 from ..capture.emit import emit_exception, emit_reward
 from ..capture.tracing import RolloutContext, install_otel, rollout_context
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
@@ -251,8 +252,6 @@ class Runner:
         self._stop = stop or asyncio.Event()
         install_otel()
         if self.config.adapters is None or self.config.adapters:
-            from ..capture.adapters import instrument_adapters
-
             self.adapter_failures = []
             self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
         self._sink = Reporter(self.store)
@@ -377,8 +376,6 @@ class Runner:
             resources = scope_resources(await self._resources_for(rollout.resources_version), rid, aid)
             with rollout_context(ctx):
                 if self.adapters or self.adapter_failures:  # for agentbolt doctor
-                    from ..capture.adapters import capture_span
-
                     ctx.record(capture_span(self.adapters, self.adapter_failures))
                 result = await self._call_agent(rollout.input, resources)
                 reward = _as_reward(result)

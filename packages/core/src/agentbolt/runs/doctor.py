@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 from .. import semconv
 from .. import types as t
+from ..lightningrl.extraction import extract_episode
+from ..lightningrl.spans import is_gateway_call
 from ..store.base import Store
 
 __all__ = ["CaptureCounts", "DoctorReport", "Finding", "diagnose", "doctor"]
@@ -166,8 +168,6 @@ def diagnose(
 
     ``gateway_stats`` (``Gateway.stats()``) adds the upstream's side: calls forwarded vs recorded.
     """
-    from ..lightningrl.extraction import extract_episode
-    from ..lightningrl.spans import is_gateway_call
 
     c = CaptureCounts(rollouts=len(rollouts))
     c.rollouts_by_status = dict(Counter(r.status.value for r in rollouts))
@@ -263,7 +263,7 @@ def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
                 c.missing,
                 f"{c.missing} answered calls have no token ids: the backend returned none",
                 "use a backend that returns token ids (vLLM, agentbolt's torch policy server), or "
-                "Trainer(token_ids='retokenize', tokenizer=<the policy's tokenizer>)",
+                "Trainer(capture=CaptureOptions(token_ids='retokenize', tokenizer=<the policy's tokenizer>))",
             )
         )
     if c.drifted:
@@ -330,7 +330,7 @@ def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
                 c.unnamed_calls,
                 f"{c.unnamed_calls} calls have no agent name"
                 + (" although an adapter named other calls" if framework else ""),
-                "name roles with Trainer(agent_names={'planner': 'system prompt text', ...}) or the "
+                "name roles with Trainer(capture=CaptureOptions(agent_names={'planner': 'system prompt text', ...})) or the "
                 "X-Agentbolt-Agent-Name header, so agent_match can select them",
             )
         )

@@ -18,9 +18,10 @@ import orjson
 
 from .. import semconv
 from .. import types as t
-from ..errors import NotFoundError
-from ..store.run_records import RolloutSearch, Run
+from ..errors import NotFoundError, UserError
+from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
+from ..store.run_records import RolloutSearch, Run
 
 __all__ = [
     "METRIC_PRESETS",
@@ -254,8 +255,6 @@ def lightningrl_settings(run: Run | None) -> dict[str, Any]:
     """The :class:`~agentbolt.lightningrl.LightningRLConfig` the run trained with (its recorded
     ``lightningrl`` config, as :meth:`~agentbolt.lightningrl.LightningRLConfig.as_record`), else
     the defaults."""
-    from ..errors import UserError
-    from ..lightningrl import LightningRLConfig
 
     config = run.config.get("lightningrl") if run is not None else None
     if isinstance(config, dict):
@@ -273,7 +272,6 @@ def lightningrl_settings(run: Run | None) -> dict[str, Any]:
 def lightningrl_for(run: Run | None) -> Any:
     """A :class:`~agentbolt.lightningrl.LightningRL` configured like the run's (never raises on
     an empty batch)."""
-    from ..lightningrl import LightningRL
 
     return LightningRL(lightningrl_settings(run), allow_empty=True)
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..plugins.registry import default_plugins
 from .base import AttemptReport, Store
 from .run_records import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, RunStatus, StoreHealth
+from .urls import check_store_url
 
 __all__ = [
     "DEFAULT_STORE_URL",
@@ -46,15 +48,12 @@ def open_store(url: str = DEFAULT_STORE_URL, *, plugins: Any = None, **options: 
     Keyword options go to the backend (e.g. ``sweep_interval_s``). Raises
     :class:`~agentbolt.errors.UserError` naming the registered schemes when none matches.
     """
-    from .urls import check_store_url
 
     check_store_url(url)  # before anything is created: nothing is left behind by a bad URL
     assert isinstance(url, str)
     scheme = urlsplit(url).scheme.split("+", 1)[0].lower()
     scheme = {"postgres": "postgresql"}.get(scheme, scheme)
     if plugins is None:
-        from ..plugins.registry import default_plugins
-
         plugins = default_plugins()
     factory = plugins.stores.get(scheme)
     store = factory(url, **options)

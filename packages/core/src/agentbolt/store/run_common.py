@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 from .. import types as t
 from ..errors import InvalidTransitionError, UserError
 from .run_records import RolloutSearch, Run, RunSpec, RunStatus
@@ -63,8 +65,6 @@ def matches_search(query: RolloutSearch, r: t.Rollout) -> bool:
     if query.failure_kind is not None and (r.error is None or r.error.kind != query.failure_kind):
         return False
     if query.text is not None:
-        import orjson
-
         needle = query.text.lower()
         if needle not in (r.task_id or "").lower() and needle not in orjson.dumps(r.input).decode().lower():
             return False

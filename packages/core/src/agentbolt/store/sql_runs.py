@@ -27,6 +27,7 @@ from .run_records import (
     RunStatus,
     StoreHealth,
 )
+from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, attempts, rollouts
 
 if TYPE_CHECKING:
     from .sql_schema import _Sql
@@ -184,7 +185,6 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def _search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
-        from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, rollouts
 
         c = rollouts.c
         where: list[Any] = []
@@ -221,7 +221,6 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def _store_health(self) -> StoreHealth:
-        from .sql_schema import attempts, rollouts
 
         def tx(conn: Connection) -> StoreHealth:
             now = self._now()

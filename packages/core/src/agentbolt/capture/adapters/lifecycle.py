@@ -17,6 +17,7 @@ from packaging.version import Version
 from ... import semconv
 from ... import types as t
 from ...errors import MissingDependencyError, UserError
+from ...plugins.registry import default_plugins
 
 if TYPE_CHECKING:
     from .hooks import AdapterHooks
@@ -46,6 +47,9 @@ class Adapter(abc.ABC):
     name: ClassVar[str] = "adapter"
     distribution: ClassVar[str] = ""
     supported: ClassVar[str] = ""
+    auto: ClassVar[bool] = True
+    """Instrumented by runners that instrument every installed adapter (``adapters=None``, the
+    default); ``False``: an opt-in adapter, instrumented only when named (``adapters=[...]``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -136,13 +140,11 @@ def instrument_adapters(
     """Instrument installed adapter plugins; returns the ones now active.
 
     ``names=None`` instruments every registered adapter whose framework is installed (others
-    are skipped quietly); a list instruments exactly those (an error if one is missing).
+    are skipped quietly), except opt-in ones (``Adapter.auto = False``); a list instruments exactly those (an error if one is missing).
     Failures of individual adapters are logged, never raised, when ``names`` is ``None``, and
     appended to ``failures`` (as ``"name: why"``) when given: runners record them for ``agentbolt doctor``.
     """
     if plugins is None:
-        from ...plugins.registry import default_plugins
-
         plugins = default_plugins()
     active: list[Adapter] = []
     wanted = None if names is None else list(names)
@@ -151,6 +153,8 @@ def instrument_adapters(
             continue
         try:
             adapter = entry.value()
+            if wanted is None and not adapter.auto:
+                continue
             adapter.instrument()
             active.append(adapter)
         except MissingDependencyError as exc:

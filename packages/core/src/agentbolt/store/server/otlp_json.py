@@ -4,6 +4,8 @@ codec behind the store server's OTLP ingest (:mod:`agentbolt.store.server.otlp`)
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -73,8 +75,6 @@ def _otlp_id(value: Any, length: int) -> str:
     s = str(value or "")
     if len(s) == length:
         return s.lower()
-    import base64
-    import binascii
 
     try:
         raw = base64.b64decode(s, validate=True)

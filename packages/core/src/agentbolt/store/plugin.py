@@ -1,29 +1,31 @@
-"""agentbolt's own implementations, registered through the same hooks as any plugin.
+"""agentbolt's built-in store backends, registered through ``agentbolt_register_stores`` like any
+plugin's (the plugin manager loads this module by name, see
+:data:`agentbolt.plugins.registry.BUILTIN_PLUGINS`).
 
-Factories import their modules lazily so loading plugins stays cheap.
+Factories import their backends when called: SQLAlchemy and httpx load only for the store opened.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .hookspecs import Register, hookimpl
+from ..plugins.hookspecs import Register, hookimpl
 
 
 def _memory(url: str, **options: Any) -> Any:
-    from ..store.memory import MemoryStore
+    from .memory import MemoryStore
 
     return MemoryStore(url, **options)
 
 
 def _sql(url: str, **options: Any) -> Any:
-    from ..store.sql import SqlStore
+    from .sql import SqlStore  # SQLAlchemy
 
     return SqlStore(url, **options)
 
 
 def _http(url: str, **options: Any) -> Any:
-    from ..store.http import HttpStore
+    from .http import HttpStore  # httpx
 
     return HttpStore(url, **options)
 
@@ -35,10 +37,3 @@ def agentbolt_register_stores(register: Register) -> None:
     register("postgresql", _sql)
     register("http", _http)
     register("https", _http)
-
-
-@hookimpl
-def agentbolt_register_credit(register: Register) -> None:
-    from ..lightningrl.registry import register_builtins
-
-    register_builtins(register)
