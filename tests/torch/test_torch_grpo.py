@@ -8,6 +8,8 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,20 @@ async def parity_agent(task: dict[str, Any], resources: Resources) -> float:
     return float(len(reply.choices[0].message.content or "") % 2)
 
 
+def alternating_agent() -> Callable[[dict[str, Any], Resources], Awaitable[float]]:
+    """Asks the policy once, then rewards its task's rollouts 0, 1, 0, 1, ... in the order they
+    finish: every group of an even size has reward variance (so a gradient) whatever the random
+    model samples."""
+    finished: Counter[str] = Counter()
+
+    async def agent(task: dict[str, Any], resources: Resources) -> float:
+        await parity_agent(task, resources)
+        finished[task["task_id"]] += 1
+        return float(finished[task["task_id"]] % 2)
+
+    return agent
+
+
 def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(6)]
     algorithm = TorchGRPO(
@@ -54,7 +70,7 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         update={"lr": 1e-2},
     )
     trainer = Trainer(
-        parity_agent,
+        alternating_agent(),
         algorithm,
         store=f"sqlite:///{tmp_path}/runs.db",
         runners=RunnerOptions(n=0, concurrency=8),
@@ -71,7 +87,7 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         assert math.isfinite(r["update/loss"]) and r["update/n_transitions"] == 8 and r["train/transitions"] == 8
         assert r["lightningrl/trained_calls"] == 8  # every call recorded with exact token ids
         assert abs(r["update/logprob_mismatch"]) < 0.05  # served logprobs are the trained policy's
-    assert any(r["update/grad_norm"] > 0 for r in updates), "no gradient: rewards had no variance"
+    assert all(r["update/grad_norm"] > 0 for r in updates), "no gradient although every group's rewards vary"
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
     assert Path(result.curve_png).read_bytes()[:4] == b"\x89PNG"
 
