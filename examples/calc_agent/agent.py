@@ -1,10 +1,12 @@
 """The calculator agent: an AutoGen AgentChat ``AssistantAgent`` with a ``calculator`` tool.
 
 Plain AutoGen code: the agent reads only ``resources.llm`` (base URL, model name, key) and returns
-the reward. The model decides whether to call the calculator; with ``reflect_on_tool_use`` a tool
-call is followed by a second model call that writes the answer from the tool's result. A few
-worked examples open the model context (one of them through the calculator): a 135M model calls
-a tool only when it has seen one called.
+the reward. The model decides whether to call the calculator; after a tool result it is called
+again (with the tool still offered) and either calls the calculator again -- a chain of up to
+``MAX_TOOL_ITERATIONS`` steps -- or writes the answer. Should it still be calling the tool after
+the last iteration, ``reflect_on_tool_use`` asks it once more, without tools, for the answer. The
+worked examples of :mod:`prompt` open the model context (two through the calculator): a 135M
+model calls a tool only when it has seen one called.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from autogen_core.models import (
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from calculator import evaluate, format_number
-from data import parse_number
+from prompt import DIRECT_EXAMPLE, SYSTEM, TOOL_EXAMPLES
+from scoring import reward
 
-SYSTEM = "Solve the math word problem. Give the final answer as a number inside <answer>...</answer>."
+MAX_TOOL_ITERATIONS = 4
+"""Calculator calls one question may chain (each followed by a model call that sees the result)."""
 
 MODEL_INFO = ModelInfo(
     vision=False, function_calling=True, json_output=False, family="unknown", structured_output=False
@@ -43,15 +47,11 @@ CALCULATOR = FunctionTool(calculator, name="calculator", description="Evaluate a
 
 
 def few_shot() -> list[LLMMessage]:
-    """Three worked examples: two through the calculator, then one answered directly.
-
-    A direct example comes last: a 135M model imitates the turn just before the question, and
-    ending on a tool example makes it write the tool's results itself.
-    """
-
-    def solved_with_tool(i: int, question: str, expression: str, result: str) -> list[LLMMessage]:
+    """The worked examples of :mod:`prompt` as AutoGen messages: tool calls, tool results, answers."""
+    messages: list[LLMMessage] = []
+    for i, (question, expression, result) in enumerate(TOOL_EXAMPLES):
         call = FunctionCall(id=f"call_{i}", name="calculator", arguments=f'{{"expression": "{expression}"}}')
-        return [
+        messages += [
             UserMessage(content=question, source="user"),
             AssistantMessage(content=[call], source="solver"),
             FunctionExecutionResultMessage(
@@ -59,30 +59,12 @@ def few_shot() -> list[LLMMessage]:
             ),
             AssistantMessage(content=f"{expression} = {result}. <answer>{result}</answer>", source="solver"),
         ]
-
+    question, expression, result = DIRECT_EXAMPLE
     return [
-        *solved_with_tool(0, "Bob buys 4 bags with 6 nuts in each bag. How many nuts is that?", "4 * 6", "24"),
-        *solved_with_tool(1, "Kim had 23 cups and gave 9 of them away. How many cups are left?", "23 - 9", "14"),
-        UserMessage(content="Ann has 3 pens. Ann gets 5 more. How many pens does Ann have now?", source="user"),
-        AssistantMessage(content="3 + 5 = 8. <answer>8</answer>", source="solver"),
+        *messages,
+        UserMessage(content=question, source="user"),
+        AssistantMessage(content=f"{expression} = {result}. <answer>{result}</answer>", source="solver"),
     ]
-
-
-def final_answer(text: str) -> float | None:
-    """The number inside the last ``<answer>...</answer>`` of a reply, or None."""
-    start = text.rfind("<answer>")
-    end = text.find("</answer>", start)
-    if start < 0 or end < 0:
-        return None
-    return parse_number(text[start + len("<answer>") : end])
-
-
-def reward(text: str, gold: float) -> float:
-    """1.0 for the right number in ``<answer>`` tags (relative tolerance 1e-4), 0.1 for a wrong one, else 0."""
-    value = final_answer(text)
-    if value is None:
-        return 0.0
-    return 1.0 if abs(value - gold) <= 1e-6 + 1e-4 * abs(gold) else 0.1
 
 
 async def calc_agent(task: dict[str, Any], resources: Any) -> float:
@@ -96,6 +78,7 @@ async def calc_agent(task: dict[str, Any], resources: Any) -> float:
         model_client=client,
         tools=[CALCULATOR],
         reflect_on_tool_use=True,
+        max_tool_iterations=MAX_TOOL_ITERATIONS,
         system_message=SYSTEM,
         model_context=UnboundedChatCompletionContext(initial_messages=few_shot()),
     )
