@@ -4,9 +4,9 @@ Plain AutoGen code: the agent reads only ``resources.llm`` (base URL, model name
 the reward. The model decides whether to call the calculator; after a tool result it is called
 again (with the tool still offered) and either calls the calculator again -- a chain of up to
 ``MAX_TOOL_ITERATIONS`` steps -- or writes the answer. Should it still be calling the tool after
-the last iteration, ``reflect_on_tool_use`` asks it once more, without tools, for the answer. The
-worked examples of :mod:`prompt` open the model context (two through the calculator): a 135M
-model calls a tool only when it has seen one called.
+the last iteration, ``reflect_on_tool_use`` asks it once more, without tools, for the answer.
+There are no worked examples in the prompt: a 135M model given only the tool's schema rarely
+calls it, and that is what SFT on demonstrations, then RL, teach (``train.py``).
 """
 
 from __future__ import annotations
@@ -14,21 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 from autogen_agentchat.agents import AssistantAgent
-from autogen_core import FunctionCall
-from autogen_core.model_context import UnboundedChatCompletionContext
-from autogen_core.models import (
-    AssistantMessage,
-    FunctionExecutionResult,
-    FunctionExecutionResultMessage,
-    LLMMessage,
-    ModelInfo,
-    UserMessage,
-)
+from autogen_core.models import ModelInfo
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from calculator import evaluate, format_number
-from prompt import DIRECT_EXAMPLE, SYSTEM, TOOL_EXAMPLES
 from scoring import reward
+
+SYSTEM = (
+    "Solve the math word problem. You can use the calculator tool for arithmetic. "
+    "Give the final answer as a number inside <answer>...</answer>."
+)
 
 MAX_TOOL_ITERATIONS = 4
 """Calculator calls one question may chain (each followed by a model call that sees the result)."""
@@ -46,27 +41,6 @@ def calculator(expression: str) -> str:
 CALCULATOR = FunctionTool(calculator, name="calculator", description="Evaluate arithmetic, e.g. 4 * 6")
 
 
-def few_shot() -> list[LLMMessage]:
-    """The worked examples of :mod:`prompt` as AutoGen messages: tool calls, tool results, answers."""
-    messages: list[LLMMessage] = []
-    for i, (question, expression, result) in enumerate(TOOL_EXAMPLES):
-        call = FunctionCall(id=f"call_{i}", name="calculator", arguments=f'{{"expression": "{expression}"}}')
-        messages += [
-            UserMessage(content=question, source="user"),
-            AssistantMessage(content=[call], source="solver"),
-            FunctionExecutionResultMessage(
-                content=[FunctionExecutionResult(content=result, name="calculator", call_id=call.id, is_error=False)]
-            ),
-            AssistantMessage(content=f"{expression} = {result}. <answer>{result}</answer>", source="solver"),
-        ]
-    question, expression, result = DIRECT_EXAMPLE
-    return [
-        *messages,
-        UserMessage(content=question, source="user"),
-        AssistantMessage(content=f"{expression} = {result}. <answer>{result}</answer>", source="solver"),
-    ]
-
-
 async def calc_agent(task: dict[str, Any], resources: Any) -> float:
     """Answer ``task["question"]`` with an AssistantAgent; the reward checks ``task["answer"]``."""
     llm = resources.llm
@@ -80,7 +54,6 @@ async def calc_agent(task: dict[str, Any], resources: Any) -> float:
         reflect_on_tool_use=True,
         max_tool_iterations=MAX_TOOL_ITERATIONS,
         system_message=SYSTEM,
-        model_context=UnboundedChatCompletionContext(initial_messages=few_shot()),
     )
     try:
         result = await solver.run(task=task["question"])

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
-_SIBLINGS = ("bundled", "chains", "data", "prompt", "scoring")
+_SIBLINGS = ("bundled", "chains", "data", "scoring")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 

@@ -7,9 +7,8 @@
 
 Every calculation step (an operation on its operands, ``+``/``*`` with operands sorted, see
 :func:`chains.step_key`) belongs to exactly one side, by a hash of the step: one step in four is
-a held-out step (never one of the prompt's worked examples). Training problems use only training
-steps and held-out problems only held-out steps, so no held-out problem shares a step, let alone
-a whole chain, with a training problem or with the prompt
+a held-out step. Training problems use only training steps and held-out problems only held-out
+steps, so no held-out problem shares a step, let alone a whole chain, with a training problem
 (``tests/examples/test_calc_agent_data.py`` checks it on the written files).
 
 Records are Calc-X's (``id``, ``question``, ``chain``, ``result``, ``source_ds``), written by
@@ -26,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from chains import step_key
-from prompt import example_steps
 
 __all__ = ["HELDOUT_SHARE", "TIERS", "generate", "is_heldout_step", "write_bundled"]
 
@@ -37,19 +35,13 @@ HELDOUT_SHARE = 4
 NAMES = ["Tom", "Anna", "Ben", "Lily", "Sam", "Mia", "Max", "Zoe", "Leo", "Eva", "Tim", "Ada"]
 ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "stamps", "shells", "coins"]
 
-_EXAMPLE_KEYS = frozenset(step_key(step) for step in example_steps())
-
 Problem = tuple[str, list[tuple[str, int]], int]
 """A question, its calculator steps (expression, value) and its integer answer."""
 
 
 def is_heldout_step(expression: str) -> bool:
-    """Whether a calculation step belongs to the held-out side: a stable hash of its
-    :func:`chains.step_key`; the steps of the prompt's worked examples are training-side."""
-    key = step_key(expression)
-    if key in _EXAMPLE_KEYS:
-        return False
-    digest = hashlib.sha256(key.encode()).digest()
+    """Whether a calculation step belongs to the held-out side: a stable hash of its :func:`chains.step_key`."""
+    digest = hashlib.sha256(step_key(expression).encode()).digest()
     return int.from_bytes(digest[:8], "big") % HELDOUT_SHARE == 0
 
 

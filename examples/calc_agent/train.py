@@ -64,8 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--data", default=None, help="a Calc-X folder (train*/test* as .parquet or .jsonl); default: bundled"
     )
-    p.add_argument("--val", type=int, default=60, help="held-out problems per tier (default 60)")
-    p.add_argument("--demos", type=int, default=400, help="training problems to demonstrate (default 400)")
+    p.add_argument("--val", type=int, default=40, help="held-out problems per tier (default 40)")
+    p.add_argument(
+        "--demos", type=int, default=None, help="training problems to demonstrate (default: sft-steps x sft-batch-size)"
+    )
     p.add_argument("--teacher", metavar="URL", help=f"an OpenAI-compatible teacher (key: ${TEACHER_KEY_ENV})")
     p.add_argument("--teacher-model", default=None, help="the teacher's model name")
     p.add_argument("--sft-steps", type=int, default=24, help="SFT steps (default 24; 0: RL from the base model)")
@@ -89,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--write-tasks", metavar="DIR", help="only write tasks.jsonl/val_tasks.jsonl (agentbolt tasks, for verl)"
     )
     args = p.parse_args(argv)
+    if args.demos is None:
+        args.demos = args.sft_steps * args.sft_batch_size
     if min(args.sft_steps, args.rl_steps, args.demos) < 0 or args.val < 1:
         p.error("--sft-steps, --rl-steps and --demos must be >= 0 and --val >= 1")
     if args.sft_steps == 0 and args.rl_steps == 0:
@@ -126,7 +130,8 @@ def demonstrations(args: argparse.Namespace, train: list[dict[str, Any]]) -> Any
     )
     print(
         f"demonstrations: {got.solved} of {got.problems} problems solved, {len(got.demonstrations)} model calls "
-        f"({got.tool_calls} of them calculator calls) in {got.seconds:.0f} s",
+        f"({got.tool_calls} of them calculator calls) in {got.seconds:.0f} s; the teacher gives no token ids: "
+        "SFT renders each call for the policy",
         flush=True,
     )
     return got
@@ -255,9 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     extra["s_per_step"] = {stage: round(s, 2) for stage, (_, s) in timing.items()}
     extra["settings"] = {k: v for k, v in vars(args).items() if k not in ("store", "out", "record", "no_progress")}
     wall = time.monotonic() - started
-    command = "uv run python examples/calc_agent/train.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS") if k in os.environ]
+    command = shlex.join(
+        [*env, "uv", "run", "python", "examples/calc_agent/train.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     result_json = record.result(
-        command=command.strip(),
+        command=command,
         repo=REPO,
         model=args.model,
         steps=steps,
