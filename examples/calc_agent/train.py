@@ -70,10 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--teacher", metavar="URL", help=f"an OpenAI-compatible teacher (key: ${TEACHER_KEY_ENV})")
     p.add_argument("--teacher-model", default=None, help="the teacher's model name")
-    p.add_argument("--sft-steps", type=int, default=24, help="SFT steps (default 24; 0: RL from the base model)")
+    p.add_argument("--sft-steps", type=int, default=12, help="SFT steps (default 12; 0: RL from the base model)")
     p.add_argument("--sft-batch-size", type=int, default=16, help="demonstrated problems per SFT step (default 16)")
     p.add_argument("--sft-lr", type=float, default=5e-5, help="SFT learning rate (default 5e-5)")
-    p.add_argument("--rl-steps", type=int, default=12, help="GRPO steps (default 12; 0: stop after SFT)")
+    p.add_argument("--rl-steps", type=int, default=8, help="GRPO steps (default 8; 0: stop after SFT)")
     p.add_argument("--batch-size", type=int, default=8, help="problems per GRPO step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per problem (default 4)")
     p.add_argument("--lr", type=float, default=1e-5, help="GRPO learning rate (default 1e-5)")
@@ -230,17 +230,18 @@ def main(argv: list[str] | None = None) -> int:
             group_size=args.group_size,
             update={"lr": args.lr, "seed": args.seed},
             checkpoint_every=args.rl_steps,
+            val_before=not args.sft_steps,  # the SFT run just measured these weights
             **_common(args, out / "rl"),
         )
         result = _trainer(args, grpo, f"{NAME}-rl").fit([agent_task(t) for t in train], val_tasks)
         run = asyncio.run(figures.latest_run(args.store))
-        before = "sft_again" if args.sft_steps else "base"
-        passes |= _passes(run, {before: "val0", "rl": f"val{args.rl_steps}"}, tier_of, args)
+        tags = {"rl": f"val{args.rl_steps}"} if args.sft_steps else {"base": "val0", "rl": f"val{args.rl_steps}"}
+        passes |= _passes(run, tags, tier_of, args)
         metrics += [{"stage": "rl", **r} for r in record.read_jsonl(Path(result.metrics_path))]
         timing["rl"] = (result.steps, result.seconds_per_step)
         extra["rl_training"] = asyncio.run(figures.training_calls(args.store, run))
 
-    for stage in ("base", "sft", "sft_again", "rl"):
+    for stage in record.STAGES:
         for tier, fig in passes.get(stage, {}).items():
             metrics.append(
                 {"kind": "heldout", "stage": stage, "tier": tier, "val/n": fig.n, "val/accuracy": fig.accuracy}
@@ -254,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
         tier: {s: passes[s][tier].as_stage() for s in record.STAGES if s in passes and tier in passes[s]}
         for tier in tiers
     }
-    if "sft_again" in passes:
-        extra["sft_remeasured"] = {tier: fig.as_stage() for tier, fig in passes["sft_again"].items()}
     steps = sum(n for n, _ in timing.values())
     extra["s_per_step"] = {stage: round(s, 2) for stage, (_, s) in timing.items()}
     extra["settings"] = {k: v for k, v in vars(args).items() if k not in ("store", "out", "record", "no_progress")}

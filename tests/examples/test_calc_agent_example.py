@@ -106,7 +106,7 @@ def test_pipeline_demonstrations_sft_rl_writes_the_run_record(tmp_path: Path) ->
     assert len(sft) == 2 and all(r["train/episodes"] == 3 and r["train/skipped_calls"] == 0 for r in sft)
     assert [r for r in records if r.get("stage") == "rl" and "train/reward" in r]
     heldout = [(r["stage"], r["tier"]) for r in records if r.get("kind") == "heldout"]
-    assert heldout == [(s, t) for s in ("base", "sft", "sft_again", "rl") for t in ("large", "small")]
+    assert heldout == [(s, t) for s in ("base", "sft", "rl") for t in ("large", "small")]
 
     # the RL run's rollouts: every LLM call the gateway recorded became a transition or an exclusion
     rollouts, spans = asyncio.run(_store_contents(f"sqlite:///{tmp_path / 'calc.db'}"))

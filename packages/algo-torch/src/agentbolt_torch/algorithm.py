@@ -71,6 +71,8 @@ class TorchGRPO(Algorithm):
         batch_size, group_size: tasks per step and rollouts per task (GRPO groups).
         temperature, max_tokens, top_p: sampling the gateway forces on every training call.
         val_every: evaluate on ``val`` every this many steps (and before and after training).
+        val_before: evaluate before the first step (``False``: skip it, e.g. when a previous
+            stage just measured these weights; ``accuracy_before`` is then ``None``).
         val_samples: rollouts per held-out task; ``val_temperature`` (default: ``temperature``).
         success_threshold: a rollout counts as correct when its final reward is at least this.
         lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
@@ -100,6 +102,7 @@ class TorchGRPO(Algorithm):
         max_tokens: int = 64,
         top_p: float = 1.0,
         val_every: int | None = 10,
+        val_before: bool = True,
         val_samples: int = 1,
         val_temperature: float | None = None,
         success_threshold: float = 1.0,
@@ -126,6 +129,7 @@ class TorchGRPO(Algorithm):
         self.group_size = group_size
         self.sampling = {"temperature": temperature, "max_tokens": max_tokens, "top_p": top_p}
         self.val_every = val_every
+        self.val_before = val_before
         self.val_samples = val_samples
         self.val_sampling = {
             **self.sampling,
@@ -169,7 +173,9 @@ class TorchGRPO(Algorithm):
             metrics.log(values, step=step)
             ctx.log_metrics(step, values)
 
-        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
+        accuracy_before, val_reward_before = (
+            await self._evaluate(ctx, policy, val, step=0, log_step=log_step) if self.val_before else (None, None)
+        )
         step_times: list[float] = []
         rewards: list[float] = []
         epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(items))))
