@@ -23,8 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agentbolt.capture.tracing import RolloutContext, install_otel, rollout_context
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMProcess, Rule, ToolCall, ToolCalls
-from agentbolt.tracing import RolloutContext, install_otel, rollout_context
 
 
 class NullSink:

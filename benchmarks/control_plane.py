@@ -9,7 +9,7 @@ The figure is rollouts/s from the enqueue of all rollouts until the last one is 
 runner processes already started and waiting.
 
 ``--runners ray`` runs the same with runner workers as Ray actors (a local Ray cluster of 2 CPUs
-on 127.0.0.1, :mod:`agentbolt.ray_runners`) instead of runner processes; ``--processes`` is then
+on 127.0.0.1, :mod:`agentbolt.runners.ray`) instead of runner processes; ``--processes`` is then
 the number of actors.
 """
 
@@ -30,8 +30,8 @@ from control_plane_agent import synthetic_agent
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.runner import RunnerConfig
-from agentbolt.runner_pool import RunnerPool
+from agentbolt.runners.pool import RunnerPool
+from agentbolt.runners.runner import RunnerConfig
 from agentbolt.store import open_store
 
 
@@ -42,7 +42,7 @@ async def measure(
     config = RunnerConfig(concurrency=concurrency, dequeue_wait_s=1.0)
     pool: Any
     if runners == "ray":
-        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
+        from agentbolt.runners.ray import RayRunnerPool, RayWorkerOptions
 
         pool = RayRunnerPool(
             synthetic_agent, url, workers=processes, config=config, options=RayWorkerOptions(num_cpus=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentbolt.emit import emit_message, emit_observation, emit_reward
+from agentbolt.capture.emit import emit_message, emit_observation, emit_reward
 
 
 async def synthetic_agent(task: dict[str, Any], resources: Any) -> float:

@@ -43,6 +43,8 @@ sys.path.insert(0, str(REPO / "examples" / "quickstart"))
 
 from math_tasks import few_shot, make_tasks, reward  # noqa: E402
 
+from agentbolt.options import RunnerOptions  # noqa: E402
+
 BATCH, GROUP, MAX_NEW, LR, SEED = 8, 4, 40, 1e-5, 0
 
 
@@ -196,8 +198,7 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
         math_agent_no_tool,
         algorithm,
         store=f"sqlite:///{db}",
-        n_runners=1,
-        concurrency=BATCH * GROUP,
+        runners=RunnerOptions(n=1, concurrency=BATCH * GROUP),
         progress=False,
     )
     result = trainer.fit(train_tasks(), val_tasks(n_val))

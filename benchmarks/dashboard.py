@@ -26,9 +26,9 @@ import orjson
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.dashboard import create_app
 from agentbolt.store import open_store
 from agentbolt.store.sql import span_key
+from agentbolt_dashboard import create_app
 
 RUNS = 10
 GROUP = 4

@@ -7,8 +7,8 @@ backend, so a runner pays the import of ``agents`` (and of every installed adapt
 Each variant runs in a fresh Python process (nothing imported yet, as for a user): ``total`` is
 from that process's start to ``dev()`` returning, ``dev()`` the call alone.
 
-- ``processes``: ``Trainer(n_runners=1).dev(...)`` with ``in_process=False`` (dev before this change);
-- ``in-process``: ``Trainer(n_runners=1).dev(...)`` (dev now runs its runner in the calling process).
+- ``processes``: ``Trainer(runners={"n": 1}).dev(...)`` with ``in_process=False`` (dev before this change);
+- ``in-process``: ``Trainer(runners={"n": 1}).dev(...)`` (dev now runs its runner in the calling process).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from agentbolt.options import RunnerOptions
 
 START = time.perf_counter()
 
@@ -49,7 +51,7 @@ def child(variant: str, tasks: int) -> None:
     from agentbolt.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp, FakeLLMServer(FakeLLM(default_reply="The answer is 42.")) as server:
-        trainer = Trainer(agent, store=f"sqlite:///{Path(tmp) / 'dev.db'}", n_runners=1, progress=False)
+        trainer = Trainer(agent, store=f"sqlite:///{Path(tmp) / 'dev.db'}", runners=RunnerOptions(n=1), progress=False)
         started = time.perf_counter()
         result = trainer.dev(
             [{"question": f"What is 6 times 7? ({i})"} for i in range(tasks)],

@@ -3,7 +3,7 @@
 Run:  uv run python benchmarks/ray_kill.py [--rollouts 1000] [--workers 2] [--concurrency 16] [--kills 4]
       [--store postgres|server]
 
-A local Ray cluster (2 CPUs, 127.0.0.1) runs ``--workers`` runner actors (:mod:`agentbolt.ray_runners`)
+A local Ray cluster (2 CPUs, 127.0.0.1) runs ``--workers`` runner actors (:mod:`agentbolt.runners.ray`)
 against PostgreSQL (``--store postgres``, a throwaway server) or the store server over SQLite
 (``--store server``). The agent makes two LLM calls through the gateway to the fake
 OpenAI-compatible backend (one streamed, 20 ms each) and returns a reward derived from its task.
@@ -39,10 +39,10 @@ from ray_kill_agent import two_call_agent
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.gateway import Gateway
-from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
-from agentbolt.runner import RunnerConfig
-from agentbolt.server import ServerThread
+from agentbolt.runners.ray import RayRunnerPool, RayWorkerOptions
+from agentbolt.runners.runner import RunnerConfig
 from agentbolt.store import Store, open_store
+from agentbolt.store.server import ServerThread
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer
 from agentbolt.testing.postgres import throwaway_postgres
 

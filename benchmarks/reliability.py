@@ -49,10 +49,10 @@ import reliability_agents as agents
 from agentbolt import types as t
 from agentbolt.errors import UserError
 from agentbolt.gateway import Gateway, GatewayThread
-from agentbolt.runner import Runner, RunnerConfig
-from agentbolt.runner_pool import RunnerPool
-from agentbolt.server import ServerThread
+from agentbolt.runners.pool import RunnerPool
+from agentbolt.runners.runner import Runner, RunnerConfig
 from agentbolt.store import open_store
+from agentbolt.store.server import ServerThread
 from agentbolt.testing.bad_upstream import GarbageUpstream
 
 Row = tuple[str, str, str, bool]  # id, scenario, figures, holds

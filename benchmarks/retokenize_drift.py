@@ -4,8 +4,8 @@ Run:  uv run python benchmarks/retokenize_drift.py [--model smollm2] [--per-kind
 
 The policy server of ``agentbolt-torch`` (SmolLM2-135M-Instruct by default) answers chat calls
 with its exact token ids. For each call the benchmark also rebuilds the ids from the text alone
-with :class:`agentbolt.retokenize.ChatTemplateRetokenizer` and the policy's own tokenizer (what
-``Trainer(token_ids="retokenize")`` does for a backend that returns no ids), then compares:
+with :class:`agentbolt.capture.retokenize.ChatTemplateRetokenizer` and the policy's own tokenizer (what
+``CaptureOptions(token_ids="retokenize")`` does for a backend that returns no ids), then compares:
 
 - ``wrong``: rebuilt prompt or response ids differ from the exact ids;
 - ``flagged``: the drift check (usage token counts, text round trip) flags the call;
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from agentbolt.retokenize import ChatTemplateRetokenizer, drift_reasons
+from agentbolt.capture.retokenize import ChatTemplateRetokenizer, drift_reasons
 
 QUESTIONS = [
     "What is 3 + 5?",

@@ -29,6 +29,8 @@ sys.path.insert(0, str(REPO / "examples" / "quickstart"))
 
 from math_tasks import make_tasks  # noqa: E402
 
+from agentbolt.options import RunnerOptions  # noqa: E402
+
 BATCH, GROUP, MAX_NEW, LR, SEED = 8, 4, 40, 1e-5, 0
 
 
@@ -38,7 +40,11 @@ def _fit(algorithm: Any, db: Path, n_val: int) -> Any:
     from agentbolt.trainer import Trainer
 
     trainer = Trainer(
-        math_agent_no_tool, algorithm, store=f"sqlite:///{db}", n_runners=1, concurrency=BATCH * GROUP, progress=False
+        math_agent_no_tool,
+        algorithm,
+        store=f"sqlite:///{db}",
+        runners=RunnerOptions(n=1, concurrency=BATCH * GROUP),
+        progress=False,
     )
     return trainer.fit(make_tasks(4000, seed=1, prefix="train-"), make_tasks(n_val, seed=2, prefix="val-"))
 

@@ -6,7 +6,7 @@ import random
 import re
 
 from agentbolt.testing.fake_llm import FakeLLM, FakeRequest
-from agentbolt.testing.fake_optimizer import EditRequest, ScriptedOptimizer
+from agentbolt_apo.testing import EditRequest, ScriptedOptimizer
 
 
 def make_tasks(n: int, *, seed: int, prefix: str) -> list[dict[str, object]]:

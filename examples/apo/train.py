@@ -35,9 +35,10 @@ sys.path.insert(0, str(HERE))  # apo_agent.py and apo_tasks.py, also in the runn
 from apo_agent import math_agent  # noqa: E402
 from apo_tasks import fake_optimizer, fake_policy, make_tasks  # noqa: E402
 
-from agentbolt.apo import APO, APOResult  # noqa: E402
 from agentbolt.gateway import Upstream  # noqa: E402
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
+from agentbolt_apo import APO, APOResult  # noqa: E402
 
 INITIAL_PROMPT = "You are a helpful math assistant."
 
@@ -127,8 +128,8 @@ def main(argv: list[str] | None = None) -> APOResult:
             math_agent,
             algorithm=algorithm,
             store=args.store,
-            upstream=Upstream(base_url=policy_url, api_key=key, model=options["model"]),
-            n_runners=args.runners,
+            gateway=GatewayOptions(upstreams=Upstream(base_url=policy_url, api_key=key, model=options["model"])),
+            runners=RunnerOptions(n=args.runners),
             progress=not args.no_progress,
             run_name="apo-example",
         )

@@ -35,8 +35,9 @@ from data import parse_number
 from fastapi import FastAPI, Request
 
 from agentbolt import types as t
-from agentbolt.server.uvicorn_thread import UvicornThread
+from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
+from agentbolt.store.server.uvicorn_thread import UvicornThread
 from agentbolt.trainer import Trainer
 from agentbolt_torch.demonstrations import Demonstration, demonstrations_from_spans
 
@@ -169,7 +170,9 @@ def collect(
     (one rollout per task)."""
     started = time.monotonic()
     store = open_store("memory://")
-    trainer = Trainer(agent, store=store, n_runners=0, concurrency=concurrency, progress=False, max_attempts=1)
+    trainer = Trainer(
+        agent, store=store, runners=RunnerOptions(n=0, concurrency=concurrency, max_attempts=1), progress=False
+    )
     try:
         if teacher_url is None:
             with ChainTeacher(tasks) as teacher:

@@ -44,6 +44,7 @@ import record  # noqa: E402
 from agent import calc_agent  # noqa: E402
 from data import DataError, load  # noqa: E402
 
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 
@@ -142,9 +143,7 @@ def _trainer(args: argparse.Namespace, algorithm: Any, run_name: str) -> Trainer
         calc_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=max(args.batch_size * args.group_size, 16),
-        timeout_s=600.0,
+        runners=RunnerOptions(n=args.runners, concurrency=max(args.batch_size * args.group_size, 16), timeout_s=600.0),
         progress=not args.no_progress,
         run_name=run_name,
     )

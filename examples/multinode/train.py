@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent / "quickstart"))
 from math_tasks import make_tasks  # noqa: E402
 from multinode_agent import gated_math_agent  # noqa: E402
 
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 
@@ -62,18 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         gated_math_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        runners="ray",
-        ray_address=args.ray,
-        ray_options={
-            "num_cpus": 1,
-            "resources": {"runner_node": 1},
-            "driver_node_ip": args.node_ip,
-        },
-        gateway_host=args.gateway_host,
-        gateway_token=token,
-        timeout_s=300.0,
+        runners=RunnerOptions(
+            n=args.runners,
+            concurrency=args.batch_size * args.group_size,
+            kind="ray",
+            ray_address=args.ray,
+            ray_options={
+                "num_cpus": 1,
+                "resources": {"runner_node": 1},
+                "driver_node_ip": args.node_ip,
+            },
+            timeout_s=300.0,
+        ),
+        gateway=GatewayOptions(host=args.gateway_host, token=token),
         progress=False,
     )
     result = trainer.fit(make_tasks(200, seed=1, prefix="train-"), make_tasks(args.val, seed=2, prefix="val-"))

@@ -30,6 +30,7 @@ from agent import math_agent, math_agent_no_tool  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import step_means  # noqa: E402
@@ -99,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         math_agent_no_tool if args.no_tool else math_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=300.0,
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=300.0),
         progress=not args.no_progress,
     )
     result = trainer.fit(train, val)

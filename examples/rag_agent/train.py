@@ -32,6 +32,7 @@ from data import corpus, load_split, to_tasks, write_bundled  # noqa: E402
 from figures import run_figures  # noqa: E402
 from retrieval import build_index  # noqa: E402
 
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
@@ -124,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         rag_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=args.timeout,
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=args.timeout),
         progress=not args.no_progress,
     )
     result = trainer.fit(train, val)

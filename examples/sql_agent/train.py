@@ -30,6 +30,7 @@ from agent import sql_agent  # noqa: E402
 from data import SpiderDataError, ensure_bundled, load_split  # noqa: E402
 
 from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
+from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
@@ -137,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         sql_agent,
         algorithm,
         store=args.store,
-        n_runners=args.runners,
-        concurrency=args.batch_size * args.group_size,
-        timeout_s=600.0,
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=600.0),
         progress=not args.no_progress,
     )
     started = time.time()

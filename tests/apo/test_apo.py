@@ -14,14 +14,14 @@ import apo_agents
 import pytest
 
 from agentbolt import types as t
-from agentbolt.apo import APO, APOResult
 from agentbolt.errors import UserError
+from agentbolt.options import GatewayOptions, RunnerOptions
 from agentbolt.plugins import default_plugins
-from agentbolt.runs import RolloutSearch
-from agentbolt.store import open_store
+from agentbolt.store import RolloutSearch, open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLMServer
-from agentbolt.testing.fake_optimizer import EditRequest, ScriptedOptimizer
 from agentbolt.trainer import Trainer
+from agentbolt_apo import APO, APOResult
+from agentbolt_apo.testing import EditRequest, ScriptedOptimizer
 
 TRAIN = apo_agents.tasks(apo_agents.WORDS[:8])  # 6 letter words, 2 digit words
 VAL = apo_agents.tasks(apo_agents.WORDS[8:])  # ocean, piano, candle, 33: the initial prompt scores 0.25
@@ -55,9 +55,8 @@ def fit(agent: Any, optimizer: ScriptedOptimizer, tmp_path: Path, *, n_runners: 
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, **overrides),
             store=f"sqlite:///{tmp_path}/apo.db",
-            upstream=policy.base_url,
-            n_runners=n_runners,
-            concurrency=8,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=n_runners, concurrency=8),
             progress=True,
         )
         return trainer.fit(TRAIN, VAL)
@@ -96,7 +95,7 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
             add_uppercase,
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(apo_agents.prompt_agent, optimizer, tmp_path, n_runners=1)
 
     assert isinstance(result, APOResult)
@@ -165,7 +164,7 @@ def test_apo_finds_the_prompt_and_the_held_out_score_rises(
 
 def test_an_agent_that_ignores_the_prompt_is_detected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     optimizer = ScriptedOptimizer(critique=CRITIQUE, edit=add_uppercase)
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(apo_agents.deaf_agent, optimizer, tmp_path, rounds=1, branch_factor=1, val_batch_size=2)
     assert len(result.versions) == 2  # the edit was made and evaluated (on 2 tasks, then on all 4)...
     assert result.score_before == result.score_after == pytest.approx(0.25)  # ...and changed nothing
@@ -183,7 +182,7 @@ def test_malformed_optimizer_answers_are_skipped_not_fatal(tmp_path: Path, caplo
         critique=["", CRITIQUE],
         edit=["no prompt here", "<prompt>Say {word} in UPPERCASE</prompt><prompt>", "<prompt>UPPERCASE it</prompt>"],
     )
-    with caplog.at_level(logging.WARNING, logger="agentbolt.apo"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt_apo"):
         result = fit(
             apo_agents.prompt_agent,
             optimizer,
@@ -222,8 +221,8 @@ def test_unreachable_optimizer_is_a_clear_error(tmp_path: Path) -> None:
             algorithm="apo",
             algorithm_config=apo_config(url, rounds=1),
             store=f"sqlite:///{tmp_path}/apo.db",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         )
         with pytest.raises(UserError, match=rf"optimizer endpoint {url}/chat/completions cannot be reached"):
@@ -240,8 +239,8 @@ def test_a_refused_key_names_its_environment_variable(tmp_path: Path, monkeypatc
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, optimizer_api_key_env="APO_TEST_OPTIMIZER_KEY"),
             store="memory://",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         )
         with pytest.raises(UserError, match=r"refused the request \(401\).*\$APO_TEST_OPTIMIZER_KEY \(unset\)"):
@@ -271,7 +270,7 @@ def test_bad_options_are_clear_errors(config: dict[str, Any], message: str) -> N
         algorithm="apo",
         algorithm_config=apo_config("http://127.0.0.1:9/v1", **config),
         store="memory://",
-        n_runners=0,
+        runners=RunnerOptions(n=0),
         progress=False,
     )
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -282,24 +281,29 @@ def test_missing_initial_prompt_and_datasets_are_clear_errors() -> None:
     with pytest.raises(UserError, match="APO needs initial_prompt"):
         default_plugins().algorithms.get("apo")(optimizer_model="m")
     apo = APO("Repeat the word.", optimizer_base_url="http://127.0.0.1:9/v1", optimizer_api_key_env=None)
-    trainer = Trainer(apo_agents.prompt_agent, algorithm=apo, store="memory://", n_runners=0, progress=False)
+    trainer = Trainer(
+        apo_agents.prompt_agent, algorithm=apo, store="memory://", runners=RunnerOptions(n=0), progress=False
+    )
     with pytest.raises(UserError, match="APO needs validation tasks"):
         trainer.fit(TRAIN, [])
     with pytest.raises(UserError, match="APO needs training tasks"):
         trainer.fit([], VAL)
 
 
-def test_apo_is_a_listed_builtin_algorithm() -> None:
+def test_apo_is_registered_by_the_agentbolt_apo_plugin() -> None:
     from typer.testing import CliRunner
 
     from agentbolt.cli import app
 
     entry = default_plugins().algorithms.entry("apo")
-    assert entry.plugin == "agentbolt"
+    assert entry.plugin == "apo" and entry.distribution.startswith("agentbolt-apo ")
     listing = CliRunner().invoke(app, ["plugins", "--json"])
     assert listing.exit_code == 0
-    (core,) = [p for p in json.loads(listing.output) if p["name"] == "agentbolt"]
-    assert "apo" in core["registered"]["algorithms"]
+    (apo,) = [p for p in json.loads(listing.output) if p["name"] == "apo"]
+    assert apo["distribution"] == "agentbolt-apo" and apo["registered"]["algorithms"] == ["apo"]
+    core = [p for p in json.loads(listing.output) if p["distribution"] == "agentbolt"]
+    assert [p["name"] for p in core] == ["agentbolt.store", "agentbolt.lightningrl"]
+    assert not any(p["registered"].get("algorithms") for p in core)
 
 
 def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
@@ -311,8 +315,8 @@ def test_a_busy_optimizer_is_retried(tmp_path: Path) -> None:
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
             store="memory://",
-            upstream=policy.base_url,
-            n_runners=0,
+            gateway=GatewayOptions(upstreams=policy.base_url),
+            runners=RunnerOptions(n=0),
             progress=False,
         ).fit(TRAIN, VAL)
         answered = len(backend.requests)
@@ -328,7 +332,7 @@ def test_an_agent_that_calls_no_llm_through_the_gateway_is_optimized_too(tmp_pat
             algorithm="apo",
             algorithm_config=apo_config(opt.base_url, rounds=1, branch_factor=1),
             store=f"sqlite:///{tmp_path}/apo.db",
-            n_runners=0,
+            runners=RunnerOptions(n=0),
             progress=False,
         ).fit(TRAIN, VAL)
     assert (result.score_before, result.score_after) == (pytest.approx(0.25), pytest.approx(1.0))

@@ -10,12 +10,13 @@ import apo_agents
 import pytest
 
 from agentbolt.algorithm import Algorithm
-from agentbolt.apo import APO
+from agentbolt.options import GatewayOptions, RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance
 from agentbolt.testing.fake_llm import FakeLLMServer
-from agentbolt.testing.fake_optimizer import ScriptedOptimizer
 from agentbolt.trainer import Trainer
+from agentbolt_apo import APO
+from agentbolt_apo.testing import ScriptedOptimizer
 
 
 class TestAPOConformance(AlgorithmConformance):
@@ -46,9 +47,7 @@ class TestAPOConformance(AlgorithmConformance):
             self.agent,
             algorithm,
             store=store,
-            upstream=self.policy_url,
-            n_runners=0,
-            concurrency=8,
+            gateway=GatewayOptions(upstreams=self.policy_url),
+            runners=RunnerOptions(n=0, concurrency=8, max_attempts=1),
             progress=False,
-            max_attempts=1,
         )

@@ -15,11 +15,11 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt.capture.tracing import RolloutContext, rollout_context
 from agentbolt.lightningrl import LightningRL
 from agentbolt.lightningrl import spans as sp
 from agentbolt.testing.adapter_conformance import AdapterConformance, AdapterRun
 from agentbolt.testing.fake_llm import FakeLLM, FakeTokenizer, Rule, ToolCall, ToolCalls
-from agentbolt.tracing import RolloutContext, rollout_context
 from agentbolt_autogen import AutogenAdapter
 from agentbolt_autogen.adapter import AutogenCaptureWarning
 

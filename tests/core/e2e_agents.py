@@ -9,7 +9,7 @@ from typing import Any
 import openai
 
 from agentbolt import types as t
-from agentbolt.emit import emit_message, emit_reward
+from agentbolt.capture.emit import emit_message, emit_reward
 
 
 async def plain_agent(task: dict[str, Any], resources: t.Resources) -> float:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import pytest
 
 from agentbolt import hookimpl, semconv
-from agentbolt.adapters import (
+from agentbolt.capture.adapters import (
     Adapter,
     AdapterHooks,
     UnitRecord,
@@ -24,9 +24,9 @@ from agentbolt.adapters import (
     never_raises,
     unix_ns,
 )
+from agentbolt.capture.tracing import RolloutContext, rollout_context
 from agentbolt.errors import UserError
 from agentbolt.plugins import Plugins
-from agentbolt.tracing import RolloutContext, rollout_context
 
 
 class Framework:
@@ -157,7 +157,7 @@ def test_errors_in_translation_never_reach_the_framework_and_are_logged_once(
     adapter = ToyAdapter()
     adapter.instrument()
     errors = adapter.recorder.errors
-    with caplog.at_level(logging.WARNING, logger="agentbolt.adapters"):
+    with caplog.at_level(logging.WARNING, logger="agentbolt.capture.adapters"):
         assert run_in_rollout("boom") == []
         assert run_in_rollout("boom") == []
     assert adapter.recorder.errors == errors + 2

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from agentbolt import semconv
-from agentbolt.adapters import (
+from agentbolt.capture.adapters import (
     AdapterHooks,
     SpanRecorder,
     ToolCall,
@@ -20,7 +20,7 @@ from agentbolt.adapters import (
     tool_calls_of,
     usage_attributes,
 )
-from agentbolt.tracing import RolloutContext, rollout_context
+from agentbolt.capture.tracing import RolloutContext, rollout_context
 
 
 class ListSink:

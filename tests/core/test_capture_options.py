@@ -12,9 +12,10 @@ from openai import AsyncOpenAI
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt.capture.roles import AgentRoles
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRL
-from agentbolt.roles import AgentRoles
+from agentbolt.options import CaptureOptions, RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeTokenizer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
@@ -43,11 +44,17 @@ async def two_roles(task: dict[str, Any], resources: t.Resources) -> float:
 
 
 def run(
-    agent: Any, backend: FakeLLM, tasks: list[Any], **trainer_kw: Any
+    agent: Any, backend: FakeLLM, tasks: list[Any], **capture: Any
 ) -> tuple[list[t.Rollout], dict[str, list[t.Span]]]:
     store = MemoryStore()
     with FakeLLMServer(backend) as server:
-        trainer = Trainer(agent, store=store, n_runners=0, progress=False, adapters=[], **trainer_kw)
+        trainer = Trainer(
+            agent,
+            store=store,
+            runners=RunnerOptions(n=0),
+            progress=False,
+            capture=CaptureOptions(adapters=[], **capture),
+        )
         result = trainer.dev(tasks, llm=server.base_url, model="fake-model")
     assert result.failed == 0, result.failures
 
@@ -175,9 +182,19 @@ def test_drifted_calls_are_flagged_and_excluded_with_the_reason() -> None:
 
 def test_retokenize_needs_a_tokenizer() -> None:
     with pytest.raises(UserError, match="needs the policy's tokenizer"):
-        Trainer(two_roles, store="memory://", n_runners=0, token_ids="retokenize")
+        Trainer(
+            two_roles,
+            store="memory://",
+            runners=RunnerOptions(n=0),
+            capture=CaptureOptions(token_ids="retokenize"),
+        )
     with pytest.raises(UserError, match="'exact' or 'retokenize'"):
-        Trainer(two_roles, store="memory://", n_runners=0, token_ids="approx")  # type: ignore[arg-type]
+        Trainer(
+            two_roles,
+            store="memory://",
+            runners=RunnerOptions(n=0),
+            capture=CaptureOptions(token_ids="approx"),
+        )  # type: ignore[arg-type]
 
 
 def test_gateway_serve_names_agents_from_the_command_line(tmp_path: Any) -> None:

@@ -16,7 +16,8 @@ from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.algorithm import EvaluateResult
 from agentbolt.cli import app
-from agentbolt.doctor import DoctorReport, diagnose, doctor
+from agentbolt.options import CaptureOptions, RunnerOptions
+from agentbolt.runs.doctor import DoctorReport, diagnose, doctor
 from agentbolt.store import open_store
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeTokenizer, Rule, ToolCall, ToolCalls
@@ -58,10 +59,22 @@ def tool_agent(*, reformat_arguments: bool = False, name: str | None = "weather"
 TASKS = [{"question": "weather in Paris?"}, {"question": "weather in Rome?"}]
 
 
-def dev(agent: Any, llm: FakeLLM | str, *, n_samples: int = 2, **kw: Any) -> tuple[EvaluateResult, MemoryStore]:
+def dev(
+    agent: Any,
+    llm: FakeLLM | str,
+    *,
+    n_samples: int = 2,
+    runners: dict[str, Any] | None = None,
+    capture: dict[str, Any] | None = None,
+) -> tuple[EvaluateResult, MemoryStore]:
     store = MemoryStore()
-    kw = {"n_runners": 0, "progress": False, "adapters": [], **kw}
-    trainer = Trainer(agent, store=store, **kw)
+    trainer = Trainer(
+        agent,
+        store=store,
+        runners={"n": 0, **(runners or {})},
+        capture={"adapters": [], **(capture or {})},
+        progress=False,
+    )
     if isinstance(llm, str):
         return trainer.dev(TASKS, llm=llm, model="m", n_samples=n_samples), store
     with FakeLLMServer(llm) as server:
@@ -99,9 +112,13 @@ class OtherTemplate(FakeTokenizer):
 
 
 def test_retokenized_and_drifted_calls() -> None:
-    result, _ = dev(tool_agent(), backend(token_ids=False), token_ids="retokenize", tokenizer=FakeTokenizer())
+    result, _ = dev(
+        tool_agent(), backend(token_ids=False), capture={"token_ids": "retokenize", "tokenizer": FakeTokenizer()}
+    )
     assert codes(result.report) == {"retokenized"} and result.report.ok
-    result, _ = dev(tool_agent(), backend(token_ids=False), token_ids="retokenize", tokenizer=OtherTemplate())
+    result, _ = dev(
+        tool_agent(), backend(token_ids=False), capture={"token_ids": "retokenize", "tokenizer": OtherTemplate()}
+    )
     assert result.report.finding("token_drift").count == 8  # type: ignore[union-attr]
     assert "retokenized" not in codes(result.report)
 
@@ -131,7 +148,9 @@ def test_no_calls() -> None:
 def test_failed_calls_are_not_missing_ids() -> None:
     from agentbolt.testing.fake_llm import Failure
 
-    result, store = dev(tool_agent(), backend(failures=[Failure(kind="status", status=500)]), max_attempts=1)
+    result, store = dev(
+        tool_agent(), backend(failures=[Failure(kind="status", status=500)]), runners={"max_attempts": 1}
+    )
     assert result.calls_missing_ids == 0
     assert result.calls_failed == result.llm_calls == 4  # each rollout's first call failed, then the agent raised
     f = result.report.finding("failed_calls")
@@ -143,7 +162,7 @@ def test_dead_upstream_dev_counts_equal_the_store() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    result, store = dev(tool_agent(), dead, max_attempts=2)
+    result, store = dev(tool_agent(), dead, runners={"max_attempts": 2})
     report = stored(store)
     assert result.failed == 4
     assert result.llm_calls == report.counts.calls == report.counts.calls_failed == 8  # 4 rollouts x 2 attempts
@@ -159,7 +178,7 @@ def test_timed_out_attempts_dev_counts_equal_the_store() -> None:
         await asyncio.sleep(60)
         return 1.0
 
-    result, store = dev(slow, backend(), n_samples=1, timeout_s=1.0, max_attempts=2)
+    result, store = dev(slow, backend(), n_samples=1, runners={"timeout_s": 1.0, "max_attempts": 2})
     report = stored(store)
     assert result.succeeded == 0
     assert {r.error.type for r in (asyncio.run(store.query_rollouts(limit=10))).items} == {"timeout"}  # type: ignore[union-attr]
@@ -187,9 +206,13 @@ def test_calls_forwarded_but_not_in_the_store() -> None:
 def test_cli_doctor_reads_a_store_and_exits_1_when_not_ok(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     with FakeLLMServer(backend(token_ids=False)) as server:
-        Trainer(tool_agent(), store=url, n_runners=0, progress=False, adapters=[]).dev(
-            TASKS, llm=server.base_url, model="m", n_samples=2
-        )
+        Trainer(
+            tool_agent(),
+            store=url,
+            runners=RunnerOptions(n=0),
+            capture=CaptureOptions(adapters=[]),
+            progress=False,
+        ).dev(TASKS, llm=server.base_url, model="m", n_samples=2)
     out = CliRunner().invoke(app, ["doctor", "--store", url])
     assert out.exit_code == 1, out.output
     assert "ERROR missing_token_ids (8)" in out.output and "Fix: use a backend that returns token ids" in out.output
@@ -201,7 +224,13 @@ def test_cli_doctor_reads_a_store_and_exits_1_when_not_ok(tmp_path: Any) -> None
 
 def test_dev_prints_the_report_and_a_summary_without_repeated_rows(capsys: Any) -> None:
     with FakeLLMServer(backend(token_ids=False)) as server:
-        trainer = Trainer(tool_agent(), store=MemoryStore(), n_runners=0, progress=True, adapters=[])
+        trainer = Trainer(
+            tool_agent(),
+            store=MemoryStore(),
+            runners=RunnerOptions(n=0),
+            capture=CaptureOptions(adapters=[]),
+            progress=True,
+        )
         trainer.console.width = 200
         trainer.dev(TASKS, llm=server.base_url, model="m", n_samples=2)
     err = capsys.readouterr().err

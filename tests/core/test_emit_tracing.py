@@ -12,7 +12,7 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.emit import (
+from agentbolt.capture.emit import (
     NoRolloutWarning,
     emit_exception,
     emit_message,
@@ -20,9 +20,9 @@ from agentbolt.emit import (
     emit_observation,
     emit_reward,
 )
+from agentbolt.capture.tracing import RolloutContext, SpanSink, current_rollout, rollout_context
 from agentbolt.errors import UserError
 from agentbolt.store import open_store
-from agentbolt.tracing import RolloutContext, SpanSink, current_rollout, rollout_context
 
 
 async def _setup(n: int = 1) -> tuple[object, SpanSink, list[RolloutContext]]:
@@ -119,9 +119,9 @@ async def test_operation_records_inputs_outputs_and_errors() -> None:
         """
         import asyncio, json
         from agentbolt import types as t, semconv
-        from agentbolt.emit import operation, emit_reward
+        from agentbolt.capture.emit import operation, emit_reward
         from agentbolt.store import open_store
-        from agentbolt.tracing import RolloutContext, SpanSink, install_otel, rollout_context
+        from agentbolt.capture.tracing import RolloutContext, SpanSink, install_otel, rollout_context
 
         @operation
         def add(a, b):
@@ -175,7 +175,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from agentbolt import types as t, semconv
 from agentbolt.store import open_store
-from agentbolt.tracing import RolloutContext, SpanSink, install_otel, rollout_context
+from agentbolt.capture.tracing import RolloutContext, SpanSink, install_otel, rollout_context
 
 USER_PROVIDER = {user_provider}
 exporter = InMemorySpanExporter()

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
 
     store = MemoryStore()
     with FakeLLMServer(FakeLLM()) as server:
-        result = Trainer(agent, store=store, n_runners=0, adapters=[], progress=False).dev(
+        result = Trainer(agent, store=store, runners={"n": 0}, capture={"adapters": []}, progress=False).dev(
             [{"q": f"q{i}"} for i in range(4)], llm=server.base_url
         )
 

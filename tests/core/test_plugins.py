@@ -70,9 +70,11 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def test_builtins_register_through_the_hooks() -> None:
     plugins = Plugins(load_entry_points=False)
     assert {"memory", "sqlite", "postgresql", "http", "https"} <= set(plugins.stores.names())
-    (info,) = plugins.infos()
-    assert info.name == "agentbolt" and info.distribution == "agentbolt" and info.ok
-    assert info.registered["stores"][:3] == ["memory", "sqlite", "postgresql"]
+    store, lightningrl = plugins.infos()  # each part of core registers its own built-ins
+    assert (store.name, lightningrl.name) == ("agentbolt.store", "agentbolt.lightningrl")
+    assert store.distribution == lightningrl.distribution == "agentbolt" and store.ok and lightningrl.ok
+    assert store.registered["stores"][:3] == ["memory", "sqlite", "postgresql"]
+    assert {"final", "air", "grpo", "rloo"} <= {*lightningrl.registered["credit"], *lightningrl.registered["advantage"]}
 
 
 def test_third_party_plugin_through_a_real_entry_point(site: Path) -> None:
@@ -146,9 +148,9 @@ def test_duplicate_names_keep_the_first(site: Path) -> None:
     """
     make_distribution(site, "abtest-dup", "0.1", "abtest_dup", source)
     plugins = Plugins()
-    with pytest.warns(PluginLoadWarning, match="already registered by plugin 'agentbolt'"):
+    with pytest.warns(PluginLoadWarning, match="already registered by plugin 'agentbolt.store'"):
         stores = plugins.stores
-    assert stores.entry("sqlite").plugin == "agentbolt"
+    assert stores.entry("sqlite").plugin == "agentbolt.store"
 
 
 @pytest.mark.parametrize(
@@ -166,7 +168,7 @@ def test_env_var_restricts_loading(site: Path, env: str, loaded: set[str]) -> No
         site, "abtest-good2", "1.0", "abtest_good2", GOOD.replace('"fake"', '"fake2"').replace('"booster"', '"b2"')
     )
     plugins = Plugins(environ={"AGENTBOLT_PLUGINS": env})
-    names = {i.name for i in plugins.infos()} - {"agentbolt", "torch"}
+    names = {i.name for i in plugins.infos() if i.distribution != "agentbolt"} - {"torch"}
     assert names == loaded
     assert "sqlite" in plugins.stores  # built-ins always load
 
@@ -210,7 +212,7 @@ def test_cli_version_and_plugins(site: Path) -> None:
     rows = {r["name"]: r for r in json.loads(result.output)}
     assert rows["abtest_good"]["distribution"] == "abtest-good" and rows["abtest_good"]["version"] == "1.2.3"
     assert rows["abtest_good"]["registered"]["stores"] == ["fake"]
-    assert rows["agentbolt"]["registered"]["stores"][0] == "memory"
+    assert rows["agentbolt.store"]["registered"]["stores"][0] == "memory"
     table = runner.invoke(app, ["plugins"])
     assert table.exit_code == 0 and "abtest-good" in table.output
 

@@ -16,7 +16,8 @@ from test_runner import holds_rollouts, llm_spans, make_world
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
-from agentbolt.ray_runners import (
+from agentbolt.options import RunnerOptions
+from agentbolt.runners.ray import (
     RayRunnerPool,
     RayWorkerOptions,
     RunnerWorker,
@@ -24,8 +25,8 @@ from agentbolt.ray_runners import (
     options_from_mapping,
     parse_resources,
 )
-from agentbolt.runner import RunnerConfig
-from agentbolt.server import ServerThread
+from agentbolt.runners.runner import RunnerConfig
+from agentbolt.store.server import ServerThread
 from agentbolt.testing.fake_llm import FakeLLM
 
 # Under `uv run`, Ray would start its workers with `uv run` again; read when Ray is first imported.
@@ -162,10 +163,7 @@ def test_a_training_step_of_the_tiny_model_with_ray_runners(tmp_path: Path) -> N
         e2e_agents.parity_agent,
         algorithm,
         store=f"sqlite:///{tmp_path}/runs.db",  # allowed: every node of this cluster is this machine
-        n_runners=2,
-        concurrency=4,
-        runners="ray",
-        ray_options={"num_cpus": 0.5},
+        runners=RunnerOptions(n=2, concurrency=4, kind="ray", ray_options={"num_cpus": 0.5}),
         progress=False,
     )
     result = trainer.fit(tasks[:2], tasks[2:])
@@ -190,8 +188,11 @@ def test_urls_the_workers_cannot_use_are_refused() -> None:
         RayWorkerOptions(num_cpus=-1)
     from agentbolt.trainer import Trainer
 
-    with pytest.raises(UserError, match="runners"):
-        Trainer(e2e_agents.plain_agent, runners="kubernetes")
+    with pytest.raises(UserError, match=r"invalid RunnerOptions:\n  kind: Input should be 'processes' or 'ray'"):
+        Trainer(
+            e2e_agents.plain_agent,
+            runners=RunnerOptions(kind="kubernetes"),
+        )
 
 
 def test_worker_reports_a_store_it_cannot_open(tmp_path: Path) -> None:

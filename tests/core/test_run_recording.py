@@ -11,8 +11,8 @@ import pytest
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext
-from agentbolt.runs import RolloutSearch, RunStatus
-from agentbolt.store import open_store
+from agentbolt.options import RunnerOptions
+from agentbolt.store import RolloutSearch, RunStatus, open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer
 from agentbolt.trainer import Trainer
 
@@ -55,7 +55,9 @@ def _read(url: str) -> tuple[Any, Any, Any]:
 def test_fit_records_the_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     with FakeLLMServer(FakeLLM()) as server:
-        trainer = Trainer(e2e_agents.plain_agent, TwoSteps(server.base_url), store=url, n_runners=0, progress=False)
+        trainer = Trainer(
+            e2e_agents.plain_agent, TwoSteps(server.base_url), store=url, runners=RunnerOptions(n=0), progress=False
+        )
         assert trainer.fit([{"task_id": f"t{i}", "i": i} for i in range(3)]) == 2
     run, metrics, page = _read(url)
     assert (run.algorithm, run.model, run.status, run.steps) == ("two-steps", "fake-model", RunStatus.SUCCEEDED, 2)
@@ -74,7 +76,11 @@ def test_a_failing_algorithm_fails_its_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     with FakeLLMServer(FakeLLM()) as server:
         trainer = Trainer(
-            e2e_agents.plain_agent, TwoSteps(server.base_url, fail=True), store=url, n_runners=0, progress=False
+            e2e_agents.plain_agent,
+            TwoSteps(server.base_url, fail=True),
+            store=url,
+            runners=RunnerOptions(n=0),
+            progress=False,
         )
         with pytest.raises(ValueError, match="diverged"):
             trainer.fit([{"task_id": "t0", "i": 0}])
@@ -86,7 +92,7 @@ def test_a_failing_algorithm_fails_its_run(tmp_path: Path) -> None:
 def test_dev_records_an_evaluate_run(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     with FakeLLMServer(FakeLLM()) as server:
-        Trainer(e2e_agents.plain_agent, store=url, n_runners=0, progress=False).dev(
+        Trainer(e2e_agents.plain_agent, store=url, runners=RunnerOptions(n=0), progress=False).dev(
             [{"i": i} for i in range(2)], llm=server.base_url, model="fake-model"
         )
     run, metrics, _ = _read(url)

@@ -21,8 +21,8 @@ from agentbolt import types as t
 from agentbolt.algorithm import as_tasks
 from agentbolt.errors import UserError
 from agentbolt.gateway import Gateway
-from agentbolt.runner import Runner, RunnerConfig, classify_error, load_agent, scope_resources
-from agentbolt.runner_pool import RunnerPool
+from agentbolt.runners.pool import RunnerPool
+from agentbolt.runners.runner import Runner, RunnerConfig, classify_error, load_agent, scope_resources
 from agentbolt.store import Store, open_store
 from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer, FakeTokenizer
 

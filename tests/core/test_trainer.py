@@ -14,6 +14,7 @@ from agentbolt import hookimpl
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, EvaluateResult, batches
 from agentbolt.errors import UserError
+from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer
 from agentbolt.trainer import Trainer
@@ -21,7 +22,9 @@ from agentbolt.trainer import Trainer
 
 def test_dev_reports_capture(tmp_path: Path) -> None:
     with FakeLLMServer(FakeLLM()) as server:
-        trainer = Trainer(e2e_agents.plain_agent, store=f"sqlite:///{tmp_path}/dev.db", n_runners=1, progress=False)
+        trainer = Trainer(
+            e2e_agents.plain_agent, store=f"sqlite:///{tmp_path}/dev.db", runners=RunnerOptions(n=1), progress=False
+        )
         result = trainer.dev(
             [{"i": i} for i in range(10)], llm=server.base_url, model="fake-model", n_samples=2, in_process=False
         )
@@ -76,7 +79,7 @@ def test_dev_flags_missing_token_ids() -> None:
     server = FakeLLMServer(FakeLLM())
     server.app = IgnoreTokenIdRequests(server.app)
     with server:
-        result = Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0, progress=False).dev(
+        result = Trainer(e2e_agents.plain_agent, store="memory://", runners=RunnerOptions(n=0), progress=False).dev(
             [{"i": 1}], llm=server.base_url
         )
     assert result.llm_calls == 2 and result.calls_missing_ids == 2 and not result.capture_ok()
@@ -95,9 +98,8 @@ def test_failures_get_their_documented_status_and_the_run_continues(tmp_path: Pa
         trainer = Trainer(
             e2e_agents.mixed_agent,
             store=f"sqlite:///{tmp_path}/mixed.db",
-            n_runners=1,
-            timeout_s=6.0,  # generous: a loaded CI machine must not time out the healthy rollouts
-            max_attempts=2,
+            runners=RunnerOptions(n=1, timeout_s=6.0, max_attempts=2),
+            # generous: a loaded CI machine must not time out the healthy rollouts
             progress=True,
         )
         result = trainer.dev(items, llm=server.base_url)
@@ -140,7 +142,7 @@ def test_fit_with_a_custom_algorithm(tmp_path: Path) -> None:
             e2e_agents.plain_agent,
             algo,
             store="memory://",
-            n_runners=0,
+            runners=RunnerOptions(n=0),
             metrics_path=tmp_path / "metrics.jsonl",
             progress=False,
         )
@@ -168,22 +170,37 @@ def test_algorithm_by_name_through_the_plugin_registry() -> None:
                 "counting-test",
                 algorithm_config={"upstream": server.base_url},
                 store="memory://",
-                n_runners=0,
+                runners=RunnerOptions(n=0),
                 progress=False,
             ).fit([{"i": i} for i in range(3)])
         assert out == {"steps": 1}
         with pytest.raises(UserError, match="valid names"):
-            Trainer(e2e_agents.plain_agent, "no-such-algo", store="memory://", n_runners=0).fit([{"i": 1}])
+            Trainer(
+                e2e_agents.plain_agent,
+                "no-such-algo",
+                store="memory://",
+                runners=RunnerOptions(n=0),
+            ).fit([{"i": 1}])
     finally:
         plugins.unregister(name)
 
 
 def test_trainer_rejects_unusable_settings() -> None:
     with pytest.raises(UserError, match="memory://"):
-        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=2)
-    with pytest.raises(UserError, match="needs an endpoint"):
-        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0).dev([{"i": 1}])
-    with pytest.raises(UserError, match="appears more than once"):
-        Trainer(e2e_agents.plain_agent, store="memory://", n_runners=0).dev(
-            [{"task_id": "a"}, {"task_id": "a"}], llm="http://127.0.0.1:9/v1"
+        Trainer(
+            e2e_agents.plain_agent,
+            store="memory://",
+            runners=RunnerOptions(n=2),
         )
+    with pytest.raises(UserError, match="needs an endpoint"):
+        Trainer(
+            e2e_agents.plain_agent,
+            store="memory://",
+            runners=RunnerOptions(n=0),
+        ).dev([{"i": 1}])
+    with pytest.raises(UserError, match="appears more than once"):
+        Trainer(
+            e2e_agents.plain_agent,
+            store="memory://",
+            runners=RunnerOptions(n=0),
+        ).dev([{"task_id": "a"}, {"task_id": "a"}], llm="http://127.0.0.1:9/v1")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import SchemaError
-from agentbolt.server.otlp_json import spans_from_otlp_json, spans_to_otlp_json
+from agentbolt.store.server.otlp_json import spans_from_otlp_json, spans_to_otlp_json
 
 
 def _span(**kw: object) -> t.Span:

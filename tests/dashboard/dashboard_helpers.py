@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentbolt.options import RunnerOptions
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
 
@@ -16,7 +17,7 @@ async def arithmetic_agent(task: dict[str, Any], resources: Resources) -> float:
     parity of the reply's length (a reply-dependent reward with variance inside a group)."""
     import openai
 
-    from agentbolt import emit
+    from agentbolt import emit_reward, operation
 
     assert resources.llm is not None
     client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
@@ -26,11 +27,11 @@ async def arithmetic_agent(task: dict[str, Any], resources: Resources) -> float:
     ]
     reply = await client.chat.completions.create(model=resources.llm.model, messages=messages)
     text = reply.choices[0].message.content or ""
-    with emit.operation("grade") as op:  # the reward's dimensions, nested under a grading step
+    with operation("grade") as op:  # the reward's dimensions, nested under a grading step
         correct = str(task["answer"]) in text
         parity = float(len(text) % 2)
         reward = 1.0 if correct else parity * 0.5
-        emit.emit_reward({"reward": reward, "correct": float(correct), "parity": parity}, primary="reward")
+        emit_reward({"reward": reward, "correct": float(correct), "parity": parity}, primary="reward")
         op.set_output(reward)
     return reward
 
@@ -57,7 +58,12 @@ def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -
             seed=k,
         )
         trainer = Trainer(
-            arithmetic_agent, algorithm, store=url, n_runners=0, progress=False, run_name=f"tiny-lr{k + 1}e-2"
+            arithmetic_agent,
+            algorithm,
+            store=url,
+            runners=RunnerOptions(n=0),
+            progress=False,
+            run_name=f"tiny-lr{k + 1}e-2",
         )
         trainer.fit(TASKS[:4], TASKS[4:])
 
@@ -76,9 +82,9 @@ class DashboardThread:
 
         import uvicorn
 
-        from agentbolt.cli_runs import open_existing_store
-        from agentbolt.dashboard import create_app
-        from agentbolt.server.uvicorn_thread import UvicornThread
+        from agentbolt.cli.runs import open_existing_store
+        from agentbolt.store.server.uvicorn_thread import UvicornThread
+        from agentbolt_dashboard import create_app
 
         self._store = open_existing_store(self.store_url)
         sock = socket.create_server(("127.0.0.1", 0))

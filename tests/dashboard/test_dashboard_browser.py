@@ -12,8 +12,7 @@ import httpx
 from conftest import sql
 from dashboard_helpers import DashboardThread
 
-from agentbolt.runs import RunSpec
-from agentbolt.store import open_store
+from agentbolt.store import RunSpec, open_store
 
 
 def off_loop(coro: Any) -> Any:
@@ -173,7 +172,7 @@ def test_a_token_protects_the_dashboard(tiny_store: str, page: Any) -> None:
 
 
 def test_the_dashboard_reads_a_store_server(tiny_store: str, page: Any, store_db: Path) -> None:
-    from agentbolt.server import ServerThread
+    from agentbolt.store.server import ServerThread
 
     server = ServerThread(open_store(tiny_store, sweep_interval_s=0), close_store=True).start()
     try:

@@ -9,10 +9,9 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.dashboard import create_app
-from agentbolt.runs import RunSpec
-from agentbolt.store import open_store
+from agentbolt.store import RunSpec, open_store
 from agentbolt.testing.store_conformance import llm_span
+from agentbolt_dashboard import create_app
 
 
 @pytest.mark.postgres

@@ -10,7 +10,7 @@ from conftest import sql
 from typer.testing import CliRunner
 
 from agentbolt.cli import app
-from agentbolt.export_sft import IGNORE_INDEX
+from agentbolt.runs.export import IGNORE_INDEX
 
 
 def _export(tiny_store: str, run_id: str, out: Path, *extra: str) -> str:

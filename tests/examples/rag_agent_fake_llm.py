@@ -26,6 +26,7 @@ from train import prepare  # noqa: E402
 
 from agentbolt import semconv  # noqa: E402
 from agentbolt.lightningrl import LightningRL  # noqa: E402
+from agentbolt.options import CaptureOptions, RunnerOptions  # noqa: E402
 from agentbolt.store.memory import MemoryStore  # noqa: E402
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeRequest, Rule, ToolCall, ToolCalls  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
@@ -99,7 +100,13 @@ def main() -> None:
     _, val, _ = prepare(None, cache_dir, n)
     store = MemoryStore()
     with FakeLLMServer(backend()) as server:
-        trainer = Trainer(rag_agent, store=store, n_runners=0, progress=False, adapters=["openai-agents"])
+        trainer = Trainer(
+            rag_agent,
+            store=store,
+            runners=RunnerOptions(n=0),
+            capture=CaptureOptions(adapters=["openai-agents"]),
+            progress=False,
+        )
         result = trainer.dev(val, llm=server.base_url, model="fake-model")
     assert result.failed == 0, result.failures
     print(json.dumps(asyncio.run(collect(store))))

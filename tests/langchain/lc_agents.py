@@ -15,8 +15,9 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentbolt import types as t
-from agentbolt.emit import emit_reward
+from agentbolt.capture.emit import emit_reward
 from agentbolt.lightningrl import LightningRL
+from agentbolt.options import CaptureOptions, RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
@@ -191,7 +192,13 @@ def run_dev(agent: Callable[..., Any], backend: FakeLLM, tasks: Sequence[Any], *
     """Run ``agent`` on ``tasks`` in ``Trainer.dev`` (in-process runner, memory store, gateway)."""
     store = MemoryStore()
     with FakeLLMServer(backend) as server:
-        trainer = Trainer(agent, store=store, n_runners=0, concurrency=concurrency, progress=False, adapters=[])
+        trainer = Trainer(
+            agent,
+            store=store,
+            runners=RunnerOptions(n=0, concurrency=concurrency),
+            capture=CaptureOptions(adapters=[]),
+            progress=False,
+        )
         result = trainer.dev(list(tasks), llm=server.base_url, model="fake-model")
     assert result.failed == 0, result.failures
 

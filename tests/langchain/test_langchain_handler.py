@@ -25,10 +25,10 @@ from langgraph.types import interrupt
 from lc_agents import build_sql_graph, build_tool_graph, make_llm, sql_backend
 
 from agentbolt import semconv
-from agentbolt.emit import NoRolloutWarning
+from agentbolt.capture.emit import NoRolloutWarning
+from agentbolt.capture.tracing import RolloutContext, rollout_context
 from agentbolt.errors import UserError
 from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
-from agentbolt.tracing import RolloutContext, rollout_context
 from agentbolt.types import Span, StatusCode
 from agentbolt_langchain import LangChainAdapter
 from agentbolt_langchain import _handler as handler_module

@@ -8,6 +8,7 @@ import pytest
 from agents import set_tracing_disabled
 from openai_agents_rag import TASKS, make_backend, rag_agent
 
+from agentbolt.options import CaptureOptions, RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLMServer
 from agentbolt.trainer import Trainer
@@ -19,7 +20,13 @@ def test_a_failed_adapter_is_reported(disabled: bool, monkeypatch: pytest.Monkey
         monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "true")
     try:
         with FakeLLMServer(make_backend()) as server:
-            trainer = Trainer(rag_agent, store=MemoryStore(), n_runners=0, progress=False, adapters=None)
+            trainer = Trainer(
+                rag_agent,
+                store=MemoryStore(),
+                runners=RunnerOptions(n=0),
+                capture=CaptureOptions(adapters=None),
+                progress=False,
+            )
             result = trainer.dev(TASKS[:2], llm=server.base_url, model="fake-model", n_samples=2)
     finally:
         monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)

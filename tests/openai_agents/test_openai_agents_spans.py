@@ -26,10 +26,10 @@ from openai_agents_rag import (
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt.capture.tracing import RolloutContext, rollout_context
 from agentbolt.lightningrl import LightningRL
 from agentbolt.testing.adapter_conformance import AdapterConformance, AdapterRun
 from agentbolt.testing.fake_llm import FakeLLMServer, FakeTokenizer
-from agentbolt.tracing import RolloutContext, rollout_context
 from agentbolt_openai_agents import CaptureOffError, CaptureWarning, OpenAIAgentsAdapter
 from agentbolt_openai_agents._processor import SENSITIVE_DATA
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbolt.runs import RunStatus
-from agentbolt.store import open_store
+from agentbolt.store import RunStatus, open_store
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "quickstart" / "train.py"

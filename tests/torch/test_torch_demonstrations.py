@@ -14,6 +14,7 @@ from test_torch_tools import SMOLLM2_TEMPLATE, TOOLS
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
+from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
@@ -135,7 +136,9 @@ def test_teacher_calls_become_demonstrations_that_teach_the_served_policy_the_to
     teacher = FakeLLM(rules=[Rule(reply=ToolCalls([ToolCall("calculator", {"expression": "3 + 5"})]))])
     store = f"sqlite:///{tmp_path / 'teacher.db'}"
     with FakeLLMServer(teacher) as server:
-        Trainer(tool_agent, store=store, n_runners=0, progress=False).dev([task, miss], llm=server.base_url)
+        Trainer(tool_agent, store=store, runners=RunnerOptions(n=0), progress=False).dev(
+            [task, miss], llm=server.base_url
+        )
     demos = asyncio.run(_demonstrations(store))
     # the teacher's successful rollout only (it called 2 + 2 wrong), as the agent sent and received it
     assert len(demos) == 1 and demos[0].task_id == "q" and demos[0].tools == TOOLS
@@ -154,7 +157,7 @@ def test_teacher_calls_become_demonstrations_that_teach_the_served_policy_the_to
         engine={"batch_window_s": 0.01},
         update={"lr": 3e-3},
     )
-    result = Trainer(tool_agent, sft, store="memory://", n_runners=0, progress=False).fit([], [task])
+    result = Trainer(tool_agent, sft, store="memory://", runners=RunnerOptions(n=0), progress=False).fit([], [task])
     # the random policy never calls the tool; after SFT on the rendered demonstration, the served
     # policy's reply parses into exactly the taught call
     assert result.accuracy_before == 0.0 and result.accuracy_after == 1.0

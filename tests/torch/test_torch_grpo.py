@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
@@ -53,7 +54,11 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         update={"lr": 1e-2},
     )
     trainer = Trainer(
-        parity_agent, algorithm, store=f"sqlite:///{tmp_path}/runs.db", n_runners=0, concurrency=8, progress=False
+        parity_agent,
+        algorithm,
+        store=f"sqlite:///{tmp_path}/runs.db",
+        runners=RunnerOptions(n=0, concurrency=8),
+        progress=False,
     )
     result = trainer.fit(tasks[:4], tasks[4:])
 
@@ -89,7 +94,7 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
         "torch-grpo",
         algorithm_config={"model": "tiny", "out_dir": str(tmp_path)},
         lightningrl=config,
-        n_runners=0,
+        runners=RunnerOptions(n=0),
         store="memory://",
     )
     algorithm = trainer._make_algorithm()
@@ -100,7 +105,13 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
     with pytest.raises(UserError, match="valid fields"):
         TorchGRPO("tiny", lightningrl={"agent_matcher": "solver"})
     with pytest.raises(UserError, match="pass it to the algorithm's own constructor"):
-        Trainer(lambda task, resources: 1.0, TorchGRPO("tiny"), lightningrl=config, n_runners=0, store="memory://")
+        Trainer(
+            lambda task, resources: 1.0,
+            TorchGRPO("tiny"),
+            lightningrl=config,
+            runners=RunnerOptions(n=0),
+            store="memory://",
+        )
 
 
 @pytest.mark.slow
@@ -129,15 +140,14 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
 def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> None:
     import asyncio
 
-    from agentbolt.runs import RolloutSearch, RunStatus
-    from agentbolt.store import open_store
+    from agentbolt.store import RolloutSearch, RunStatus, open_store
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
     algorithm = TorchGRPO(
         "tiny", steps=1, batch_size=2, group_size=2, max_tokens=8, val_every=None, out_dir=tmp_path / "out", plot=False
     )
     url = f"sqlite:///{tmp_path}/runs.db"
-    Trainer(parity_agent, algorithm, store=url, n_runners=0, progress=False, run_name="parity").fit(
+    Trainer(parity_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False, run_name="parity").fit(
         tasks[:2], tasks[2:]
     )
 
@@ -173,7 +183,9 @@ def test_val_before_false_skips_the_first_held_out_pass(tmp_path: Path) -> None:
         out_dir=tmp_path / "out",
         engine={"batch_window_s": 0.01},
     )
-    result = Trainer(parity_agent, algorithm, store="memory://", n_runners=0, progress=False).fit(tasks[:2], tasks[2:])
+    result = Trainer(parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False).fit(
+        tasks[:2], tasks[2:]
+    )
     assert result.accuracy_before is None and result.accuracy_after is not None
     records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
     assert [r["step"] for r in records if "val/accuracy" in r] == [1]

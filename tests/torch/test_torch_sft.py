@@ -13,6 +13,7 @@ from test_torch_grpo import parity_agent
 
 from agentbolt import types as t
 from agentbolt.errors import UserError
+from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt_torch.models import tiny_model
@@ -39,7 +40,9 @@ def _sft(tmp_path: Path, **options: Any) -> TorchSFT:
 
 
 def test_trains_on_passing_rollouts_only(tmp_path: Path) -> None:
-    trainer = Trainer(parity_agent, _sft(tmp_path, threshold=1.0), store="memory://", n_runners=0, progress=False)
+    trainer = Trainer(
+        parity_agent, _sft(tmp_path, threshold=1.0), store="memory://", runners=RunnerOptions(n=0), progress=False
+    )
     result = trainer.fit(TASKS[:4], TASKS[4:])
 
     records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
@@ -59,7 +62,9 @@ def test_trains_on_passing_rollouts_only(tmp_path: Path) -> None:
 
 
 def test_nothing_above_threshold_stops_with_a_clear_message(tmp_path: Path) -> None:
-    trainer = Trainer(parity_agent, _sft(tmp_path, threshold=2.0), store="memory://", n_runners=0, progress=False)
+    trainer = Trainer(
+        parity_agent, _sft(tmp_path, threshold=2.0), store="memory://", runners=RunnerOptions(n=0), progress=False
+    )
     with pytest.raises(UserError, match=r"no transition to train on .*Nothing was updated. Lower threshold"):
         trainer.fit(TASKS[:4], TASKS[4:])
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentbolt.errors import UserError
-from agentbolt.lightningrl import LOSS_AGGREGATIONS, row_weights
+from agentbolt.lightningrl import LOSS_AGGREGATIONS, LightningRLConfig, rollout_correction, row_weights, training_rows
 from agentbolt.types import Transition
 from agentbolt_torch.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.models import tiny_model
@@ -365,3 +365,46 @@ def test_shared_prompts_with_one_token_responses() -> None:
     assert [len(lp) for lp in shared] == [1, 1, 0, 1]
     for a, b in zip(shared, plain, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_off_policy_correction_uses_cores_rule_on_behaviour_vs_recomputed_logprobs() -> None:
+    """Sync path: behaviour = the sampling logprobs, proximal = the updater's recomputed old logprobs."""
+    policy = fresh_policy(autocast=False)
+    transitions = rollout_transitions(policy)
+    # half the rows look sampled by an older policy: their behaviour logprobs are 1 nat lower
+    shifted = [
+        t.model_copy(update={"response_logprobs": [x - 1.0 for x in t.response_logprobs]}) if i % 2 else t  # type: ignore[union-attr]
+        for i, t in enumerate(transitions)
+    ]
+    correction = LightningRLConfig(
+        rollout_is="token", rollout_is_threshold=1.5, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.2_5.0"
+    ).correction
+    assert correction is not None
+    updater = PolicyUpdater(policy, UpdateConfig(lr=1e-3), correction=correction)
+    proximal = updater.compute_logprobs(shifted)
+    expected = rollout_correction(
+        [t.response_logprobs for t in shifted],  # type: ignore[misc]
+        proximal,
+        [[1] * len(t.response_ids) for t in shifted],
+        correction,
+    )
+    metrics = updater.update(training_rows(shifted))
+    assert metrics.is_weight_mean == pytest.approx(expected.stats["is_weight_mean"], rel=1e-6)
+    assert metrics.is_weight_max == pytest.approx(1.5)  # e^1 ratios are capped
+    assert metrics.is_clipped_frac == pytest.approx(expected.stats["is_clipped_frac"]) and metrics.is_clipped_frac > 0.3
+    assert metrics.rs_masked_frac == expected.stats["rs_masked_frac"]
+    assert policy.version == 1
+
+    plain = PolicyUpdater(fresh_policy(autocast=False), UpdateConfig(lr=1e-3)).update(transitions)
+    assert math.isnan(plain.is_weight_mean) and math.isnan(plain.rs_masked_frac)
+
+
+def test_correction_refuses_ratios_against_the_sampling_policy_and_rows_without_logprobs() -> None:
+    policy = fresh_policy(autocast=False)
+    correction = LightningRLConfig(rollout_is="sequence").correction
+    with pytest.raises(UserError, match="old_logprobs='rollout'"):
+        PolicyUpdater(policy, UpdateConfig(old_logprobs="rollout"), correction=correction)
+    updater = PolicyUpdater(policy, UpdateConfig(), correction=correction)
+    bare = Transition(rollout_id="r", index=0, prompt_ids=[5, 6], response_ids=[7, 8], advantage=1.0)
+    with pytest.raises(UserError, match="behaviour"):
+        updater.update([bare])

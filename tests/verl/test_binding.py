@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 import verl_helpers
-from verl_helpers import FakeGateway, llm_span_transitions, tr
+from verl_helpers import FakeGateway, tr
 
 from agentbolt import semconv
 from agentbolt.errors import SchemaError, UserError
+from agentbolt.lightningrl import LightningRL, LightningRLConfig
 from agentbolt.store.memory import MemoryStore
 from agentbolt.types import (
     AttemptStatus,
@@ -26,7 +27,7 @@ from agentbolt.types import (
     Span,
     Task,
 )
-from agentbolt_verl.batch import BatchOptions, build_batch
+from agentbolt_verl.batch import pack_transitions
 from agentbolt_verl.binding import coordinator as coord
 from agentbolt_verl.binding import gateway as gw
 from agentbolt_verl.binding.rollouts import (
@@ -36,14 +37,13 @@ from agentbolt_verl.binding.rollouts import (
     decode_task_row,
     task_row,
 )
+from agentbolt_verl.columns import VerlColumns, row_extra
 from agentbolt_verl.config import RolloutSettings, compose_verl_config
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*engine is not available:UserWarning"),
     pytest.mark.filterwarnings("ignore:Ray state API:DeprecationWarning"),
 ]
-
-OPTIONS = BatchOptions(max_prompt_length=16, max_response_length=4, logprobs="require")
 
 
 @pytest.fixture
@@ -53,7 +53,9 @@ async def store():
     await s.close()
 
 
-async def fake_runner(store, *, n=1, calls=2, reward=1.0, fail=False, policy_version=None, response_len=3):
+async def fake_runner(
+    store, *, n=1, calls=2, reward=1.0, fail=False, policy_version=None, response_len=3, logprobs=True
+):
     """Claim ``n`` rollouts and play an agent: ``calls`` gateway LLM-call spans, then finish."""
     done = 0
     while done < n:
@@ -66,9 +68,10 @@ async def fake_runner(store, *, n=1, calls=2, reward=1.0, fail=False, policy_ver
                     semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
                     semconv.PROMPT_TOKEN_IDS: prompt,
                     semconv.RESPONSE_TOKEN_IDS: [200 + j for j in range(response_len)],
-                    semconv.RESPONSE_LOGPROBS: [-0.5] * response_len,
                     semconv.TOKEN_SOURCE: "exact",
                 }
+                if logprobs:
+                    attrs[semconv.RESPONSE_LOGPROBS] = [-0.5] * response_len
                 if policy_version is not None:
                     attrs[semconv.POLICY_VERSION] = policy_version
                 spans.append(Span.create(semconv.SPAN_LLM_CALL, rollout_id=rid, attempt_id=aid, attributes=attrs))
@@ -85,10 +88,10 @@ def request(uid="u1", session=0, **kw) -> RolloutRequest:
     return RolloutRequest(uid=uid, session_id=session, task_id="t1", input={"q": 1}, global_steps=5, **kw)
 
 
-async def test_executor_runs_a_session_as_a_rollout(store) -> None:
+async def test_executor_runs_a_session_through_lightningrls_per_rollout_step(store) -> None:
     resources = await store.add_resources(Resources(extra={"verl_weights_version": 4}))
     sink = LocalMetricsSink()
-    executor = RolloutExecutor(store, llm_span_transitions, OPTIONS, sink=sink)
+    executor = RolloutExecutor(store, LightningRLConfig(credit="discounted", credit_options={"gamma": 0.5}), sink=sink)
     result, _ = await asyncio.gather(
         executor.run(request(sampling={"temperature": 0.7})),
         fake_runner(store, reward=0.75, policy_version=resources.version),
@@ -103,21 +106,32 @@ async def test_executor_runs_a_session_as_a_rollout(store) -> None:
     assert first["prompt_ids"] == [100, 101, 102] and second["prompt_ids"] == [101, 101, 102, 7]
     assert first["response_ids"] == [200, 201, 202] and first["response_mask"] == [1, 1, 1]
     assert first["response_logprobs"] == [-0.5] * 3
-    # calls without a reward take the rollout's final reward (counted)
+    # verl's reward column gets the episode return; each row's own credit (discounted) travels with it
     assert first["reward_score"] == second["reward_score"] == 0.75
+    assert [o["extra_fields"]["agentbolt"]["reward"] for o in result.outputs] == [0.375, 0.75]
+    assert [t.reward for t in result.transitions] == [0.375, 0.75]
     extra = second["extra_fields"]
     assert extra["reward_extra_info"] == {}
     assert (extra["min_global_steps"], extra["max_global_steps"]) == (4, 4)  # from the resources
-    assert extra["agentbolt"]["rollout_id"] == "verl-u1-0" and extra["agentbolt"]["index"] == 1
+    assert extra["agentbolt"] == {
+        "rollout_id": "verl-u1-0",
+        "group_id": "u1",
+        "index": 1,
+        "agent_name": None,
+        "reward": 0.75,
+        "policy_version": 4,  # verl's weight version of the call
+        "resources_version": resources.version,
+        "span_id": result.transitions[1].span_id,
+        "merged_indices": None,
+    }
     counts = sink.drain()
     assert counts["agentbolt/rollouts/rollouts"] == 1 and counts["agentbolt/rollouts/calls"] == 2
-    assert counts["agentbolt/rollouts/rewards_from_rollout"] == 2
-    assert counts["agentbolt/rollouts/batch/rows"] == 2
+    assert counts["agentbolt/rollouts/transitions"] == 2
     assert sink.drain() == {}
 
 
 async def test_a_reissued_session_reuses_its_rollout(store) -> None:
-    executor = RolloutExecutor(store, llm_span_transitions, OPTIONS)
+    executor = RolloutExecutor(store)
     first, _ = await asyncio.gather(executor.run(request()), fake_runner(store, calls=1))
     again = await asyncio.wait_for(executor.run(request()), timeout=5)  # no runner: already finished
     assert again.rollout.rollout_id == first.rollout.rollout_id and again.outputs == first.outputs
@@ -126,47 +140,44 @@ async def test_a_reissued_session_reuses_its_rollout(store) -> None:
     assert first.outputs[0]["extra_fields"]["min_global_steps"] == 4
 
 
-@pytest.mark.parametrize("policy", ["drop", "reward"])
-async def test_failed_rollouts_are_dropped_or_rewarded(store, policy) -> None:
+async def test_a_failed_rollout_goes_through_lightningrl_like_any_other(store) -> None:
+    """No verl-side failure rule: without a return its calls are LightningRL's missing_reward."""
     sink = LocalMetricsSink()
-    settings = RolloutSettings(on_failure=policy, failure_reward=-1.0)
-    executor = RolloutExecutor(store, llm_span_transitions, OPTIONS, rollout=settings, sink=sink)
+    executor = RolloutExecutor(store, sink=sink)
     result, _ = await asyncio.gather(executor.run(request()), fake_runner(store, fail=True))
     assert result.outcome == "failed" and result.rollout.status == RolloutStatus.FAILED
+    assert result.outputs == []
     counts = sink.drain()
-    assert counts["agentbolt/rollouts/failed"] == 1
-    if policy == "drop":
-        assert result.outputs == [] and counts["agentbolt/rollouts/dropped_failed"] == 1
-    else:
-        assert [o["reward_score"] for o in result.outputs] == [-1.0, -1.0]
-        assert counts["agentbolt/rollouts/failure_rewarded_calls"] == 2
+    assert counts["agentbolt/rollouts/failed"] == 1 and counts["agentbolt/rollouts/excluded/missing_reward"] == 2
+    filled = RolloutExecutor(store, LightningRLConfig(missing_reward="fill", fill_value=-1.0))
+    again = await asyncio.wait_for(filled.run(request()), timeout=5)
+    assert [o["extra_fields"]["agentbolt"]["reward"] for o in again.outputs] == [-1.0, -1.0]
 
 
 async def test_wait_timeout_cancels_the_rollout(store) -> None:
     sink = LocalMetricsSink()
-    executor = RolloutExecutor(
-        store, llm_span_transitions, OPTIONS, rollout=RolloutSettings(wait_timeout_s=0.2), sink=sink
-    )
+    executor = RolloutExecutor(store, rollout=RolloutSettings(wait_timeout_s=0.2), sink=sink)
     result = await executor.run(request())
     assert result.outcome == "timed_out" and result.rollout.status == RolloutStatus.CANCELLED
     assert result.outputs == [] and sink.drain()["agentbolt/rollouts/timed_out"] == 1
 
 
-async def test_batch_rules_apply_per_rollout_and_are_counted(store) -> None:
+async def test_lightningrls_rules_apply_per_rollout_and_are_counted(store) -> None:
     sink = LocalMetricsSink()
-    executor = RolloutExecutor(store, llm_span_transitions, OPTIONS, sink=sink)
+    executor = RolloutExecutor(store, LightningRLConfig(max_response_length=4), sink=sink)
     result, _ = await asyncio.gather(executor.run(request()), fake_runner(store, response_len=6))
-    assert [len(o["response_ids"]) for o in result.outputs] == [4, 4]  # truncated to 4
-    assert sink.drain()["agentbolt/rollouts/batch/truncated_response"] == 2
+    assert result.outputs == [] and result.outcome == "empty"
+    assert sink.drain()["agentbolt/rollouts/excluded/over_length"] == 2
 
 
-async def test_transitions_of_other_rollouts_are_rejected(store) -> None:
-    def wrong(rollouts, spans):
-        return [tr("someone-else")]
-
-    executor = RolloutExecutor(store, wrong, OPTIONS)
-    with pytest.raises(SchemaError, match="other rollouts"):
-        await asyncio.gather(executor.run(request()), fake_runner(store, calls=1))
+async def test_calls_without_logprobs_are_not_packed_when_verl_reads_them(store) -> None:
+    sink = LocalMetricsSink()
+    executor = RolloutExecutor(store, need_logprobs=True, sink=sink)
+    result, _ = await asyncio.gather(executor.run(request()), fake_runner(store, logprobs=False))
+    assert result.outputs == [] and sink.drain()["agentbolt/rollouts/dropped_no_logprobs"] == 2
+    lenient = RolloutExecutor(store, need_logprobs=False)
+    again = await asyncio.wait_for(lenient.run(request()), timeout=5)
+    assert [o["response_logprobs"] for o in again.outputs] == [None, None]
 
 
 def verl_row(task: Task, uid: str, session: int, mode=RolloutMode.TRAIN) -> dict:
@@ -188,7 +199,7 @@ async def test_agent_loop_is_driven_like_verl_does(store) -> None:
     cfg = compose_verl_config({"agentbolt": {"store_url": "memory://"}})
     [entry] = OmegaConf.load(agent_loop_config_path())
     assert entry.name == cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "agentbolt"
-    executor = RolloutExecutor(store, llm_span_transitions, OPTIONS)
+    executor = RolloutExecutor(store)
     # as verl/experimental/agent_loop/agent_loop.py _run_agent_loop instantiates it
     loop = hydra.utils.instantiate(
         config=entry,
@@ -227,14 +238,15 @@ def test_shared_executor_is_built_from_the_composed_config() -> None:
 
     cfg = compose_verl_config(
         {
-            "agentbolt": {"store_url": "memory://", "transitions": "verl_helpers:llm_span_transitions_factory"},
+            "agentbolt": {"store_url": "memory://", "lightningrl": {"credit": "discounted"}},
             "verl": {"actor_rollout_ref.rollout.calculate_log_probs": False, "data.max_response_length": 64},
         }
     )
     executor = agent_loop.shared_executor(cfg)
     assert executor is agent_loop.shared_executor(cfg)
-    assert executor.spans_to_transitions is llm_span_transitions
-    assert executor.options.logprobs == "ignore" and executor.options.max_response_length == 64
+    config = executor.lightningrl.config
+    assert config.credit == "discounted" and config.max_response_length == 64 and config.allow_empty
+    assert executor.need_logprobs is False
     assert executor.store.url == "memory://"
 
 
@@ -286,9 +298,8 @@ def test_rows_without_a_task_are_rejected() -> None:
 class FakeVerlTrainer:
     """The parts of verl's PPOTrainerSync the mixin builds on (see verl/trainer/ppo/v1/)."""
 
-    def __init__(self, cfg, rows) -> None:
+    def __init__(self, cfg) -> None:
         self.config = cfg
-        self.rows = rows  # the batch in TransferQueue, in batch.keys order
         self.global_steps = 0
         self.llm_server_manager = SimpleNamespace(get_addresses=lambda: ["10.0.0.1:8000", "[fd00::1]:8001"])
         self.checkpoint_manager = SimpleNamespace(abort_replicas=lambda: verl_helpers.LOG.append("abort_replicas"))
@@ -306,30 +317,32 @@ class FakeVerlTrainer:
         verl_helpers.LOG.append("train_end")
 
     def _compute_advantage(self, batch, metrics):
-        # V1: rows fetched in batch.keys order → compute_advantage_for_multi_trajectories, which
-        # hands non-GRPO estimators to ray_trainer.compute_advantage
-        from verl.trainer.ppo.ray_trainer import compute_advantage
-
-        from agentbolt_verl.to_verl import to_dataproto
-
-        data = to_dataproto(self.rows)
-        data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-        return compute_advantage(data, adv_estimator=self.config.algorithm.adv_estimator, config=self.config.algorithm)
+        raise AssertionError("verl's own advantage step must not run")
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics["verl/own"] = 1.0
 
 
 class Trainer(coord.AgentboltTrainerMixin, FakeVerlTrainer):
-    pass
+    """The binding's trainer over a fake TransferQueue: the batch's fields in, the columns out."""
+
+    fields: coord.BatchFields | None = None
+    written: VerlColumns | None = None
+
+    def _agentbolt_read_batch(self, batch):
+        return self.fields
+
+    def _agentbolt_write_columns(self, batch, columns):
+        self.written = columns
 
 
-def trainer_config(**gateway):
+def trainer_config(lightningrl=None, **gateway):
     return compose_verl_config(
         {
             "agentbolt": {
                 "store_url": "memory://",
                 "gateway": {"url": "http://gw:8100/v1", "control": "verl_helpers:make_fake_gateway", **gateway},
+                "lightningrl": lightningrl or {},
             },
             "verl": {"actor_rollout_ref.rollout.temperature": 0.8},
         }
@@ -338,16 +351,17 @@ def trainer_config(**gateway):
 
 def test_gateway_follows_verls_weight_syncs() -> None:
     verl_helpers.LOG.clear()
-    trainer = Trainer(trainer_config(), rows=None)
+    trainer = Trainer(trainer_config())
     log = verl_helpers.LOG
     trainer.on_init_end()
     gateway = verl_helpers.GATEWAYS[-1]
     assert gateway.url == "http://gw:8100/v1"
-    assert log == ["update_weights", "set_upstreams", "resume"]
+    assert log == ["update_weights", "set_upstreams", "set_policy", "resume"]
     assert gateway.upstreams == ["http://10.0.0.1:8000/v1", "http://[fd00::1]:8001/v1"]
     coordinator = trainer._agentbolt_coordinator
     first = trainer._agentbolt_run(coordinator.store.get_resources())
     assert first.extra["verl_weights_version"] == 0
+    assert gateway.policy_version == first.version  # spans record the version that served each call
     assert first.llm.base_url == "http://gw:8100/v1" and first.llm.sampling["temperature"] == 0.8
     assert first.llm.sampling["max_tokens"] == trainer.config.actor_rollout_ref.rollout.response_length
 
@@ -357,9 +371,10 @@ def test_gateway_follows_verls_weight_syncs() -> None:
     log.clear()
     trainer.global_steps = 1
     trainer.on_step_end()  # new weights: publish a new version, resume (upstreams unchanged)
-    assert log == ["update_weights", "resume"] and not gateway.paused
+    assert log == ["update_weights", "set_policy", "resume"] and not gateway.paused
     latest = trainer._agentbolt_run(coordinator.store.get_resources())
     assert latest.version == first.version + 1 and latest.extra["verl_weights_version"] == 1
+    assert gateway.policy_version == latest.version
 
     gateway.drains = False
     log.clear()
@@ -375,9 +390,22 @@ def test_gateway_follows_verls_weight_syncs() -> None:
     assert log[-1] == "train_end" and trainer._agentbolt_bridge._loop is None
 
 
-def test_advantages_get_rollout_membership_from_verls_keys() -> None:
-    from agentbolt_verl.advantage import compute_rollout_advantage
+def _fields(transitions, versions, *, pad: int = 0) -> coord.BatchFields:
+    """A verl batch as TransferQueue holds it: rows written by the agent loop, then verl's padding."""
+    packed = pack_transitions(transitions)
+    extras = [row_extra(t, v) for t, v in zip(transitions, versions, strict=True)]
+    mask = packed.tensors["response_mask"]
+    if pad:  # verl's padding rows copy the first row's fields; the tags say they are padding
+        mask = torch.cat([mask, torch.zeros((pad, mask.shape[1]), dtype=mask.dtype)])
+    return coord.BatchFields(
+        extras=[*extras, *([None] * pad)],
+        prompts=[t.prompt_ids for t in transitions] + [transitions[0].prompt_ids] * pad,
+        responses=[t.response_ids for t in transitions] + [transitions[0].response_ids] * pad,
+        response_mask=mask,
+    )
 
+
+def test_the_advantage_step_is_lightningrls() -> None:
     transitions = [
         tr("g1_0", 0, reward=1.0, group="g1"),
         tr("g1_0", 1, reward=1.0, group="g1"),
@@ -385,27 +413,47 @@ def test_advantages_get_rollout_membership_from_verls_keys() -> None:
         tr("g1_1", 0, reward=0.0, group="g1"),
         tr("g2_0", 0, reward=0.5, group="g2"),  # alone in its group
     ]
-    rows = build_batch(transitions, BatchOptions(max_prompt_length=8, max_response_length=8))
-    keys = [f"{t.rollout_id}_{t.index}" for t in transitions]  # verl V1: {uid}_{session}_{index}
-    trainer = Trainer(trainer_config(), rows=rows)
+    trainer = Trainer(trainer_config())
+    trainer.global_steps = 3
+    trainer.fields = _fields(transitions, [2] * 5, pad=3)
     trainer._agentbolt_sink = LocalMetricsSink()
     trainer._agentbolt_sink.add({"agentbolt/rollouts/calls": 5})
     metrics: dict = {}
-    out = trainer._compute_advantage(SimpleNamespace(keys=keys), metrics)
-    expected, _, _ = compute_rollout_advantage(
-        rows.tensors["token_level_scores"],
-        rows.tensors["response_mask"],
-        rows.non_tensors["uid"],
-        rows.non_tensors["rollout_id"],
-        rows.non_tensors["transition_index"],
-        singleton_groups="zero",
-        aggregation="rollout-mean-token-mean",
-    )
-    assert (out.batch["advantages"] - expected).abs().max().item() <= 1e-6
-    assert out.batch["advantages"][4].abs().sum() == 0  # singleton group → 0
-    assert metrics["agentbolt/advantage/rollouts"] == 3 and metrics["agentbolt/advantage/singleton_groups"] == 1
+    batch = SimpleNamespace(keys=[f"k{i}" for i in range(8)])
+    assert trainer._compute_advantage(batch, metrics) is batch
+    columns = trainer.written
+    expected = LightningRL().to_rows(transitions).rows  # the same rows a torch step trains
+    b = 8
+    for i, row in enumerate(expected):
+        assert columns.advantages[i, :2].tolist() == pytest.approx([row.advantage] * 2)
+        assert columns.loss_weight[i, :2].tolist() == pytest.approx([row.loss_weight * b] * 2)
+    assert columns.advantages[4].abs().sum() == 0  # a singleton group: advantage 0
+    assert columns.loss_weight[5:].abs().sum() == 0 and columns.response_mask[5:].sum() == 0  # padding rows
+    assert metrics["agentbolt/lightningrl/transitions"] == 5.0
+    assert metrics["agentbolt/lightningrl/staleness/0"] == 5.0  # trained version = global_steps - 1
     trainer._compute_metrics(None, metrics, {}, global_steps=1, epoch=0)
     assert metrics["agentbolt/rollouts/calls"] == 5
+
+
+def test_the_advantage_step_drops_stale_rows_and_corrects_with_verls_old_log_probs() -> None:
+    transitions = [tr(f"r{i}", 0, reward=float(i % 2), group="g") for i in range(4)]
+    lightningrl = {"max_staleness": 1, "rollout_is": "token", "rollout_is_threshold": 1.5}
+    trainer = Trainer(trainer_config(lightningrl))
+    trainer.global_steps = 5  # training version 4: version 2 is 2 behind
+    fields = _fields(transitions, [4, 3, 2, 4])
+    behaviour = pack_transitions(transitions).tensors["rollout_log_probs"]
+    fields.rollout_log_probs = behaviour
+    fields.old_log_probs = behaviour + torch.tensor([[0.0, 1.0]])  # second token: ratio e > 1.5
+    trainer.fields = fields
+    metrics: dict = {}
+    trainer._compute_advantage(SimpleNamespace(keys=list("abcd")), metrics)
+    columns = trainer.written
+    assert columns.response_mask.tolist() == [[1, 1], [1, 1], [0, 0], [1, 1]]
+    assert columns.loss_weight[2].abs().sum() == 0 and columns.advantages[2].abs().sum() == 0
+    assert metrics["agentbolt/lightningrl/excluded/stale"] == 1.0
+    # rollout-mean-token-mean over 3 rollouts of 2 tokens, times 4 rows, times the IS weight
+    assert columns.loss_weight[0].tolist() == pytest.approx([4 / 6 * 1.0, 4 / 6 * 1.5])
+    assert metrics["agentbolt/correction/is_clipped_frac"] == pytest.approx(0.5)
 
 
 def test_upstream_urls_and_control_loading() -> None:
@@ -442,14 +490,3 @@ def test_entrypoint_dry_run(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "trainer_mode: agentbolt_sync" in out and "total_training_steps: 2" in out
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
-
-
-async def test_default_extraction_is_agentbolts_lightningrl(store) -> None:
-    """The default ``spans_to_transitions`` (LightningRL) on gateway-shaped spans."""
-    from agentbolt_verl.binding.rollouts import lightningrl_transitions
-
-    executor = RolloutExecutor(store, lightningrl_transitions(), OPTIONS)
-    result, _ = await asyncio.gather(executor.run(request()), fake_runner(store, reward=0.5, calls=2))
-    assert result.outcome == "trained"
-    assert [t.prompt_ids for t in result.transitions] == [[100, 101, 102], [101, 101, 102, 7]]
-    assert [o["reward_score"] for o in result.outputs] == [0.5, 0.5]

@@ -16,10 +16,14 @@ def compose(agentbolt=None, verl=None, **kw):
 
 def test_defaults_compose_with_verl_and_set_the_binding() -> None:
     cfg = compose(verl={"actor_rollout_ref": {"model.path": "Qwen/Qwen2.5-0.5B-Instruct", "rollout.n": 4}})
-    assert cfg.algorithm.adv_estimator == "agentbolt_rollout_grpo"
-    assert cfg.algorithm.norm_adv_by_std_in_grpo is True
-    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "agentbolt_rollout_mean"
-    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+    assert cfg.algorithm.adv_estimator == "agentbolt"  # a sentinel: LightningRL computes advantages
+    assert cfg.critic.enable is False
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "agentbolt"
+    # LightningRL's default (per-rollout mean) for the policy gradient; verl's nearest for entropy/KL
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+    correction = cfg.algorithm.rollout_correction
+    assert correction.rollout_is is None and correction.rollout_rs is None and correction.bypass_mode is False
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold is None
     assert cfg.actor_rollout_ref.rollout.name == "vllm"
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "agentbolt"
     assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path.endswith("binding/agent_loops.yaml")
@@ -27,10 +31,56 @@ def test_defaults_compose_with_verl_and_set_the_binding() -> None:
     assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == "agentbolt_sync"
     assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == c.WORKER_SETUP_HOOK
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct" and cfg.actor_rollout_ref.rollout.n == 4
-    # our section, with lengths resolved from verl's rollout config
+    # our section, with LightningRL's length limits resolved from verl's rollout config
     settings = c.settings_from_verl_config(cfg)
-    assert settings.batch.max_prompt_length == cfg.actor_rollout_ref.rollout.prompt_length == 512
-    assert settings.batch.max_response_length == 512
+    assert settings.lightningrl.max_prompt_length == cfg.actor_rollout_ref.rollout.prompt_length == 512
+    assert settings.lightningrl.max_response_length == 512
+    assert settings.async_.enabled is False
+
+
+def test_off_policy_settings_map_to_verls_async_trainer_and_correction_keys() -> None:
+    cfg = compose(
+        agentbolt={
+            "async": {"enabled": True, "warmup_batches": 2},
+            "lightningrl": {
+                "max_staleness": 1,
+                "rollout_is": "token",
+                "rollout_is_threshold": 3.0,
+                "rollout_rs": "seq_sum_k1",
+                "rollout_rs_threshold": "0.5_2.0",
+                "loss_aggregation": "token-mean",
+            },
+        }
+    )
+    assert cfg.trainer.v1.trainer_mode == "agentbolt_colocate_async"
+    assert cfg.trainer.v1.colocate_async.num_warmup_batches == 2
+    # verl counts the versions a sample spans, the trained one included: K behind = K + 1
+    assert cfg.trainer.v1.sampler.max_off_policy_threshold == 2
+    assert cfg.trainer.v1.sampler.max_off_policy_strategy == "drop"
+    correction = cfg.algorithm.rollout_correction
+    assert (correction.rollout_is, correction.rollout_is_threshold) == ("token", 3.0)
+    assert (correction.rollout_rs, correction.rollout_rs_threshold) == ("seq_sum_k1", "0.5_2.0")
+    assert correction.bypass_mode is False  # the PPO ratio is against verl's recomputed old_log_probs
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+    assert cfg.agentbolt["async"] == {"enabled": True, "warmup_batches": 2.0}
+    assert c.settings_from_verl_config(cfg).lightningrl.correction is not None
+    # `async: true` is the short form; max_staleness 0 is on-policy only (threshold 1)
+    short = compose(agentbolt={"async": True, "lightningrl": {"max_staleness": 0}})
+    assert short.trainer.v1.trainer_mode == "agentbolt_colocate_async"
+    assert short.trainer.v1.sampler.max_off_policy_threshold == 1
+
+
+def test_kl_in_the_reward_is_refused() -> None:
+    with pytest.raises(UserError, match="use_kl_loss"):
+        compose(verl={"algorithm.use_kl_in_reward": True})
+
+
+def test_correction_needs_verl_to_keep_the_sampling_logprobs() -> None:
+    with pytest.raises(UserError, match="calculate_log_probs=true"):
+        compose(
+            agentbolt={"lightningrl": {"rollout_is": "sequence"}},
+            verl={"actor_rollout_ref.rollout.calculate_log_probs": False},
+        )
 
 
 def test_valid_overrides_resolve_in_both_forms() -> None:
@@ -44,7 +94,8 @@ def test_valid_overrides_resolve_in_both_forms() -> None:
         }
     )
     assert as_dict.actor_rollout_ref.rollout.prompt_length == 1024
-    assert as_dict.agentbolt.batch.max_prompt_length == 1024 and as_dict.agentbolt.batch.max_response_length == 256
+    lrl = as_dict.agentbolt.lightningrl
+    assert lrl.max_prompt_length == 1024 and lrl.max_response_length == 256
     assert list(as_dict.trainer.logger) == ["console"]
     assert as_dict.trainer.project_name == "it's: a test, with [brackets]"
     assert as_dict.actor_rollout_ref.rollout.temperature == 0.7
@@ -61,23 +112,15 @@ def test_unknown_verl_key_is_rejected_with_valid_keys() -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"bogus": 1}, "unknown key(s) 'bogus'; valid keys: store_url, transitions"),
-        ({"loss": {"aggregation": "token"}}, "unknown key(s) 'loss'"),
+        ({"bogus": 1}, "unknown key(s) 'bogus'; valid keys: store_url, lightningrl, async"),
+        ({"batch": {"missing_reward": "zero"}}, "unknown key(s) 'batch'"),
+        ({"singleton_groups": "raw"}, "unknown key(s) 'singleton_groups'"),
         ({"lightningrl": {"aggregaton": "token-mean"}}, "agentbolt.lightningrl.aggregaton: Extra inputs"),
         ({"lightningrl": {"loss_aggregation": "token"}}, "agentbolt.lightningrl.loss_aggregation: Input should be"),
-        ({"lightningrl": {"advantage": "gae"}}, "lightningrl.advantage='gae' has no verl estimator"),
-        ({"lightningrl": {"advantage_options": {"epsilon": 0.1}}}, "advantage_options epsilon cannot be passed"),
-        ({"lightningrl": {"advantage_options": {"level": "transition"}}}, "needs advantage_options.level='rollout'"),
+        ({"lightningrl": {"rollout_rs": "seq_sum_k1"}}, "needs rollout_rs_threshold"),
         ({"rollout": {"max_attempts": 0}}, "agentbolt.rollout.max_attempts"),
-        (
-            {
-                "lightningrl": {
-                    "loss_aggregation": "token-mean",
-                    "advantage_options": {"level": "transition", "norm_std": False},
-                }
-            },
-            "not honoured by verl's per-row GRPO",
-        ),
+        ({"rollout": {"fill_reward_from_rollout": True}}, "unknown key(s) 'fill_reward_from_rollout'"),
+        ({"async": {"warmup_batches": 0}}, "agentbolt.async.warmup_batches"),
     ],
 )
 def test_our_section_is_strict(section, message) -> None:
@@ -94,50 +137,35 @@ def test_top_level_is_strict() -> None:
 def test_keys_our_settings_decide_cannot_be_overridden() -> None:
     with pytest.raises(UserError, match=r"algorithm\.adv_estimator.*agentbolt section"):
         compose(verl={"algorithm.adv_estimator": "grpo"})
+    with pytest.raises(UserError, match=r"rollout_correction\.rollout_is.*agentbolt section"):
+        compose(verl={"algorithm.rollout_correction.rollout_is": "token"})
+    with pytest.raises(UserError, match=r"max_off_policy_threshold.*agentbolt section"):
+        compose(verl={"trainer.v1.sampler.max_off_policy_threshold": 4})
     with pytest.raises(UserError, match="worker_process_setup_hook"):
         compose(verl=["ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=x.y"])
 
 
 @pytest.mark.parametrize(
-    ("lightningrl", "estimator", "loss_mode", "agg"),
+    ("aggregation", "entropy_kl_mode"),
     [
-        ({"loss_aggregation": "token-mean"}, "agentbolt_rollout_grpo", "vanilla", "token-mean"),
-        (
-            {"loss_aggregation": "seq-mean-token-mean", "advantage": "rloo"},
-            "agentbolt_rollout_rloo",
-            "vanilla",
-            "seq-mean-token-mean",
-        ),
-        (
-            {"loss_aggregation": "seq-mean-token-sum", "advantage": "reinforce_pp"},
-            "agentbolt_rollout_reinforce_plus_plus_baseline",
-            "vanilla",
-            "seq-mean-token-sum",
-        ),
-        (
-            {"loss_aggregation": "token-mean", "advantage_options": {"level": "transition"}},
-            "grpo_vectorized",
-            "vanilla",
-            "token-mean",
-        ),
-        (
-            {"loss_aggregation": "token-mean", "advantage": "rloo", "advantage_options": {"level": "transition"}},
-            "rloo",
-            "vanilla",
-            "token-mean",
-        ),
+        ("rollout-mean-token-mean", "seq-mean-token-mean"),
+        ("token-mean", "token-mean"),
+        ("seq-mean-token-mean", "seq-mean-token-mean"),
+        ("seq-mean-token-sum", "seq-mean-token-sum"),
     ],
 )
-def test_settings_map_to_verl_keys(lightningrl, estimator, loss_mode, agg) -> None:
-    cfg = compose(agentbolt={"lightningrl": lightningrl})
-    assert cfg.algorithm.adv_estimator == estimator
-    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == loss_mode
-    assert cfg.actor_rollout_ref.actor.loss_agg_mode == agg
+@pytest.mark.parametrize("advantage", ["grpo", "rloo", "reinforce_pp"])
+def test_every_lightningrl_choice_runs_through_the_one_loss(aggregation, entropy_kl_mode, advantage) -> None:
+    """No LightningRL choice changes verl's estimator or policy loss: LightningRL computes both columns."""
+    cfg = compose(agentbolt={"lightningrl": {"advantage": advantage, "loss_aggregation": aggregation}})
+    assert cfg.algorithm.adv_estimator == "agentbolt"
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "agentbolt"
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == entropy_kl_mode
 
 
 def test_response_limit_cannot_exceed_verls() -> None:
     with pytest.raises(UserError, match=r"exceeds actor_rollout_ref\.rollout\.response_length"):
-        compose(agentbolt={"batch": {"max_response_length": 4096}})
+        compose(agentbolt={"lightningrl": {"max_response_length": 4096}})
 
 
 def test_load_config_from_yaml_file(tmp_path) -> None:
@@ -148,7 +176,7 @@ def test_load_config_from_yaml_file(tmp_path) -> None:
     )
     cfg = c.compose_verl_config(path)
     assert cfg.data.train_batch_size == 4 and cfg.actor_rollout_ref.rollout.n == 2
-    assert cfg.algorithm.adv_estimator == "agentbolt_rollout_rloo"
+    assert c.settings_from_verl_config(cfg).lightningrl.advantage == "rloo"
     with pytest.raises(UserError, match="does not exist"):
         c.load_config(tmp_path / "missing.yaml")
 
@@ -176,4 +204,4 @@ def test_shipped_example_config_composes(monkeypatch) -> None:
         cfg.agentbolt.gateway.url == "http://10.1.2.3:8100/v1"
         and cfg.agentbolt.gateway.control == "agentbolt.gateway:GatewayClient"
     )
-    assert cfg.agentbolt.batch.max_prompt_length == 2048
+    assert cfg.agentbolt.lightningrl.max_prompt_length == 2048

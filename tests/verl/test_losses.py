@@ -1,4 +1,4 @@
-"""The per-rollout policy loss: parity with verl's compute_policy_loss_vanilla."""
+"""The one registered policy loss: verl's clipped PPO objective weighted by LightningRL's loss weights."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from agentbolt.errors import UserError
 from agentbolt.lightningrl import row_weights
-from agentbolt_verl import advantage as adv
-from agentbolt_verl import losses
+from agentbolt_verl import losses, registry
 
 core_algos = losses.core_algos
 TOL = 1e-6
@@ -27,92 +27,65 @@ def actor_config(**global_batch_info):
     )
 
 
-def inputs(rows_per_rollout=(1, 1, 1, 1, 1), width=9, seed=0):
+def inputs(rows=5, width=9, seed=0):
     g = torch.Generator().manual_seed(seed)
-    b = sum(rows_per_rollout)
-    rollout_ids = [f"r{j}" for j, n in enumerate(rows_per_rollout) for _ in range(n)]
-    lengths = torch.randint(2, width + 1, (b,), generator=g)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
     mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
     mask[0, 1] = 0  # an observation token inside a merged sequence
-    old = -torch.rand(b, width, generator=g) * 2
-    new = (old + 0.3 * torch.randn(b, width, generator=g)).requires_grad_(True)  # some ratios clip
-    per_rollout_adv = torch.randn(len(rows_per_rollout), generator=g)
-    index = {r: j for j, r in enumerate(dict.fromkeys(rollout_ids))}
-    advantages = torch.stack([per_rollout_adv[index[r]] * mask[i] for i, r in enumerate(rollout_ids)]).float()
-    return old, new, advantages, mask, rollout_ids
+    old = -torch.rand(rows, width, generator=g) * 2
+    new = (old + 0.3 * torch.randn(rows, width, generator=g)).requires_grad_(True)  # some ratios clip
+    advantages = torch.randn(rows, 1, generator=g) * mask
+    return old, new, advantages, mask
 
 
-def weighted(advantages, mask, rollout_ids):
-    return advantages * adv.rollout_weights(mask, rollout_ids).float().unsqueeze(-1)
+def test_registered_under_its_name_with_the_advantage_sentinel() -> None:
+    assert core_algos.get_policy_loss_fn(losses.LOSS_MODE) is losses.compute_policy_loss_agentbolt
+    assert registry.register_all() == {"adv_estimators": ["agentbolt"], "policy_losses": ["agentbolt"]}
+    with pytest.raises(UserError, match="advantages are LightningRL's"):
+        core_algos.get_adv_estimator_fn("agentbolt")(token_level_rewards=None, response_mask=None)
 
 
-def test_registered_under_its_name() -> None:
-    assert core_algos.get_policy_loss_fn(losses.LOSS_MODE) is losses.compute_policy_loss_rollout_mean
-    assert losses.register_losses() == [losses.LOSS_MODE]
-
-
-def test_equals_vanilla_seq_mean_token_mean_with_one_row_per_rollout() -> None:
-    old, new, a, mask, rids = inputs()
-    ours, ours_metrics = losses.compute_policy_loss_rollout_mean(
-        old, new, weighted(a, mask, rids), mask, config=actor_config()
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_with_cores_weights_it_is_verls_vanilla_loss_for_verls_modes(mode) -> None:
+    """B · row_weights in the weight column + seq-mean-token-sum over B rows = verl's own aggregation."""
+    old, new, a, mask = inputs(seed=3)
+    rows = mask.shape[0]
+    weights = torch.tensor(row_weights([str(i) for i in range(rows)], mask.sum(-1).tolist(), mode), dtype=torch.float32)
+    column = (weights * rows).unsqueeze(-1) * mask
+    ours, ours_metrics = losses.compute_policy_loss_agentbolt(
+        old, new, a, mask, config=actor_config(), rollout_is_weights=column
     )
     (g_ours,) = torch.autograd.grad(ours, new)
     ref, ref_metrics = core_algos.compute_policy_loss_vanilla(
-        old, new, a, mask, loss_agg_mode="seq-mean-token-mean", config=actor_config()
+        old, new, a, mask, loss_agg_mode=mode, config=actor_config()
     )
     (g_ref,) = torch.autograd.grad(ref, new)
     assert abs(ours.item() - ref.item()) <= TOL
     assert (g_ours - g_ref).abs().max().item() <= TOL
-    assert ours_metrics == pytest.approx(ref_metrics)  # clipping decisions do not depend on |A|
-
-
-def test_equals_vanilla_over_concatenated_rollouts() -> None:
-    """Rows of one rollout concatenated into one sequence: verl's seq-mean-token-mean over
-    rollouts is, by definition, the per-rollout mean."""
-    rows = (3, 1, 2, 1)
-    old, new, a, mask, rids = inputs(rows_per_rollout=rows, seed=3)
-    ours, _ = losses.compute_policy_loss_rollout_mean(old, new, weighted(a, mask, rids), mask, config=actor_config())
-
-    def concat(x):
-        out, start = [], 0
-        for n in rows:
-            sel = mask[start : start + n].bool()
-            out.append(x[start : start + n][sel])
-            start += n
-        return torch.nn.utils.rnn.pad_sequence(out, batch_first=True)
-
-    cmask = concat(torch.ones_like(mask)).long()
-    ref, _ = core_algos.compute_policy_loss_vanilla(
-        concat(old), concat(new), concat(a), cmask, loss_agg_mode="seq-mean-token-mean", config=actor_config()
-    )
-    assert abs(ours.item() - ref.item()) <= TOL
-    # and core's aggregation (the one torch uses) of the unweighted per-token losses
-    pg = torch.maximum(-a * torch.exp(new - old), -a * torch.clamp(torch.exp(new - old), 0.8, 1.28))
-    pg = torch.where(a < 0, torch.minimum(-a * 3.0, pg), pg)
-    assert abs(ours.item() - core_aggregate(pg, mask, rids, "rollout-mean-token-mean").item()) <= TOL
-
-
-def test_without_weights_it_is_vanilla_seq_mean_token_sum() -> None:
-    old, new, a, mask, _ = inputs(rows_per_rollout=(2, 2))
-    ours, _ = losses.compute_policy_loss_rollout_mean(
-        old, new, a, mask, loss_agg_mode="token-mean", config=actor_config()
-    )
-    ref, _ = core_algos.compute_policy_loss_vanilla(
-        old, new, a, mask, loss_agg_mode="seq-mean-token-sum", config=actor_config()
-    )
-    assert abs(ours.item() - ref.item()) <= TOL
+    assert ours_metrics == pytest.approx(ref_metrics)
 
 
 def test_uses_verls_global_batch_normalization() -> None:
     """As in verl's ppo_loss: the summed row losses are divided by the mini-batch's row count
     (global_batch_size) and scaled by dp_size."""
-    old, new, a, mask, rids = inputs(rows_per_rollout=(2, 1, 1))
-    w = weighted(a, mask, rids)
-    ours, _ = losses.compute_policy_loss_rollout_mean(
-        old, new, w, mask, config=actor_config(dp_size=2, global_batch_size=8, batch_num_tokens=100)
+    old, new, a, mask = inputs(rows=4)
+    column = torch.rand(4, 1) * mask
+    ours, _ = losses.compute_policy_loss_agentbolt(
+        old,
+        new,
+        a,
+        mask,
+        config=actor_config(dp_size=2, global_batch_size=8, batch_num_tokens=100),
+        rollout_is_weights=column,
     )
-    local, _ = losses.compute_policy_loss_rollout_mean(old, new, w, mask, config=actor_config())
+    local, _ = losses.compute_policy_loss_agentbolt(old, new, a, mask, config=actor_config(), rollout_is_weights=column)
     assert ours.item() == pytest.approx(local.item() * 4 / 8 * 2, abs=TOL)  # 4 local rows
+
+
+def test_without_the_weight_column_it_refuses_to_run() -> None:
+    old, new, a, mask = inputs()
+    with pytest.raises(UserError, match="rollout_is_weights"):
+        losses.compute_policy_loss_agentbolt(old, new, a, mask, config=actor_config())
 
 
 def core_aggregate(loss_mat, mask, rollout_ids, mode):

@@ -46,7 +46,7 @@ def test_runners_start_and_stop_with_verls_trainer_in_its_ray_cluster(tmp_path) 
             num_cpus=0.5,
             lease_s=5.0,
         )
-        trainer = Trainer(cfg, rows=None)
+        trainer = Trainer(cfg)
         trainer.on_init_end()  # verl's weights are up: the binding starts its runner actors
         assert trainer._agentbolt_runners is not None and len(trainer._agentbolt_runners.actors) == 1
         store = trainer._agentbolt_get_coordinator().store

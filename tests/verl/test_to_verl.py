@@ -10,7 +10,7 @@ import torch
 from verl_helpers import tr
 
 from agentbolt_verl import to_verl
-from agentbolt_verl.batch import BatchOptions, build_batch
+from agentbolt_verl.batch import pack_transitions
 
 
 @pytest.fixture
@@ -18,9 +18,9 @@ def batch():
     transitions = [
         tr("r1", 0, prompt=[5, 6, 7], response=[8, 9], group="g1", reward=1.0),
         tr("r1", 1, prompt=[5, 6, 7, 8, 9, 30], response=[31, 32, 33, 34, 35], mask=[1, 1, 0, 0, 1], group="g1"),
-        tr("r2", 0, prompt=[40], response=[41, 42, 43, 44, 45, 46, 47, 48], group="g1", reward=0.0),  # truncated
+        tr("r2", 0, prompt=[40], response=[41, 42, 43, 44, 45, 46, 47, 48], group="g1", reward=0.0),
     ]
-    return build_batch(transitions, BatchOptions(max_prompt_length=8, max_response_length=6, multiple_of=4))
+    return pack_transitions(transitions, multiple_of=4)
 
 
 def test_dataproto_round_trip(batch) -> None:
@@ -35,7 +35,7 @@ def test_dataproto_round_trip(batch) -> None:
         assert torch.equal(back.tensors[key], value), key
     for key, value in batch.non_tensors.items():
         assert list(back.non_tensors[key]) == list(value), key
-    assert back.stats.rows == 3 and len(back) == 4
+    assert back.padding_rows == 1 and len(back) == 4 and back.transitions == []
     # DataProto's own row operations keep the columns together
     sub = dp.select_idxs(np.array([2, 0]))
     assert list(sub.non_tensor_batch["rollout_id"]) == ["r2", "r1"]

@@ -89,10 +89,11 @@ def test_package_imports_cheaply_without_verl() -> None:
         assert "torch" not in sys.modules, "import agentbolt_verl pulled torch"
         import agentbolt_verl.batch, agentbolt_verl.config
         import agentbolt_verl.binding.gateway, agentbolt_verl.binding.rollouts, agentbolt_verl.binding.coordinator
+        import agentbolt_verl.columns
         cfg = agentbolt_verl.config.compose_verl_config({"agentbolt": {"store_url": "memory://"}})
         assert cfg.trainer.v1.trainer_mode == "agentbolt_sync"
         try:
-            import agentbolt_verl.advantage
+            import agentbolt_verl.losses
         except ImportError as exc:
             assert "blocked" in str(exc)
         else:

@@ -52,6 +52,7 @@ class FakeGateway:
         self.url = url
         self.upstreams: list[str] = []
         self.paused = False
+        self.policy_version: int | None = None
 
     async def set_upstreams(self, urls):
         self.upstreams = list(urls)
@@ -69,6 +70,10 @@ class FakeGateway:
         self.log.append("drain")
         return self.drains
 
+    async def set_policy(self, *, version=None, sampling=None, model=None):
+        self.policy_version = version
+        self.log.append("set_policy")
+
 
 GATEWAYS: list[FakeGateway] = []
 LOG: list[str] = []
@@ -80,34 +85,3 @@ def make_fake_gateway(url=None) -> FakeGateway:
     gateway = FakeGateway(LOG, url=url)
     GATEWAYS.append(gateway)
     return gateway
-
-
-def llm_span_transitions(rollouts, spans):
-    """A minimal spans_to_transitions: one transition per gateway LLM-call span, in seq order."""
-    from agentbolt import semconv
-
-    out = []
-    for rollout in rollouts:
-        calls = [s for s in spans.get(rollout.rollout_id, []) if s.name == semconv.SPAN_LLM_CALL]
-        for k, span in enumerate(sorted(calls, key=lambda s: s.seq)):
-            a = span.attributes
-            out.append(
-                Transition(
-                    rollout_id=rollout.rollout_id,
-                    attempt_id=span.attempt_id,
-                    group_id=rollout.group_id,
-                    task_id=rollout.task_id,
-                    index=k,
-                    prompt_ids=a[semconv.PROMPT_TOKEN_IDS],
-                    response_ids=a[semconv.RESPONSE_TOKEN_IDS],
-                    response_logprobs=a.get(semconv.RESPONSE_LOGPROBS),
-                    policy_version=a.get(semconv.POLICY_VERSION),
-                    span_id=span.span_id,
-                )
-            )
-    return out
-
-
-def llm_span_transitions_factory(**options):
-    """``agentbolt.transitions`` factory for tests."""
-    return llm_span_transitions

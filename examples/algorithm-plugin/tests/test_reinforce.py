@@ -13,6 +13,7 @@ import torch
 from agentbolt_reinforce import Reinforce, ReinforceResult
 
 from agentbolt.algorithm import Algorithm
+from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance, conformance_tasks, parity_agent
@@ -30,7 +31,9 @@ class TestReinforceConformance(AlgorithmConformance):
 
 async def test_reinforce_changes_the_weights_and_moves_the_baseline() -> None:
     algorithm = Reinforce("tiny", steps=3, **SMALL)
-    trainer = Trainer(parity_agent, algorithm, store=MemoryStore("memory://"), n_runners=0, progress=False)
+    trainer = Trainer(
+        parity_agent, algorithm, store=MemoryStore("memory://"), runners=RunnerOptions(n=0), progress=False
+    )
     result = await trainer.afit(conformance_tasks(8), conformance_tasks(2))
 
     assert isinstance(result, ReinforceResult)

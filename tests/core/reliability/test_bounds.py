@@ -10,12 +10,11 @@ import pytest
 import pytest_asyncio
 
 from agentbolt import types as t
-from agentbolt.emit import emit_reward
+from agentbolt.capture.emit import emit_reward
 from agentbolt.errors import SchemaError, UserError
 from agentbolt.gateway import Gateway
-from agentbolt.runs import RunSpec
-from agentbolt.server import ServerThread
-from agentbolt.store import Store, open_store
+from agentbolt.store import RunSpec, Store, open_store
+from agentbolt.store.server import ServerThread
 
 HUGE = 10**30
 

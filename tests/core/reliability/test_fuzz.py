@@ -16,8 +16,8 @@ from hypothesis import seed as hypothesis_seed
 from schemathesis.checks import not_a_server_error
 
 from agentbolt.gateway import GatewayThread
-from agentbolt.server import ServerThread
 from agentbolt.store import open_store
+from agentbolt.store.server import ServerThread
 
 SEED = 20261125
 EXAMPLES = 12

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from agentbolt import types as t
 from agentbolt.gateway import UPSTREAM_ERROR, Gateway
-from agentbolt.runner import Runner, RunnerConfig
+from agentbolt.runners.runner import Runner, RunnerConfig
 from agentbolt.store import Store, open_store
 from agentbolt.testing.bad_upstream import GarbageUpstream
 

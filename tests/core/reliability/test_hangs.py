@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentbolt import types as t
-from agentbolt.runner import Runner, RunnerConfig
+from agentbolt.runners.runner import Runner, RunnerConfig
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
 
@@ -20,9 +20,14 @@ UNUSED_LLM = "http://127.0.0.1:9/v1"  # the agents never call it
 # Runner processes (not the in-process runner of dev()): these agents hang or kill their process.
 
 
-def _trainer(tmp_path: Path, agent: object, **kw: object) -> Trainer:
-    options: dict[str, object] = {"n_runners": 1, "progress": False, "adapters": [], "lease_s": 1.5, **kw}
-    return Trainer(agent, store=f"sqlite:///{tmp_path}/runs.db", **options)  # type: ignore[arg-type]
+def _trainer(tmp_path: Path, agent: object, **runners: object) -> Trainer:
+    return Trainer(
+        agent,
+        store=f"sqlite:///{tmp_path}/runs.db",
+        runners={"n": 1, "lease_s": 1.5, **runners},
+        capture={"adapters": []},
+        progress=False,
+    )
 
 
 def test_a_sync_agent_that_never_returns_times_out_and_the_trainer_finishes(tmp_path: Path) -> None:
@@ -89,5 +94,5 @@ def test_a_dead_runner_process_is_replaced(tmp_path: Path) -> None:
 def test_the_trainer_fails_clearly_when_no_runner_is_left(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="no runner process is left"):
-        _trainer(tmp_path, hang_agents.kills_its_process, runner_restarts=1).dev([0], llm=UNUSED_LLM, in_process=False)
+        _trainer(tmp_path, hang_agents.kills_its_process, restarts=1).dev([0], llm=UNUSED_LLM, in_process=False)
     assert time.monotonic() - started < 60

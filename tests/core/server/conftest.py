@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agentbolt.server import ServerThread
 from agentbolt.store import Store, open_store
+from agentbolt.store.server import ServerThread
 
 
 @pytest.fixture

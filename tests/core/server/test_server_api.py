@@ -23,10 +23,10 @@ from agentbolt.errors import (
     StoreUnavailableError,
     UserError,
 )
-from agentbolt.server import ServerThread
-from agentbolt.server.run import is_loopback
 from agentbolt.store import Store, open_store
 from agentbolt.store.http import HttpStore
+from agentbolt.store.server import ServerThread
+from agentbolt.store.server.run import is_loopback
 
 Serve = Callable[..., ServerThread]
 
@@ -447,7 +447,7 @@ def test_the_server_never_traces_itself(
     monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
     server = serve()
-    with caplog.at_level(logging.INFO, logger="agentbolt.server"):  # app and otlp_route
+    with caplog.at_level(logging.INFO, logger="agentbolt.store.server"):  # app and otlp_route
         for _ in range(3):
             http.get(server.url + "/v1/rollouts/counts")
         server.stop()  # would flush the spans FastAPI recorded to the collector

@@ -14,10 +14,10 @@ from server_doubles import FaultyTransport, specs
 
 from agentbolt import types as t
 from agentbolt.errors import StaleAttemptError, StoreUnavailableError, UserError
-from agentbolt.server import ServerThread
 from agentbolt.store import open_store
 from agentbolt.store.http import HttpStore
 from agentbolt.store.memory import MemoryStore
+from agentbolt.store.server import ServerThread
 
 Serve = Callable[..., ServerThread]
 

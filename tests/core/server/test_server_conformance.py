@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentbolt.server import ServerThread
 from agentbolt.store import Store, open_store
 from agentbolt.store.http import HttpStore
+from agentbolt.store.server import ServerThread
 from agentbolt.testing.store_conformance import StoreConformance
 
 

@@ -27,9 +27,9 @@ from server_doubles import FaultyStore, specs
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import StoreUnavailableError
-from agentbolt.server import ServerThread
-from agentbolt.server.otlp_json import spans_to_otlp_json
 from agentbolt.store.memory import MemoryStore
+from agentbolt.store.server import ServerThread
+from agentbolt.store.server.otlp_json import spans_to_otlp_json
 
 Serve = Callable[..., ServerThread]
 PROTOBUF = {"content-type": "application/x-protobuf"}

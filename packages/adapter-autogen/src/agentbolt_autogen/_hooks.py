@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from typing import Any
 
 from agentbolt import semconv
-from agentbolt.adapters import (
+from agentbolt.capture.adapters import (
     AdapterHooks,
     ToolCall,
     ToolCallRequests,
@@ -28,7 +28,7 @@ from agentbolt.adapters import (
     unix_ns,
     usage_attributes,
 )
-from agentbolt.tracing import current_rollout
+from agentbolt.capture.tracing import current_rollout
 
 from .errors import AutogenCaptureWarning
 
@@ -112,7 +112,7 @@ class AutogenHooks(AdapterHooks):
     def _install_span_processor(self) -> None:
         from opentelemetry.sdk.trace import TracerProvider
 
-        from agentbolt.tracing import install_otel
+        from agentbolt.capture.tracing import install_otel
 
         provider = install_otel()  # what runners do; idempotent
         if not isinstance(provider, TracerProvider):

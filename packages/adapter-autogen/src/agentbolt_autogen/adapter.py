@@ -32,7 +32,7 @@ AutoGen: each hook is guarded and errors are logged once per kind.
 
 The hooks (:mod:`._hooks`: a logging filter, a span processor, one patched method) are
 process-wide, installed while at least one :class:`AutogenAdapter` is instrumented and shared by
-every instance (:class:`~agentbolt.adapters.AdapterHooks`), so two instances never record a unit
+every instance (:class:`~agentbolt.capture.adapters.AdapterHooks`), so two instances never record a unit
 twice.
 """
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from agentbolt.adapters import Adapter
+from agentbolt.capture.adapters import Adapter
 
 from .errors import AutogenCaptureWarning
 

@@ -1,6 +1,6 @@
 """The callback handler and its LangChain configure hook (this module imports langchain-core).
 
-The handler is the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per process,
+The handler is the adapter's :class:`~agentbolt.capture.adapters.AdapterHooks`: one per process,
 registered with ``register_configure_hook`` through a ``ContextVar`` whose default is the
 handler, so LangChain adds it to every run's callback manager (``inheritable``: child runs get
 it too) without a ``callbacks=`` argument. LangChain offers no way to unregister a hook, so the
@@ -10,8 +10,8 @@ events only for runs that start while a rollout is current (or under a run that 
 adapter's options (``agent_names``, ``capture_content``) apply.
 
 Translation only: each callback turns LangChain's arguments into a
-:class:`~agentbolt.adapters.UnitRecord` keyed by LangChain's ``run_id`` (parent:
-``parent_run_id``), and the hooks' :class:`~agentbolt.adapters.SpanRecorder` builds and
+:class:`~agentbolt.capture.adapters.UnitRecord` keyed by LangChain's ``run_id`` (parent:
+``parent_run_id``), and the hooks' :class:`~agentbolt.capture.adapters.SpanRecorder` builds and
 routes the spans. No context is attached or detached here, and no exception reaches LangChain.
 """
 
@@ -28,7 +28,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers import context as lc_context
 
 from agentbolt import semconv
-from agentbolt.adapters import (
+from agentbolt.capture.adapters import (
     AdapterHooks,
     UnitRecord,
     in_rollout,

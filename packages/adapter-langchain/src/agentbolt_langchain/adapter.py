@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import TYPE_CHECKING, Literal
 
-from agentbolt.adapters import Adapter, check_distribution
+from agentbolt.capture.adapters import Adapter, check_distribution
 from agentbolt.errors import UserError
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ class LangChainAdapter(Adapter):
     Instrumenting installs one callback handler through LangChain's official configure hook
     (``langchain_core.tracers.context.register_configure_hook``), so every ``invoke`` /
     ``ainvoke`` / ``stream`` sees it without a ``callbacks=`` argument. The handler records
-    only runs that start while a rollout is current (``agentbolt.tracing.current_rollout()``),
+    only runs that start while a rollout is current (``agentbolt.capture.tracing.current_rollout()``),
     or under a run that did.
 
     What becomes a span:

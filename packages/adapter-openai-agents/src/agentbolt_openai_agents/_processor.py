@@ -1,7 +1,7 @@
 """The SDK side of the adapter: the trace processor, the response-id hook and the capture checks.
 
 Imported by :meth:`OpenAIAgentsAdapter.make_hooks` only (it imports ``agents``). The processor is
-the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per process, added to the SDK when
+the adapter's :class:`~agentbolt.capture.adapters.AdapterHooks`: one per process, added to the SDK when
 the first adapter instance is instrumented.
 
 **Span mapping.** The SDK reports a trace per run (``Runner.run`` opens one unless the user
@@ -19,7 +19,7 @@ opened one with ``agents.trace``) and a tree of spans keyed by its own ``trace_i
 Other SDK spans (the run's task span, turn spans, guardrails, custom spans, MCP listings) are
 not recorded; their children attach to the nearest recorded ancestor, so the tree keeps its
 shape. Every callback runs synchronously in the code that opened or closed the SDK span (the
-agent's task or thread), so :class:`~agentbolt.adapters.SpanRecorder` attributes it to the
+agent's task or thread), so :class:`~agentbolt.capture.adapters.SpanRecorder` attributes it to the
 rollout current there through ``contextvars``.
 
 **Response ids.** A response span carries the Responses API response id. A generation span of
@@ -53,7 +53,7 @@ from agents.tracing import (
 from agents.tracing.spans import NoOpSpan
 
 from agentbolt import semconv
-from agentbolt.adapters import (
+from agentbolt.capture.adapters import (
     AdapterHooks,
     ToolCallRequests,
     UnitRecord,

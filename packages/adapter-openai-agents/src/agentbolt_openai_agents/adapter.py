@@ -1,7 +1,7 @@
 """The OpenAI Agents SDK adapter: a trace processor added next to the user's, translating SDK spans.
 
 This module does not import ``agents``; :mod:`._processor` does, when the first instance is
-instrumented. The processor is the adapter's :class:`~agentbolt.adapters.AdapterHooks`: one per
+instrumented. The processor is the adapter's :class:`~agentbolt.capture.adapters.AdapterHooks`: one per
 process, recording while at least one instance is instrumented, so that the instances every
 runner builds never record a unit twice.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from agentbolt.adapters import Adapter
+from agentbolt.capture.adapters import Adapter
 
 from .errors import CaptureOffError, CaptureWarning
 

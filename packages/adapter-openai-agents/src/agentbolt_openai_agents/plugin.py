@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentbolt import hookimpl
-from agentbolt.hookspecs import Register
+from agentbolt.plugins import Register
 
 
 def _make_adapter() -> Any:

@@ -252,8 +252,8 @@ class TorchGRPO(Algorithm):
 
     async def _step_transitions(
         self, ctx: AlgorithmContext, policy: Any, step: int, batch: Sequence[Any], lrl: Any, *, first: bool
-    ) -> tuple[list[t.Transition] | None, dict[str, float]]:
-        """One step's transitions to train on (``None``: skip the update) and its metrics.
+    ) -> tuple[list[Any] | None, dict[str, float]]:
+        """One step's training rows to train on (``None``: skip the update) and its metrics.
 
         Runs the batch's rollouts on the current policy and chooses with
         :meth:`_transitions_to_train`; raising stops the run.
@@ -275,7 +275,9 @@ class TorchGRPO(Algorithm):
             "time/rollouts_s": time.monotonic() - started,
             **_engine_delta(engine_before, self._engine.stats),
         }
-        chosen = self._transitions_to_train(step, rollouts, await ctx.spans(rollouts), lrl, first=first)
+        chosen = self._transitions_to_train(
+            step, rollouts, await ctx.spans(rollouts), lrl, first=first, policy_version=policy.version
+        )
         if chosen is None:
             return None, {"train/reward": values["train/reward"]}
         transitions, extra = chosen
@@ -289,21 +291,24 @@ class TorchGRPO(Algorithm):
         lrl: Any,
         *,
         first: bool,
-    ) -> tuple[list[t.Transition], dict[str, float]] | None:
-        """The step's transitions and extra metrics, or ``None`` to skip its update (logged here).
+        policy_version: int,
+    ) -> tuple[list[Any], dict[str, float]] | None:
+        """The step's training rows (or transitions with advantages) and extra metrics, or ``None``
+        to skip its update (logged here).
 
-        GRPO trains every transition LightningRL makes; subclasses choose (:class:`TorchSFT`
+        GRPO trains every row LightningRL makes (the staleness bound measured from
+        ``policy_version``, the version about to be updated); subclasses choose (:class:`TorchSFT`
         keeps the best rollouts'). ``first`` is true until a step has been trained; raising stops
         the run (the metrics file is closed first).
         """
         from agentbolt.lightningrl import EmptyBatchError
 
         try:
-            processed = lrl.process(rollouts, spans)
+            processed = lrl.process(rollouts, spans, policy_version=policy_version)
         except EmptyBatchError as exc:
             log.error("step %d: no transition to train on; skipping the update.\n%s", step, exc)
             return None
-        return list(processed.transitions), processed.report.metrics("lightningrl/")
+        return list(processed.rows), processed.report.metrics("lightningrl/")
 
     async def close(self) -> None:
         if self._server is not None:
@@ -326,7 +331,10 @@ class TorchGRPO(Algorithm):
         log.info("loading %s", self.model)
         policy = Policy.load(self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed)
         updater = PolicyUpdater(
-            policy, config or UpdateConfig(seed=self.seed), loss_aggregation=self.lightningrl.loss_aggregation
+            policy,
+            config or UpdateConfig(seed=self.seed),
+            loss_aggregation=self.lightningrl.loss_aggregation,
+            correction=self.lightningrl.correction,
         )
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
@@ -343,7 +351,7 @@ class TorchGRPO(Algorithm):
             )
         )
 
-    async def _update(self, ctx: AlgorithmContext, updater: Any, transitions: list[t.Transition]) -> Any:
+    async def _update(self, ctx: AlgorithmContext, updater: Any, transitions: list[Any]) -> Any:
         """Weights change only while nothing generates: gateway paused and drained, engine paused."""
         await asyncio.to_thread(ctx.gateway.pause)
         try:

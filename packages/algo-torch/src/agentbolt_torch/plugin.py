@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentbolt import hookimpl
-from agentbolt.hookspecs import Register
+from agentbolt.plugins import Register
 
 
 def _torch_grpo(**config: Any) -> Any:

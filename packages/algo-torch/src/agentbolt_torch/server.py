@@ -7,7 +7,7 @@ import logging
 import socket
 from typing import Any
 
-from agentbolt.server.uvicorn_thread import UvicornThread
+from agentbolt.store.server.uvicorn_thread import UvicornThread
 
 from .engine import GenerationEngine
 from .openai_routes import POLICY_VERSION_HEADER, create_app

@@ -177,13 +177,14 @@ class TorchSFT(TorchGRPO):
         lrl: Any,
         *,
         first: bool,
-    ) -> tuple[list[t.Transition], dict[str, float]] | None:
+        policy_version: int,
+    ) -> tuple[list[Any], dict[str, float]] | None:
         """The transitions of the rollouts that pass ``threshold`` / ``best_k``; a first step with
         none stops the run with a :class:`~agentbolt.errors.UserError` (nothing to imitate)."""
         from agentbolt.lightningrl import EmptyBatchError
 
         try:
-            processed = lrl.process(rollouts, spans)
+            processed = lrl.process(rollouts, spans, policy_version=policy_version)
             kept = select_transitions(rollouts, processed.transitions, threshold=self.threshold, best_k=self.best_k)
             report = processed.report.metrics("lightningrl/")
         except EmptyBatchError:

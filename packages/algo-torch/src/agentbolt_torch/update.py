@@ -1,8 +1,9 @@
 """The policy update: clipped policy gradient on :class:`agentbolt.types.Transition` lists.
 
-One :meth:`PolicyUpdater.update` call turns a batch of transitions (one per LLM call, with an
-advantage computed by LightningRL) into ``epochs x mini_batches`` AdamW steps, then bumps the
-policy version. This module is the loop, read top to bottom; each step's details live in a
+One :meth:`PolicyUpdater.update` call turns a batch of LightningRL's training rows
+(:class:`~agentbolt.lightningrl.TrainingRow`: one per LLM call, with the advantage and loss
+weight LightningRL decided) into ``epochs x mini_batches`` AdamW steps, then bumps the policy
+version. This module is the loop, read top to bottom; each step's details live in a
 module of its own:
 
 1. **Preparation and batches** (:mod:`.update_batches`): transitions are checked, split by
@@ -10,10 +11,15 @@ module of its own:
    padded-token budget (``micro_batch_tokens``), the samples of one prompt kept together.
 2. **Token weights** (``loss_aggregation``, a
    :class:`~agentbolt.lightningrl.LightningRLConfig` choice): core's
-   :func:`agentbolt.lightningrl.aggregation.row_weights` gives each transition the weight of
-   each of its response tokens (by default every rollout weighs the same, however many calls it
-   made). Weights are computed per mini-batch, so gradient accumulation over micro-batches gives
-   exactly the mini-batch loss.
+   :func:`agentbolt.lightningrl.token_loss_weights` gives each row the weight of each of its
+   response tokens (by default every rollout weighs the same, however many calls it made).
+   Weights are computed per mini-batch, so gradient accumulation over micro-batches gives
+   exactly the mini-batch loss; with one mini-batch they are the rows' ``loss_weight``.
+   **Off-policy correction** (``correction``, the config's ``rollout_is`` / ``rollout_rs``):
+   before the first step the proximal logprobs are recomputed with the current weights, core's
+   :func:`~agentbolt.lightningrl.rollout_correction` turns behaviour vs proximal into per-token IS
+   weights and rejection masks, and the PPO ratio is taken against the proximal logprobs
+   (verl's decoupled mode: three policies).
 3. **Forward pass** (:mod:`.update_forward`): per-token logprobs of the responses, computed
    only at response positions; with ``share_prompts`` (default) each distinct prompt of a
    micro-batch runs once with a KV cache and its responses run against the cache.
@@ -21,8 +27,8 @@ module of its own:
    NLL of ``torch-sft``), plus ``kl_coef * KL(pi || pi_ref)`` (the reference is the initial
    model: a frozen copy, or with LoRA the same model with adapters disabled) minus
    ``entropy_coef * entropy``.
-5. **Old logprobs** (``old_logprobs``): ``"rollout"`` uses ``Transition.response_logprobs`` as
-   reported by the policy server (log pi of the raw policy at temperature 1; see
+5. **Old logprobs** (``old_logprobs``; ``"auto"``: ``"recompute"`` under correction, else
+   ``"rollout"``): ``"rollout"`` uses the rows' behaviour logprobs as reported by the policy server (log pi of the raw policy at temperature 1; see
    :mod:`agentbolt_torch.engine`), which corrects for staleness when rollouts ran on an older
    version; ``"recompute"`` recomputes them with the current weights before the first step
    (free when there is one optimizer step), so the first ratio is exactly 1. Transitions
@@ -51,11 +57,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
-from agentbolt.lightningrl import DEFAULT_LOSS_AGGREGATION, LossAggregation, check_loss_aggregation, row_weights
+from agentbolt.lightningrl import (
+    DEFAULT_LOSS_AGGREGATION,
+    LossAggregation,
+    RolloutCorrection,
+    TrainingRow,
+    check_loss_aggregation,
+    training_rows,
+)
 from agentbolt.types import Transition
 
 from . import update_checkpoint
-from .update_batches import PreparedTransition, micro_batches, mini_batches, prepare_items
+from .update_batches import (
+    PreparedTransition,
+    apply_correction,
+    assign_token_weights,
+    micro_batches,
+    mini_batches,
+    prepare_items,
+)
 from .update_config import UpdateConfig, UpdateMetrics
 from .update_forward import response_logprobs
 from .update_loss import kl_penalty, policy_loss
@@ -79,6 +99,8 @@ class PolicyUpdater:
         loss_aggregation: how token losses are weighted: the
             :class:`~agentbolt.lightningrl.LightningRLConfig` field of the same name (the algorithm
             passes its config's; see :mod:`agentbolt.lightningrl.aggregation`).
+        correction: off-policy correction, the config's
+            :attr:`~agentbolt.lightningrl.LightningRLConfig.correction` (``None``: off).
         reference_model: the frozen reference for the KL term in full fine-tuning; by default a
             copy of the policy's model taken here (so create the updater *before*
             :meth:`load_checkpoint` when resuming, or pass the original model).
@@ -90,6 +112,7 @@ class PolicyUpdater:
         config: UpdateConfig | None = None,
         *,
         loss_aggregation: LossAggregation = DEFAULT_LOSS_AGGREGATION,
+        correction: RolloutCorrection | None = None,
         reference_model: Any = None,
     ) -> None:
         import torch
@@ -97,6 +120,17 @@ class PolicyUpdater:
         self.policy = policy
         self.config = config or UpdateConfig()
         self.loss_aggregation = check_loss_aggregation(loss_aggregation)
+        self.correction = correction if correction is not None and correction.enabled else None
+        if self.correction is not None and self.config.old_logprobs == "rollout":
+            raise UserError(
+                "old_logprobs='rollout' takes the PPO ratio against the sampling policy, which off-policy "
+                "correction (rollout_is / rollout_rs) already weighs: use old_logprobs='auto' or 'recompute'"
+            )
+        if self.correction is not None and self.config.objective == "nll":
+            raise UserError("off-policy correction applies to the policy-gradient objective, not to 'nll' (SFT)")
+        self.old_logprobs = "recompute" if self.correction is not None else self.config.old_logprobs
+        if self.old_logprobs == "auto":
+            self.old_logprobs = "rollout"
         self.step = 0
         self._params = [p for p in policy.model.parameters() if p.requires_grad]
         if not self._params:
@@ -126,19 +160,29 @@ class PolicyUpdater:
 
     # -- public API ------------------------------------------------------------------------------
 
-    def update(self, transitions: Sequence[Transition]) -> UpdateMetrics:
-        """Run ``epochs x mini_batches`` optimizer steps on ``transitions`` and bump the policy version.
+    def update(self, rows: Sequence[TrainingRow] | Sequence[Transition]) -> UpdateMetrics:
+        """Run ``epochs x mini_batches`` optimizer steps on ``rows`` and bump the policy version.
+
+        Args:
+            rows: LightningRL's training rows (``LightningRL(config).process(...).rows``), or
+                transitions with advantages (turned into rows with core's
+                :func:`~agentbolt.lightningrl.training_rows` and this updater's aggregation).
 
         Raises:
-            UserError: a transition has no advantage, mismatched logprob/mask lengths, or no
-                transition has a trainable token.
+            UserError: a transition has no advantage, mismatched logprob/mask lengths, no row has
+                a trainable token, or correction without behaviour logprobs.
         """
         import torch
 
         cfg = self.config
         t0 = time.perf_counter()
-        items = self._prepare(transitions)
-        skipped = len(transitions) - len(items)
+        batch = [r for r in rows if isinstance(r, TrainingRow)]
+        if len(batch) != len(rows):
+            batch = training_rows([r for r in rows if isinstance(r, Transition)], self.loss_aggregation)
+            if len(batch) != len(rows):
+                raise UserError("update() takes TrainingRow s or Transition s, not a mixture or other objects")
+        items = self._prepare(batch)
+        skipped = len(rows) - len(items)
         if not items:
             raise UserError("no transition has a trainable response token (all masks are 0)")
         policy = self.policy
@@ -147,6 +191,7 @@ class PolicyUpdater:
         )
         counts = {"tokens": 0, "mismatch_tokens": 0, "steps": 0, "micro": 0, "processed": 0}
         ratio_max = 0.0
+        correction: dict[str, float] = {}
         with policy.lock:
             model = policy.model
             model.train()
@@ -154,17 +199,15 @@ class PolicyUpdater:
                 policy.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             try:
                 single_pass = cfg.epochs == 1 and cfg.mini_batches == 1
-                needs_old = [it for it in items if it.old is None or cfg.old_logprobs == "recompute"]
-                if needs_old and not single_pass:
+                needs_old = [it for it in items if it.old is None or self.old_logprobs == "recompute"]
+                if needs_old and (not single_pass or self.correction is not None):
                     self._recompute_old(needs_old)
+                if self.correction is not None:
+                    items, correction = apply_correction(items, self.correction)
                 first_step = True
                 for _ in range(cfg.epochs):
                     for mini in self._mini_batches(items):
-                        weights = row_weights(
-                            [it.rollout for it in mini], [it.n_tokens for it in mini], self.loss_aggregation
-                        )
-                        for it, w in zip(mini, weights, strict=True):
-                            it.weight = w
+                        assign_token_weights(mini, self.loss_aggregation)
                         self.optimizer.zero_grad(set_to_none=True)
                         step_loss = 0.0
                         for micro in self._micro_batches(mini):
@@ -232,13 +275,17 @@ class PolicyUpdater:
             tokens_per_s=counts["processed"] / seconds if seconds > 0 else 0.0,
             seconds=seconds,
             skipped=skipped,
+            is_weight_mean=correction.get("is_weight_mean", float("nan")),
+            is_weight_max=correction.get("is_weight_max", float("nan")),
+            is_clipped_frac=correction.get("is_clipped_frac", float("nan")),
+            rs_masked_frac=correction.get("rs_masked_frac", float("nan")),
         )
 
     def compute_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """Logprobs of each transition's response tokens under the current policy (no update)."""
         import torch
 
-        items = self._prepare(transitions, require_advantage=False, keep_empty=True)
+        items = self._prepare(transitions, keep_empty=True)
         out: dict[int, list[float]] = {}
         with self.policy.lock, torch.no_grad():
             for micro in self._micro_batches(items):
@@ -250,11 +297,9 @@ class PolicyUpdater:
     # -- the pieces, bound to this updater's policy and config --------------------------------------
 
     def _prepare(
-        self, transitions: Sequence[Transition], *, require_advantage: bool = True, keep_empty: bool = False
+        self, rows: Sequence[TrainingRow] | Sequence[Transition], *, keep_empty: bool = False
     ) -> list[PreparedTransition]:
-        return prepare_items(
-            transitions, self.policy.max_model_len, require_advantage=require_advantage, keep_empty=keep_empty
-        )
+        return prepare_items(rows, self.policy.max_model_len, keep_empty=keep_empty)
 
     def _mini_batches(self, items: list[PreparedTransition]) -> list[list[PreparedTransition]]:
         return mini_batches(items, self.config.mini_batches, self._rng)
@@ -306,7 +351,9 @@ class PolicyUpdater:
         )
         assert entropy is not None
         ref_logp = self._reference_logprobs(micro) if cfg.kl_coef > 0 else None
-        loss, stats = policy_loss(micro, logp, entropy, ref_logp, cfg, measure_mismatch=measure_mismatch)
+        loss, stats = policy_loss(
+            micro, logp, entropy, ref_logp, cfg, measure_mismatch=measure_mismatch, old_logprobs=self.old_logprobs
+        )
         loss.backward()
         stats["processed"] = processed
         return stats

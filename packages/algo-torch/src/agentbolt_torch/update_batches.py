@@ -1,11 +1,14 @@
 """Batches of the policy update: transitions checked and prepared, split into mini- and micro-batches.
 
-Pure Python (no torch): :func:`prepare_items` validates each
-:class:`~agentbolt.types.Transition` (advantage, logprob and mask lengths, context length) into
-a :class:`PreparedTransition`; :func:`mini_batches` splits them by rollout into the optimizer
-steps of an epoch; :func:`micro_batches` packs a mini-batch into forward/backward passes of at
-most ``micro_batch_tokens`` padded tokens, keeping the samples of one prompt (a GRPO group)
-together so that :mod:`agentbolt_torch.update_forward` can run their prompt once.
+Pure Python (no torch): :func:`prepare_items` validates each of LightningRL's
+:class:`~agentbolt.lightningrl.TrainingRow` s (or a bare :class:`~agentbolt.types.Transition`:
+logprob and mask lengths, context length) into a :class:`PreparedTransition`;
+:func:`mini_batches` splits them by rollout into the optimizer steps of an epoch;
+:func:`assign_token_weights` gives a mini-batch's tokens their loss weights (core's
+:func:`~agentbolt.lightningrl.token_loss_weights`); :func:`micro_batches` packs a mini-batch into
+forward/backward passes of at most ``micro_batch_tokens`` padded tokens, keeping the samples of
+one prompt (a GRPO group) together so that :mod:`agentbolt_torch.update_forward` can run their
+prompt once.
 """
 
 from __future__ import annotations
@@ -15,14 +18,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentbolt.errors import UserError
+from agentbolt.lightningrl import RolloutCorrection, TrainingRow, rollout_correction, token_loss_weights
 from agentbolt.types import Transition
 
-__all__ = ["PreparedTransition", "micro_batches", "mini_batches", "prepare_items"]
+__all__ = [
+    "PreparedTransition",
+    "apply_correction",
+    "assign_token_weights",
+    "micro_batches",
+    "mini_batches",
+    "prepare_items",
+]
 
 
 @dataclass
 class PreparedTransition:
-    """One transition, prepared (the update sets ``weight`` per mini-batch, ``recomputed`` when needed)."""
+    """One row, prepared. The update sets ``token_weights`` per mini-batch, ``recomputed`` (the
+    proximal logprobs) when needed, and with off-policy correction ``is_weights`` and a
+    rejection-masked ``mask``."""
 
     index: int
     rollout: str
@@ -31,8 +44,10 @@ class PreparedTransition:
     mask: list[float]
     advantage: float
     old: list[float] | None
-    weight: float = 0.0
+    """Behaviour logprobs (recorded at sampling)."""
+    token_weights: list[float] = field(default_factory=list)
     recomputed: list[float] | None = None
+    is_weights: list[float] | None = None
     n_tokens: int = field(init=False)
     prompt_key: tuple[int, ...] = field(init=False, repr=False)
 
@@ -40,37 +55,82 @@ class PreparedTransition:
         self.n_tokens = int(sum(1 for m in self.mask if m > 0))
         self.prompt_key = tuple(self.prompt)
 
+    def set_mask(self, mask: Sequence[int | float]) -> None:
+        """Replace the mask (rejection) and recount the trained tokens."""
+        self.mask = [float(m) for m in mask]
+        self.n_tokens = int(sum(1 for m in self.mask if m > 0))
+
+
+def apply_correction(
+    items: list[PreparedTransition], correction: RolloutCorrection
+) -> tuple[list[PreparedTransition], dict[str, float]]:
+    """Core's off-policy correction on a whole batch: IS weights and rejection masks from the
+    behaviour (``old``, recorded at sampling) and proximal (``recomputed``) logprobs. Returns the
+    items left with a trained token and the correction's statistics."""
+    missing = [it for it in items if it.old is None]
+    if missing:
+        raise UserError(
+            f"{len(missing)} rows have no behaviour (sampling) logprobs, which off-policy correction needs "
+            "(LightningRL leaves such calls out with reason no_logprobs when rollout_is / rollout_rs is set)"
+        )
+    if any(it.recomputed is None for it in items):
+        raise UserError("off-policy correction needs the proximal (recomputed) logprobs of every row")
+    result = rollout_correction(
+        [it.old for it in items],  # type: ignore[misc]
+        [it.recomputed for it in items],  # type: ignore[misc]
+        [[1 if m > 0 else 0 for m in it.mask] for it in items],
+        correction,
+    )
+    for it, weights, mask in zip(items, result.weights, result.masks, strict=True):
+        it.set_mask(mask)
+        it.is_weights = weights
+    return [it for it in items if it.n_tokens > 0], result.stats
+
+
+def assign_token_weights(mini: Sequence[PreparedTransition], loss_aggregation: str) -> None:
+    """Set each item's per-token loss weights for one mini-batch (one optimizer step): core's
+    :func:`~agentbolt.lightningrl.token_loss_weights` over the mini-batch's rows, with the IS
+    weights when the update applies off-policy correction."""
+    with_is = all(it.is_weights is not None for it in mini) and bool(mini)
+    weights = token_loss_weights(
+        [it.rollout for it in mini],
+        [it.mask for it in mini],
+        loss_aggregation,
+        is_weights=[it.is_weights for it in mini] if with_is else None,  # type: ignore[misc]
+    )
+    for it, w in zip(mini, weights, strict=True):
+        it.token_weights = w
+
 
 def prepare_items(
-    transitions: Sequence[Transition],
+    rows: Sequence[TrainingRow | Transition],
     max_model_len: int,
     *,
-    require_advantage: bool = True,
     keep_empty: bool = False,
 ) -> list[PreparedTransition]:
-    """The transitions as :class:`PreparedTransition` s, in order.
+    """The rows (or transitions, for :meth:`~agentbolt_torch.update.PolicyUpdater.compute_logprobs`)
+    as :class:`PreparedTransition` s, in order.
 
-    Transitions without a trainable token are dropped unless ``keep_empty`` (then an empty
-    response is kept too, so the result lines up with ``transitions``).
+    Rows without a trainable token are dropped unless ``keep_empty`` (then an empty response is
+    kept too, so the result lines up with ``rows``).
 
     Raises:
-        UserError: no prompt tokens, no advantage (with ``require_advantage``), logprobs or mask of
-            the wrong length, or more tokens than ``max_model_len``.
+        UserError: no prompt tokens, logprobs or mask of the wrong length, or more tokens than
+            ``max_model_len``.
     """
     limit = max_model_len
     items: list[PreparedTransition] = []
-    for i, t in enumerate(transitions):
-        where = f"transition {i} (rollout {t.rollout_id}, call {t.index})"
+    for i, t in enumerate(rows):
+        where = f"row {i} (rollout {t.rollout_id}, call {t.index})"
+        behaviour = t.behaviour_logprobs if isinstance(t, TrainingRow) else t.response_logprobs
         if not t.response_ids:
             if keep_empty:
                 items.append(PreparedTransition(i, t.rollout_id, list(t.prompt_ids), [], [], 0.0, None))
             continue
         if not t.prompt_ids:
             raise UserError(f"{where} has no prompt tokens")
-        if require_advantage and t.advantage is None:
-            raise UserError(f"{where} has no advantage; compute advantages (LightningRL) before updating")
-        if t.response_logprobs is not None and len(t.response_logprobs) != len(t.response_ids):
-            raise UserError(f"{where}: {len(t.response_logprobs)} logprobs for {len(t.response_ids)} response tokens")
+        if behaviour is not None and len(behaviour) != len(t.response_ids):
+            raise UserError(f"{where}: {len(behaviour)} logprobs for {len(t.response_ids)} response tokens")
         mask = [float(m) for m in (t.response_mask or [1] * len(t.response_ids))]
         if len(mask) != len(t.response_ids):
             raise UserError(f"{where}: response_mask has {len(mask)} entries for {len(t.response_ids)} tokens")
@@ -85,7 +145,7 @@ def prepare_items(
             response=list(t.response_ids),
             mask=mask,
             advantage=float(t.advantage or 0.0),
-            old=list(t.response_logprobs) if t.response_logprobs is not None else None,
+            old=list(behaviour) if behaviour is not None else None,
         )
         if item.n_tokens == 0 and not keep_empty:
             continue

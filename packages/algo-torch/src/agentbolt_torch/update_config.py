@@ -53,8 +53,9 @@ class UpdateConfig:
     """Passes over the batch per update."""
     mini_batches: int = 1
     """Optimizer steps per epoch (the batch is split by rollout)."""
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    """Where ``logp_old`` comes from (see :mod:`agentbolt_torch.update`)."""
+    old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
+    """Where ``logp_old`` comes from (see :mod:`agentbolt_torch.update`): ``auto`` is ``recompute``
+    when the updater applies off-policy correction, else ``rollout``."""
     logit_temperature: float = 1.0
     """Divide logits by this before log-softmax (match the sampling temperature when the
     server reports ``processed`` logprobs; keep 1.0 with the default ``raw`` logprobs)."""
@@ -78,8 +79,8 @@ class UpdateConfig:
             raise UserError(f"objective must be policy-gradient or nll, got {self.objective!r}")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             raise UserError(f"kl_estimator must be k1, k2 or k3, got {self.kl_estimator!r}")
-        if self.old_logprobs not in ("rollout", "recompute"):
-            raise UserError(f"old_logprobs must be 'rollout' or 'recompute', got {self.old_logprobs!r}")
+        if self.old_logprobs not in ("auto", "rollout", "recompute"):
+            raise UserError(f"old_logprobs must be 'auto', 'rollout' or 'recompute', got {self.old_logprobs!r}")
         if self.epochs < 1 or self.mini_batches < 1 or self.micro_batch_tokens < 1:
             raise UserError("epochs, mini_batches and micro_batch_tokens must be positive")
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
@@ -147,6 +148,14 @@ class UpdateMetrics:
     """Wall time of the update."""
     skipped: int = 0
     """Transitions dropped (no trainable token)."""
+    is_weight_mean: float = float("nan")
+    """Off-policy correction: mean IS weight over the trained tokens (NaN without ``rollout_is``)."""
+    is_weight_max: float = float("nan")
+    """Off-policy correction: largest IS weight applied."""
+    is_clipped_frac: float = float("nan")
+    """Off-policy correction: share of tokens whose IS weight was capped (TIS) or zeroed (IcePop)."""
+    rs_masked_frac: float = float("nan")
+    """Off-policy correction: share of tokens masked out by rejection (NaN without ``rollout_rs``)."""
 
     def as_dict(self) -> dict[str, float]:
         """The metrics as a flat dict (for :class:`~agentbolt_torch.metrics.MetricsLogger`)."""

@@ -3,16 +3,17 @@
 Given the current logprobs of a micro-batch's responses (:mod:`agentbolt_torch.update_forward`),
 :func:`policy_loss` returns the micro-batch's share of the mini-batch objective and its
 statistics; the updater backpropagates it. For each response token (``response_mask`` 1), with
-weight ``w`` from core's :func:`~agentbolt.lightningrl.aggregation.row_weights` (set per
-mini-batch, so the micro-batch losses sum to the mini-batch loss):
+weight ``w`` from core's :func:`~agentbolt.lightningrl.token_loss_weights` (set per mini-batch,
+so the micro-batch losses sum to the mini-batch loss; the aggregation weight times the token's
+IS weight under off-policy correction):
 
 - PPO-clip ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))`` with ``r = exp(logp - logp_old)``,
   optional dual clip (``clip_ratio_c``); or with ``objective="nll"``, ``-A logp``;
 - plus ``kl_coef * KL(pi || pi_ref)`` (:func:`kl_penalty`, k1/k2/k3 estimators);
 - minus ``entropy_coef * entropy``.
 
-``logp_old`` is the transition's rollout logprobs (``old_logprobs="rollout"``), else the
-recomputed ones, else (a single optimizer step) the current logprobs detached, so the ratio is 1.
+``logp_old`` is the row's behaviour logprobs (``old_logprobs="rollout"``), else the recomputed
+(proximal) ones, else (a single optimizer step) the current logprobs detached, so the ratio is 1.
 """
 
 from __future__ import annotations
@@ -59,16 +60,19 @@ def policy_loss(
     cfg: UpdateConfig,
     *,
     measure_mismatch: bool,
+    old_logprobs: str = "rollout",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one micro-batch (not yet backpropagated) and its sums for the metrics.
 
     Args:
-        micro: the micro-batch's transitions (with their mini-batch ``weight``).
+        micro: the micro-batch's rows (with their mini-batch ``token_weights``).
         logp: current logprobs [B, R] of the responses (with gradients).
         entropy: token entropies [B, R] (with gradients when ``entropy_coef > 0``).
         ref_logp: the reference's logprobs [B, R]; required when ``cfg.kl_coef > 0``.
         cfg: the update's hyper-parameters.
         measure_mismatch: sum ``|rollout logprob - current logprob|`` (before any weight changed).
+        old_logprobs: ``rollout`` (behaviour logprobs as the PPO old policy, when a row has them)
+            or ``recompute`` (the proximal logprobs); the updater resolves ``auto``.
     """
     import torch
 
@@ -85,12 +89,12 @@ def policy_loss(
     for i, it in enumerate(micro):
         n = len(it.response)
         mask[i, :n] = torch.tensor(it.mask)
-        weight[i, :n] = it.weight
+        weight[i, :n] = torch.tensor(it.token_weights) if it.token_weights else 0.0
         adv[i, :n] = it.advantage
         if it.old is not None:
             rollout_old[i, :n] = torch.tensor(it.old)
             has_rollout_old[i, :n] = True
-        source = it.old if cfg.old_logprobs == "rollout" and it.old is not None else it.recomputed
+        source = it.old if old_logprobs == "rollout" and it.old is not None else it.recomputed
         if source is None:  # one optimizer step: the current logprobs (detached) are the old ones
             use_current[i, :n] = True
         else:

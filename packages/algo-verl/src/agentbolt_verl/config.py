@@ -6,9 +6,11 @@ A training config file has two top-level sections::
       store_url: sqlite:///runs/agentbolt.db
       gateway: {url: http://10.0.0.5:8100/v1, control: mypkg.gateway:control}
       lightningrl:             # agentbolt.lightningrl.LightningRLConfig, field for field
+        credit: final
         advantage: grpo
-        advantage_options: {level: rollout}
-        loss_aggregation: rollout-mean-token-mean
+        max_staleness: 1
+        rollout_is: token
+      async: true              # verl's V1 colocate_async trainer (partial rollouts)
     verl:                      # verl's keys, passed through as Hydra overrides
       actor_rollout_ref.model.path: Qwen/Qwen2.5-0.5B-Instruct
       data.train_batch_size: 8
@@ -16,10 +18,11 @@ A training config file has two top-level sections::
 
 :func:`compose_verl_config` composes verl's own ``ppo_trainer.yaml`` (shipped in the verl
 wheel) with Hydra's compose API, applying the verl keys our settings decide
-(:func:`derived_overrides`: the advantage estimator and ``loss_agg_mode`` come from the
-``lightningrl`` section), then the user's ``verl`` overrides; Hydra rejects unknown verl
-keys, and overriding a key that our settings decide is an error naming the setting to use
-instead. The result is verl's ``DictConfig`` with our settings under ``agentbolt``.
+(:func:`derived_overrides`: the policy loss, verl's rollout-correction and staleness keys and
+the trainer mode come from the ``lightningrl`` and ``async`` settings), then the user's
+``verl`` overrides; Hydra rejects unknown verl keys, and overriding a key that our settings
+decide is an error naming the setting to use instead. LightningRL's length limits default to
+verl's rollout lengths. The result is verl's ``DictConfig`` with our settings under ``agentbolt``.
 Composition does not import verl (it only reads its YAML), so it is cheap.
 """
 
@@ -31,7 +34,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -40,12 +43,18 @@ from agentbolt.lightningrl import LightningRLConfig
 
 from ._verl import check_verl_version
 
+ADVANTAGE_SENTINEL = "agentbolt"
+"""``algorithm.adv_estimator``: LightningRL computes the advantages (see :mod:`agentbolt_verl.registry`)."""
+LOSS_MODE = "agentbolt"
+"""``actor_rollout_ref.actor.policy_loss.loss_mode``: the one registered policy loss
+(:func:`agentbolt_verl.losses.compute_policy_loss_agentbolt`)."""
+
 __all__ = [
     "AGENT_LOOP_NAME",
+    "ASYNC_TRAINER_MODE",
     "TRAINER_MODE",
-    "VERL_ESTIMATORS",
     "AgentboltSettings",
-    "BatchSettings",
+    "AsyncSettings",
     "DataSettings",
     "GatewaySettings",
     "RolloutSettings",
@@ -61,6 +70,8 @@ __all__ = [
 
 TRAINER_MODE = "agentbolt_sync"
 """``trainer.v1.trainer_mode`` of the binding's trainer (registered with verl's ``register_trainer``)."""
+ASYNC_TRAINER_MODE = "agentbolt_colocate_async"
+"""``trainer.v1.trainer_mode`` of the binding's asynchronous trainer (verl's ``colocate_async``)."""
 AGENT_LOOP_NAME = "agentbolt"
 """Name of the binding's agent loop (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
 WORKER_SETUP_HOOK = "agentbolt_verl.binding.worker_hooks.worker_setup"
@@ -78,10 +89,11 @@ class _Strict(BaseModel):
     @classmethod
     def _reject_unknown(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
-            unknown = sorted(str(k) for k in data if k not in cls.model_fields)
+            names = [f.alias or name for name, f in cls.model_fields.items()]
+            unknown = sorted(str(k) for k in data if k not in names)
             if unknown:
                 raise ValueError(
-                    f"unknown key(s) {', '.join(repr(k) for k in unknown)}; valid keys: {', '.join(cls.model_fields)}"
+                    f"unknown key(s) {', '.join(repr(k) for k in unknown)}; valid keys: {', '.join(names)}"
                 )
         return data
 
@@ -109,29 +121,24 @@ class RolloutSettings(_Strict):
     """Attempts allowed for infrastructure failures."""
     wait_timeout_s: float | None = Field(default=None, gt=0)
     """How long the agent loop waits for the rollout; default ``timeout_s * max_attempts + 60``."""
-    on_failure: Literal["drop", "reward"] = "drop"
-    """A failed or timed-out rollout: ``drop`` it, or train its calls with ``failure_reward``."""
-    failure_reward: float = 0.0
-    """Reward of a failed rollout's calls with ``on_failure="reward"``."""
-    fill_reward_from_rollout: bool = True
-    """A call without a reward takes the rollout's ``final_reward`` (counted)."""
 
 
-class BatchSettings(_Strict):
-    """Drop and truncation rules (see :class:`~agentbolt_verl.batch.BatchOptions`)."""
+class AsyncSettings(_Strict):
+    """Asynchronous training: verl 0.9.1's V1 ``colocate_async`` trainer (rollouts for the next
+    batches keep running while the update runs; a rollout spans weight updates, each call tagged
+    with the version that produced it). The staleness bound and the correction are LightningRL's
+    (``max_staleness``, ``rollout_is``, ``rollout_rs``). ``async: true`` is ``{enabled: true}``."""
 
-    max_prompt_length: int | None = Field(default=None, ge=1)
-    """Default: ``actor_rollout_ref.rollout.prompt_length``."""
-    max_response_length: int | None = Field(default=None, ge=1)
-    """Default: ``actor_rollout_ref.rollout.response_length``."""
-    overlong_prompt: Literal["drop", "truncate"] = "drop"
-    """Prompt over the limit: drop the call, or keep its last tokens."""
-    overlong_response: Literal["drop", "truncate"] = "truncate"
-    """Response over the limit: drop the call, or keep its first tokens."""
-    missing_reward: Literal["drop", "zero"] = "drop"
-    """A call still without a reward: drop it, or give it 0."""
-    retokenized: Literal["drop", "keep"] = "drop"
-    """Calls whose ids were re-tokenized from text."""
+    enabled: bool = False
+    """Use the asynchronous trainer (``trainer.v1.trainer_mode=agentbolt_colocate_async``)."""
+    warmup_batches: float = Field(default=1.0, gt=0)
+    """Batches submitted before the first update (``trainer.v1.colocate_async.num_warmup_batches``):
+    how far generation runs ahead of training."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
 
 
 class DataSettings(_Strict):
@@ -150,7 +157,7 @@ class RunnersSettings(_Strict):
     instead of a separately started runner fleet (``agentbolt runner ...``)."""
 
     ray: bool = False
-    """Start the runners as Ray actors in verl's cluster (:class:`agentbolt.ray_runners.RayRunnerPool`)."""
+    """Start the runners as Ray actors in verl's cluster (:class:`agentbolt.runners.ray.RayRunnerPool`)."""
     agent: str | None = None
     """The agent as ``module:attr`` (importable on every Ray node). Required with ``ray``."""
     workers: int = Field(default=1, ge=1)
@@ -176,37 +183,26 @@ class RunnersSettings(_Strict):
 class AgentboltSettings(_Strict):
     """The ``agentbolt`` section."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=True)
+
     store_url: str
     """Store the runners and the binding share, e.g. ``sqlite:///runs/agentbolt.db``."""
-    transitions: str = "agentbolt_verl.binding.rollouts:lightningrl_transitions"
-    """``module:callable`` factory returning ``spans_to_transitions(rollouts, spans)``; called
-    with ``lightningrl=`` (the :attr:`lightningrl` config) and ``**transitions_options``."""
-    transitions_options: dict[str, Any] = Field(default_factory=dict)
-    """More keyword options of a custom ``transitions`` factory (it is always called with
-    ``lightningrl=`` the config below; the default factory takes nothing else)."""
     lightningrl: LightningRLConfig = Field(default_factory=LightningRLConfig)
-    """Credit, advantage estimator and level, selective optimization (``agent_match``) and loss
-    aggregation: :class:`agentbolt.lightningrl.LightningRLConfig`'s fields. verl's
-    ``algorithm.adv_estimator``, ``norm_adv_by_std_in_grpo``, ``policy_loss.loss_mode`` and
-    ``loss_agg_mode`` are derived from it (:func:`derived_overrides`)."""
-    singleton_groups: Literal["zero", "raw"] = "zero"
-    """verl only: a rollout alone in its group gets advantage 0 (as LightningRL's estimators
-    give it), or its raw reward (verl's behaviour)."""
+    """Every choice between spans and the loss: :class:`agentbolt.lightningrl.LightningRLConfig`'s
+    fields (credit, advantage, ``agent_match``, length limits, missing rewards, loss aggregation,
+    ``max_staleness``, ``rollout_is`` / ``rollout_rs``). The length limits default to verl's
+    rollout lengths; verl's rollout-correction and staleness keys are derived from it
+    (:func:`derived_overrides`)."""
+    async_: AsyncSettings = Field(default_factory=AsyncSettings, alias="async")
+    """``async`` in the file: the asynchronous trainer (off by default)."""
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     """The gateway."""
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     """Rollouts."""
-    batch: BatchSettings = Field(default_factory=BatchSettings)
-    """Drop and truncation rules."""
     data: DataSettings = Field(default_factory=DataSettings)
     """Task files."""
     runners: RunnersSettings = Field(default_factory=RunnersSettings)
     """Runners the binding starts in verl's Ray cluster (off by default: runners run apart)."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> AgentboltSettings:
-        verl_advantage(self.lightningrl)  # raises on what verl cannot run
-        return self
 
 
 class TrainConfig(_Strict):
@@ -280,75 +276,50 @@ def agent_loop_config_path() -> Path:
     return Path(__file__).parent / "binding" / "agent_loops.yaml"
 
 
-VERL_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus_baseline"}
-"""LightningRL estimator name → the verl estimator that computes it in verl's driver."""
-_VERL_ADVANTAGE_OPTIONS = ("level", "norm_std")
-
-
-def verl_advantage(lrl: LightningRLConfig) -> tuple[str, str, bool]:
-    """(verl estimator, level, norm_std) for a LightningRL config, or a :class:`ValueError`
-    saying what verl cannot run (the message names the ``lightningrl`` fields)."""
-    if not isinstance(lrl.advantage, str) or lrl.advantage not in VERL_ESTIMATORS:
-        raise ValueError(
-            f"lightningrl.advantage={lrl.advantage!r} has no verl estimator; valid: {', '.join(VERL_ESTIMATORS)}"
-        )
-    unknown = sorted(set(lrl.advantage_options) - set(_VERL_ADVANTAGE_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"lightningrl.advantage_options {', '.join(unknown)} cannot be passed to verl; valid: "
-            + ", ".join(_VERL_ADVANTAGE_OPTIONS)
-        )
-    level = lrl.advantage_options.get("level", "rollout")
-    norm_std = lrl.advantage_options.get("norm_std", True)
-    if level not in ("rollout", "transition"):
-        raise ValueError(f"lightningrl.advantage_options.level must be 'rollout' or 'transition', got {level!r}")
-    if not isinstance(norm_std, bool):
-        raise ValueError(f"lightningrl.advantage_options.norm_std must be true or false, got {norm_std!r}")
-    if "norm_std" in lrl.advantage_options and lrl.advantage != "grpo":
-        raise ValueError("lightningrl.advantage_options.norm_std applies to advantage 'grpo' only")
-    if lrl.loss_aggregation == "rollout-mean-token-mean" and level != "rollout":
-        raise ValueError(
-            "lightningrl.loss_aggregation='rollout-mean-token-mean' needs advantage_options.level='rollout' (the "
-            "per-rollout weights are folded into the advantages by the rollout-level estimator)"
-        )
-    if level == "transition" and not norm_std and lrl.advantage == "grpo":
-        raise ValueError(
-            "lightningrl.advantage_options.norm_std=false (Dr.GRPO) with level='transition' is not honoured by "
-            "verl's per-row GRPO (grpo_vectorized ignores algorithm.norm_adv_by_std_in_grpo); use level='rollout'"
-        )
-    return VERL_ESTIMATORS[lrl.advantage], level, norm_std
+_ENTROPY_KL_AGGREGATION = {"rollout-mean-token-mean": "seq-mean-token-mean"}
+"""verl's ``loss_agg_mode`` for the entropy and KL terms, for LightningRL's aggregations verl has
+no mode for (the policy-gradient term always uses LightningRL's weights): the per-rollout mean is
+verl's per-sequence mean when each rollout makes one call."""
 
 
 def derived_overrides(settings: AgentboltSettings) -> dict[str, Any]:
     """The verl keys our settings decide. Overriding them through ``verl`` is an error.
 
-    From ``settings.lightningrl``: the estimator (rollout level: ours, registered in verl;
-    transition level: verl's own per-row one) and the loss: ``rollout-mean-token-mean`` runs as
-    :data:`agentbolt_verl.losses.LOSS_MODE` (weights in the advantages; ``loss_agg_mode``
-    ``token-mean`` for the entropy and KL terms), verl's own modes pass through as ``loss_agg_mode``.
+    The advantages and loss weights are LightningRL's (the binding's trainer computes them in
+    place of verl's advantage step; ``algorithm.adv_estimator`` names a sentinel that refuses to
+    run), the policy loss is :data:`agentbolt_verl.losses.LOSS_MODE`. verl's rollout-correction
+    keys mirror the ``lightningrl`` fields of the same names (LightningRL computes the weights;
+    ``bypass_mode`` stays off: the PPO ratio is against verl's recomputed ``old_log_probs``), and
+    ``max_staleness`` K becomes the V1 replay buffer's ``max_off_policy_threshold`` K + 1 (verl
+    counts the versions a sample spans, the trained one included).
     """
-    estimator, level, norm_std = verl_advantage(settings.lightningrl)
-    if level == "rollout":
-        estimator = f"agentbolt_rollout_{estimator}"
-    elif estimator == "grpo":
-        # verl V1 treats "grpo" per session already (compute_advantage_for_multi_trajectories);
-        # "grpo_vectorized" is the same estimator through the per-row path
-        estimator = "grpo_vectorized"
-    aggregation = settings.lightningrl.loss_aggregation
-    per_rollout = aggregation == "rollout-mean-token-mean"
-    return {
-        "algorithm.adv_estimator": estimator,
-        "algorithm.norm_adv_by_std_in_grpo": norm_std,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": "agentbolt_rollout_mean" if per_rollout else "vanilla",
-        "actor_rollout_ref.actor.loss_agg_mode": "token-mean" if per_rollout else aggregation,
+    lrl = settings.lightningrl
+    aggregation = lrl.loss_aggregation
+    asynchronous = settings.async_
+    out: dict[str, Any] = {
+        "algorithm.adv_estimator": ADVANTAGE_SENTINEL,
+        "critic.enable": False,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": LOSS_MODE,
+        "actor_rollout_ref.actor.loss_agg_mode": _ENTROPY_KL_AGGREGATION.get(aggregation, aggregation),
+        "algorithm.rollout_correction.rollout_is": lrl.rollout_is,
+        "algorithm.rollout_correction.rollout_is_threshold": lrl.rollout_is_threshold,
+        "algorithm.rollout_correction.rollout_is_batch_normalize": lrl.rollout_is_batch_normalize,
+        "algorithm.rollout_correction.rollout_rs": lrl.rollout_rs,
+        "algorithm.rollout_correction.rollout_rs_threshold": lrl.rollout_rs_threshold,
+        "algorithm.rollout_correction.bypass_mode": False,
+        "trainer.v1.sampler.max_off_policy_threshold": None if lrl.max_staleness is None else lrl.max_staleness + 1,
+        "trainer.v1.sampler.max_off_policy_strategy": "drop",
         "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOP_NAME,
         "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(agent_loop_config_path()),
         "actor_rollout_ref.model.external_lib": EXTERNAL_LIB,
         "trainer.use_v1": True,
-        "trainer.v1.trainer_mode": TRAINER_MODE,
+        "trainer.v1.trainer_mode": ASYNC_TRAINER_MODE if asynchronous.enabled else TRAINER_MODE,
         "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook": WORKER_SETUP_HOOK,
     }
+    if asynchronous.enabled:
+        out["trainer.v1.colocate_async.num_warmup_batches"] = asynchronous.warmup_batches
+    return out
 
 
 def format_override(key: str, value: Any) -> str:
@@ -425,7 +396,7 @@ def compose_verl_config(config: TrainConfig | Mapping[str, Any] | str | os.PathL
     clashes = sorted({_override_key(o) for o in users} & derived_keys)
     if clashes:
         raise UserError(
-            f"verl key(s) {', '.join(clashes)} are set by agentbolt's settings (lightningrl, and the "
+            f"verl key(s) {', '.join(clashes)} are set by agentbolt's settings (lightningrl, async, and the "
             "binding's trainer, agent loop and registries); change the agentbolt section instead"
         )
     overrides = [format_override(k, v) for k, v in derived.items()] + users
@@ -438,22 +409,38 @@ def compose_verl_config(config: TrainConfig | Mapping[str, Any] | str | os.PathL
     try:
         prompt_length = int(OmegaConf.select(cfg, "actor_rollout_ref.rollout.prompt_length"))
         response_length = int(OmegaConf.select(cfg, "actor_rollout_ref.rollout.response_length"))
+        calculate_log_probs = bool(OmegaConf.select(cfg, "actor_rollout_ref.rollout.calculate_log_probs"))
+        kl_in_reward = bool(OmegaConf.select(cfg, "algorithm.use_kl_in_reward"))
     except (OmegaConfBaseException, TypeError, ValueError) as exc:
         raise UserError(f"cannot resolve the rollout prompt/response lengths: {exc}") from None
-    batch = settings.batch.model_copy(
-        update={
-            "max_prompt_length": settings.batch.max_prompt_length or prompt_length,
-            "max_response_length": settings.batch.max_response_length or response_length,
-        }
+    lrl = settings.lightningrl
+    for name, limit, verl_key in (
+        ("max_prompt_length", prompt_length, "prompt_length"),
+        ("max_response_length", response_length, "response_length"),
+    ):
+        value = getattr(lrl, name)
+        if value is not None and value > limit:
+            raise UserError(
+                f"agentbolt.lightningrl.{name} ({value}) exceeds actor_rollout_ref.rollout.{verl_key} ({limit}): "
+                "verl's tensors are that wide"
+            )
+    lrl = lrl.replace(
+        max_prompt_length=lrl.max_prompt_length or prompt_length,
+        max_response_length=lrl.max_response_length or response_length,
     )
-    if batch.max_response_length > response_length:
+    if kl_in_reward:
         raise UserError(
-            f"agentbolt.batch.max_response_length ({batch.max_response_length}) exceeds "
-            f"actor_rollout_ref.rollout.response_length ({response_length})"
+            "algorithm.use_kl_in_reward=true: the rewards are LightningRL's credit, verl's reward-side KL is not "
+            "applied; use actor_rollout_ref.actor.use_kl_loss=true (a KL term in the loss) instead"
         )
-    resolved = settings.model_copy(update={"batch": batch})
+    if lrl.correction is not None and not calculate_log_probs:
+        raise UserError(
+            "agentbolt.lightningrl.rollout_is / rollout_rs need the sampling logprobs in verl's batch: set "
+            "actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
+    resolved = settings.model_copy(update={"lightningrl": lrl})
     with open_dict(cfg):
-        cfg.agentbolt = OmegaConf.create(resolved.model_dump(mode="json"))
+        cfg.agentbolt = OmegaConf.create(resolved.model_dump(mode="json", by_alias=True))
     return cfg
 
 

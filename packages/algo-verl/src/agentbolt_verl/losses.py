@@ -1,27 +1,27 @@
-"""Layer 2: the per-rollout policy loss, registered in verl's policy-loss registry.
+"""The one policy loss agentbolt registers in verl: PPO-clip weighted by LightningRL's loss weights.
 
-A batch row is one LLM call; a rollout has one or more rows. With ``token-mean`` every token
-of the batch weighs the same, so a rollout with many calls (or long answers) dominates the
-gradient. The per-rollout mean weighs each rollout the same: ``(1/J) Σ_j (1/N_j) Σ_{t∈j} loss_t``
-over the ``J`` rollouts and their ``N_j`` trained tokens.
+LightningRL decides each token's advantage and loss weight (:mod:`agentbolt_verl.columns`
+writes them into the batch on verl's driver). verl hands a policy loss exactly one per-token
+tensor besides the advantages: ``rollout_is_weights`` (``verl/workers/utils/losses.py``
+``ppo_loss`` selects ``response_mask``, ``old_log_probs``, ``advantages``,
+``rollout_is_weights`` and ``ref_log_prob``), so that is the column that carries the loss
+weight. verl's own rollout correction, the only other writer of that column, never runs: the
+binding's trainer replaces verl's advantage step, and the correction is LightningRL's (its IS
+weights are already a factor of the loss weight).
 
-verl hands a policy loss only ``old_log_prob, log_prob, advantages, response_mask,
-loss_agg_mode, config, rollout_is_weights`` (``verl/workers/utils/losses.py`` ``ppo_loss``), so
-rollout membership cannot reach it. The weights therefore travel inside the advantages: the
-rollout-level estimators of :mod:`agentbolt_verl.advantage` (``aggregation="rollout-mean-token-mean"``)
-multiply each row's advantage by :func:`~agentbolt_verl.advantage.rollout_weights`, and the loss
-registered here, :data:`LOSS_MODE`, is verl's clipped PPO objective
-(``compute_policy_loss_vanilla``) summed per row and divided by the mini-batch's row count
-(verl's ``seq-mean-token-sum``). The clipped objective is positively homogeneous in the
-advantage, so this equals the per-rollout mean of the unweighted per-token losses. The weights
-are core's (:func:`agentbolt.lightningrl.row_weights`, mode ``rollout-mean-token-mean``, the
-:class:`~agentbolt.lightningrl.LightningRLConfig` default); verl's own modes (``token-mean``,
-``seq-mean-token-mean``, ``seq-mean-token-sum``) run as verl's ``loss_agg_mode`` instead.
+:func:`compute_policy_loss_agentbolt` is verl's clipped PPO objective
+(``compute_policy_loss_vanilla``: ratio clamped to exp(±20), clip ``[1-ε_low, 1+ε_high]``, dual
+clip ``clip_ratio_c``) per token, times the weight, summed, and divided by verl's mini-batch row
+count (``seq-mean-token-sum``): the column holds ``B · w`` for a step of ``B`` rows, so with one
+mini-batch per step the loss is exactly ``Σ_tokens w · pg_loss`` (LightningRL's loss), and with
+``M`` mini-batches each one's loss is ``M`` times its rows' share (unbiased for the step's loss;
+agentbolt-torch recomputes the weights per mini-batch instead).
 
-Select it with ``actor_rollout_ref.actor.policy_loss.loss_mode=agentbolt_rollout_mean``. The
-loss runs in verl's worker processes: make them import this module
-(``actor_rollout_ref.model.external_lib=agentbolt_verl.registry``; the binding sets it).
-Entropy and KL terms keep ``actor.loss_agg_mode`` (``token-mean`` by default).
+Select it with ``actor_rollout_ref.actor.policy_loss.loss_mode=agentbolt`` (the binding does).
+The loss runs in verl's worker processes: they import this module through
+``actor_rollout_ref.model.external_lib=agentbolt_verl.registry`` (set by the binding). Entropy
+and KL terms use ``actor.loss_agg_mode``, derived from ``loss_aggregation`` (verl has no
+per-rollout mode: ``rollout-mean-token-mean`` maps to its per-sequence mean there).
 """
 
 from __future__ import annotations
@@ -33,29 +33,32 @@ import torch
 from agentbolt.errors import UserError
 
 from ._verl import import_verl
+from .config import LOSS_MODE
 
 core_algos = import_verl("verl.trainer.ppo.core_algos")
 
-__all__ = ["LOSS_MODE", "compute_policy_loss_rollout_mean", "register_losses"]
+__all__ = ["LOSS_MODE", "LOSS_WEIGHT_KEY", "compute_policy_loss_agentbolt", "register_losses"]
 
-LOSS_MODE = "agentbolt_rollout_mean"
-"""Registered name (``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
+LOSS_WEIGHT_KEY = "rollout_is_weights"
+"""The batch column that carries LightningRL's per-token loss weight (see the module docstring)."""
 
 
-def compute_policy_loss_rollout_mean(
+def compute_policy_loss_agentbolt(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str | None = None,
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Clipped PPO loss over advantages pre-weighted per rollout (see the module docstring).
-
-    ``loss_agg_mode`` is ignored for the policy-gradient term: the per-rollout weights are in
-    the advantages and the rows are summed with verl's ``seq-mean-token-sum``.
-    """
+    """PPO-clip per token times LightningRL's loss weight (``rollout_is_weights``), summed per row and
+    divided by the mini-batch's rows. ``loss_agg_mode`` is ignored: the weights are the aggregation."""
+    if rollout_is_weights is None:
+        raise UserError(
+            f"policy loss {LOSS_MODE!r} needs LightningRL's loss weights in the batch column {LOSS_WEIGHT_KEY!r}: "
+            "train with agentbolt-verl's trainer (trainer.v1.trainer_mode=agentbolt_sync), which writes them"
+        )
     return core_algos.compute_policy_loss_vanilla(
         old_log_prob=old_log_prob,
         log_prob=log_prob,
@@ -73,11 +76,11 @@ def register_losses() -> list[str]:
     existing = registry.get(LOSS_MODE)
     if (
         existing is not None
-        and existing is not compute_policy_loss_rollout_mean
+        and existing is not compute_policy_loss_agentbolt
         and getattr(existing, "__module__", None) != __name__
     ):
         raise UserError(f"verl policy loss {LOSS_MODE!r} is already registered by {existing.__module__}")
-    core_algos.register_policy_loss(LOSS_MODE)(compute_policy_loss_rollout_mean)
+    core_algos.register_policy_loss(LOSS_MODE)(compute_policy_loss_agentbolt)
     return [LOSS_MODE]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ._verl import import_verl
-from .batch import BatchStats, TransitionBatch
+from .batch import TransitionBatch
 
 import_verl("verl")
 
@@ -55,19 +55,14 @@ def to_dataproto(
 
 
 def from_dataproto(data: DataProto) -> TransitionBatch:
-    """A ``DataProto`` (with this package's keys) back as a :class:`TransitionBatch`.
-
-    The result has no source rows; its stats count only the rows (padding rows excluded).
-    """
+    """A ``DataProto`` (with this package's keys) back as a :class:`TransitionBatch` (without
+    the source transitions)."""
     missing = [k for k in ("prompts", "responses", "response_mask", "attention_mask") if k not in data.batch.keys()]  # noqa: SIM118 (TensorDict)
     if missing:
         raise KeyError(f"DataProto lacks {missing}; has {sorted(data.batch.keys())}")
     tensors = {k: data.batch[k] for k in data.batch.keys()}  # noqa: SIM118
     non_tensors = {k: np.asarray(v, dtype=object) for k, v in data.non_tensor_batch.items()}
-    is_pad = non_tensors.get("is_pad")
-    n = len(data)
-    rows = n - (int(sum(bool(x) for x in is_pad)) if is_pad is not None else 0)
-    return TransitionBatch(tensors=tensors, non_tensors=non_tensors, stats=BatchStats(rows=rows), rows=[])
+    return TransitionBatch(tensors=tensors, non_tensors=non_tensors)
 
 
 def to_no_padding(data: DataProto) -> TensorDict:

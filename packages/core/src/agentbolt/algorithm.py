@@ -36,8 +36,10 @@ from typing import Any, ClassVar, Protocol
 from . import semconv
 from . import types as t
 from .errors import UserError
-from .runs import finite_metrics
+from .lightningrl import LightningRLConfig
+from .runs.doctor import diagnose
 from .store.base import Store
+from .store.run_records import finite_metrics
 
 __all__ = [
     "Algorithm",
@@ -289,7 +291,6 @@ class Algorithm(abc.ABC):
         :class:`~agentbolt.lightningrl.LightningRLConfig` is recorded as its fields (the dashboard
         rebuilds it from the ``lightningrl`` attribute); other values JSON cannot hold are
         recorded as their ``str``."""
-        from .lightningrl import LightningRLConfig
 
         secret = ("key", "token", "secret", "password")
         public = {
@@ -344,7 +345,7 @@ class EvaluateResult:
     calls_failed: int = 0
     """Calls the upstream failed (not counted as missing ids)."""
     report: Any = field(default=None, repr=False)
-    """The :class:`~agentbolt.doctor.DoctorReport` of these rollouts (what ``agentbolt doctor`` prints)."""
+    """The :class:`~agentbolt.runs.doctor.DoctorReport` of these rollouts (what ``agentbolt doctor`` prints)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "report"}
@@ -364,8 +365,7 @@ def summarize(
     gateway_stats: Mapping[str, Any] | None = None,
 ) -> EvaluateResult:
     """Counts, rewards and token usage of finished rollouts and their spans (of every attempt:
-    the call counts are :func:`agentbolt.doctor.diagnose`'s, the same ``agentbolt doctor`` prints)."""
-    from .doctor import diagnose
+    the call counts are :func:`agentbolt.runs.doctor.diagnose`'s, the same ``agentbolt doctor`` prints)."""
 
     report = diagnose(rollouts, spans, gateway_stats=gateway_stats)
     rewards = [r.final_reward for r in rollouts if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None]

@@ -1,15 +1,16 @@
 """The trainer: wires a store, the gateway, runners and an algorithm together.
 
-    trainer = Trainer(agent=my_agent, algorithm="torch-grpo", store="sqlite:///runs.db", n_runners=2)
+    trainer = Trainer(my_agent, "torch-grpo", store="sqlite:///runs.db", runners=RunnerOptions(n=2))
     trainer.fit(train_items, val_items)
 
     # Before a GPU run: check what gets captured against any OpenAI-compatible endpoint.
-    report = Trainer(agent=my_agent).dev(dataset, llm="http://127.0.0.1:8000/v1", model="qwen")
+    report = Trainer(my_agent).dev(dataset, llm="http://127.0.0.1:8000/v1", model="qwen")
 
-``n_runners`` processes each run ``concurrency`` rollouts at once; ``n_runners=0`` runs one
-runner inside this process (handy with ``memory://`` or a debugger). With ``runners="ray"`` the
-``n_runners`` workers are Ray actors on the cluster at ``ray_address`` (a local one when
-``None``); see :mod:`agentbolt.ray_runners`.
+``RunnerOptions(n=N, concurrency=M)``: N runner processes each run M rollouts at once; ``n=0``
+runs one runner inside this process (handy with ``memory://`` or a debugger). With
+``kind="ray"`` the N workers are Ray actors on the cluster at ``ray_address`` (a local one when
+``None``); see :mod:`agentbolt.runners.ray`. The option groups (runners, gateway, capture) are
+:mod:`agentbolt.options`, shared with the ``agentbolt`` command line.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -29,11 +30,13 @@ from rich.table import Table
 from . import types as t
 from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
 from .errors import UserError
-from .gateway import GatewayThread, Upstream
+from .gateway import Upstream
 from .lightningrl.config import LightningRLConfig
-from .run_recorder import RunRecorder
-from .runner import Runner, RunnerConfig
-from .runner_pool import RunnerPool
+from .options import CaptureOptions, GatewayOptions, RunnerOptions
+from .plugins.registry import default_plugins
+from .runners.pool import RunnerPool
+from .runners.runner import Runner
+from .runs.recorder import RunRecorder
 from .store import DEFAULT_STORE_URL, Store, open_store
 
 __all__ = ["Trainer"]
@@ -93,34 +96,17 @@ class Trainer:
             ``lightningrl=``: a :class:`~agentbolt.lightningrl.LightningRLConfig` or a mapping of
             its fields. An algorithm instance takes it in its own constructor instead.
         store: a store URL (default ``sqlite:///agentbolt.db``) or an open store.
-        n_runners: runner processes (0: one runner inside this process).
-        concurrency: rollouts per runner at once.
-        upstream: OpenAI-compatible endpoint(s) the gateway starts with (algorithms that serve
-            their own policy set it themselves).
-        gateway_host, gateway_port, gateway_token: where the gateway listens and its bearer
-            token (agents use it as their API key).
-        max_attempts, timeout_s, lease_s: rollout retries, per-attempt limit, runner lease.
+        runners: how rollouts run: :class:`~agentbolt.options.RunnerOptions` (``n`` runner
+            processes, 0 for one inside this process; ``concurrency``; ``max_attempts``,
+            ``timeout_s``, ``lease_s``; ``restarts``; ``kind="ray"``, ``ray_address``,
+            ``ray_options``) or a mapping of its fields.
+        gateway: :class:`~agentbolt.options.GatewayOptions` (``upstreams`` the gateway starts
+            with, ``host``, ``port``, ``token``, ``upstream_timeout_s``) or a mapping of its fields.
+        capture: :class:`~agentbolt.options.CaptureOptions` (``token_ids``, ``tokenizer``,
+            ``agent_names``, ``adapters``) or a mapping of its fields.
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
-        adapters: framework adapters runners instrument: ``None`` every installed one, ``[]`` none.
-        upstream_timeout_s: how long the gateway waits for an upstream answer (and between
-            streamed chunks) before the call fails as an infrastructure error (retried).
-        runner_restarts: runner processes that die are replaced this many times in all; when
-            none is left the run fails with a message saying so.
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
-        token_ids: ``"exact"`` (the backend's own ids; calls without them are recorded as
-            ``missing``) or ``"retokenize"``: calls whose backend returns no ids get ids rebuilt
-            with ``tokenizer`` and checked for drift (see :mod:`agentbolt.retokenize`).
-        tokenizer: the policy's tokenizer for ``token_ids="retokenize"``: a Hugging Face name or
-            path, or a tokenizer object.
-        agent_names: name agents from what calls carry, without changing the agent: a mapping
-            agent name -> system-prompt substring or ``re.compile(...)`` pattern, an
-            :class:`~agentbolt.roles.AgentRoles`, or a function of the request (see :mod:`agentbolt.roles`).
-        runners: ``"processes"`` (runner processes on this machine) or ``"ray"`` (Ray actors,
-            :class:`~agentbolt.ray_runners.RayRunnerPool`; needs ``agentbolt[ray]``).
-        ray_address: the Ray cluster for ``runners="ray"`` (``None``: a local one).
-        ray_options: per-worker placement for ``runners="ray"``: a
-            :class:`~agentbolt.ray_runners.RayWorkerOptions` or its fields as a mapping.
     """
 
     def __init__(
@@ -131,30 +117,13 @@ class Trainer:
         algorithm_config: Mapping[str, Any] | None = None,
         lightningrl: LightningRLConfig | Mapping[str, Any] | None = None,
         store: str | Store = DEFAULT_STORE_URL,
-        n_runners: int = 1,
-        concurrency: int = 8,
-        upstream: str | Upstream | Sequence[str | Upstream] | None = None,
-        gateway_host: str = "127.0.0.1",
-        gateway_port: int = 0,
-        gateway_token: str | None = None,
-        max_attempts: int = 3,
-        timeout_s: float | None = None,
-        lease_s: float = 30.0,
+        runners: RunnerOptions | Mapping[str, Any] | None = None,
+        gateway: GatewayOptions | Mapping[str, Any] | None = None,
+        capture: CaptureOptions | Mapping[str, Any] | None = None,
         metrics_path: str | Path | None = None,
         progress: bool = True,
-        adapters: list[str] | None = None,
-        upstream_timeout_s: float = 600.0,
-        runner_restarts: int = 10,
         run_name: str | None = None,
-        token_ids: Literal["exact", "retokenize"] = "exact",
-        tokenizer: Any = None,
-        agent_names: Any = None,
-        runners: str = "processes",
-        ray_address: str | None = None,
-        ray_options: Any = None,
     ) -> None:
-        if n_runners < 0:
-            raise UserError(f"n_runners must be 0 or more, got {n_runners}")
         self.agent = agent
         self.algorithm = algorithm
         self.algorithm_config = dict(algorithm_config or {})
@@ -168,41 +137,23 @@ class Trainer:
                 raise UserError("lightningrl is given twice: as Trainer(lightningrl=) and in algorithm_config")
             self.algorithm_config["lightningrl"] = LightningRLConfig.from_value(lightningrl)
         self.store_spec = store
-        self.n_runners = n_runners
-        self.runner_config = RunnerConfig(concurrency=concurrency, lease_s=lease_s, adapters=adapters)
-        if upstream is None:
-            self.upstreams: list[str | Upstream] = []
-        elif isinstance(upstream, str | Upstream):
-            self.upstreams = [upstream]
-        else:
-            self.upstreams = list(upstream)
-        self.gateway_host = gateway_host
-        self.gateway_port = gateway_port
-        self.gateway_token = gateway_token
-        self.max_attempts = max_attempts
-        self.timeout_s = timeout_s
-        if not (isinstance(upstream_timeout_s, int | float) and 0 < upstream_timeout_s < float("inf")):
-            raise UserError(f"upstream_timeout_s must be a positive number of seconds, got {upstream_timeout_s!r}")
-        if runner_restarts < 0:
-            raise UserError(f"runner_restarts must be 0 or more, got {runner_restarts}")
-        self.upstream_timeout_s = float(upstream_timeout_s)
-        self.runner_restarts = runner_restarts
+        self.runners = RunnerOptions.from_value(runners, option="runners")
+        self.gateway = GatewayOptions.from_value(gateway, option="gateway")
+        self.capture = CaptureOptions.from_value(capture, option="capture")
+        self.runner_config = self.runners.config(self.capture)
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.run_name = run_name
         self.console = Console(stderr=True)
-        self._capture = _capture_options(token_ids, tokenizer, agent_names)
-        if runners not in ("processes", "ray"):
-            raise UserError(f"runners must be 'processes' or 'ray', got {runners!r}")
-        if runners == "ray" and n_runners == 0:
-            raise UserError("runners='ray' needs n_runners >= 1 (the number of Ray runner workers)")
-        self.runners = runners
-        self.ray_address = ray_address
-        self.ray_options = ray_options
-        if n_runners > 0 and not isinstance(store, str):
-            raise UserError("runner processes open the store themselves: pass store as a URL, or use n_runners=0")
-        if n_runners > 0 and isinstance(store, str) and store.startswith("memory:"):
-            raise UserError("a memory:// store lives in one process: use sqlite:///path.db, or n_runners=0")
+        self._gateway_capture = self.capture.gateway_options()  # loads the tokenizer now: errors before any work
+        if self.runners.n > 0 and not isinstance(store, str):
+            raise UserError(
+                "runner processes open the store themselves: pass store as a URL, or use runners=RunnerOptions(n=0)"
+            )
+        if self.runners.n > 0 and isinstance(store, str) and store.startswith("memory:"):
+            raise UserError(
+                "a memory:// store lives in one process: use sqlite:///path.db, or runners=RunnerOptions(n=0)"
+            )
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -222,29 +173,29 @@ class Trainer:
         in_process: bool = True,
     ) -> EvaluateResult:
         """Evaluate the agent on ``dataset`` through the gateway, learning nothing, and report
-        rewards and what was captured: the :mod:`agentbolt.doctor` report of the run (token
+        rewards and what was captured: the :mod:`agentbolt.runs.doctor` report of the run (token
         sources, drift, failed vs missing calls, adapters, agent names, group sizes).
 
         ``llm`` is any OpenAI-compatible endpoint (defaults to the trainer's ``upstream``).
         ``in_process`` (default) runs the rollouts on one runner inside this process, where the
-        agent's framework is already imported, instead of starting ``n_runners`` processes that
+        agent's framework is already imported, instead of starting ``runners.n`` processes that
         each import it again (``benchmarks/dev_startup.py`` measures the difference).
         """
-        upstreams = list(self.upstreams)
+        upstreams = list(self.gateway.upstreams)
         if llm is not None:
             upstreams = [Upstream(base_url=llm, api_key=api_key, model=model) if isinstance(llm, str) else llm]
         if not upstreams:
             raise UserError("dev() needs an endpoint: pass llm='http://host:port/v1' (any OpenAI-compatible server)")
-        saved = self.upstreams, self.n_runners
-        self.upstreams = upstreams
+        saved = self.gateway, self.runners
+        self.gateway = self.gateway.model_copy(update={"upstreams": tuple(upstreams)})
         if in_process:
-            self.n_runners = 0
+            self.runners = self.runners.model_copy(update={"n": 0})
         try:
             result = _run(
                 self._run_algorithm(Evaluate(n_samples, model=model, sampling=sampling), [], as_tasks(dataset))
             )
         finally:
-            self.upstreams, self.n_runners = saved
+            self.gateway, self.runners = saved
         if self.show_progress:
             self._print_evaluate(result)
         return result
@@ -261,7 +212,6 @@ class Trainer:
             return Evaluate(**self.algorithm_config)
         if isinstance(self.algorithm, Algorithm):
             return self.algorithm
-        from .plugins import default_plugins
 
         factory = default_plugins().algorithms.get(self.algorithm)
         algorithm = factory(**self.algorithm_config)
@@ -277,16 +227,11 @@ class Trainer:
             store = open_store(self.store_spec) if isinstance(self.store_spec, str) else self.store_spec
             if isinstance(self.store_spec, str):
                 stack.push_async_callback(store.close)
-            gateway = GatewayThread(
+            gateway = self.gateway.thread(
                 self.store_spec
                 if isinstance(self.store_spec, str) and not self.store_spec.startswith("memory:")
                 else store,
-                self.upstreams,
-                host=self.gateway_host,
-                port=self.gateway_port,
-                token=self.gateway_token,
-                request_timeout_s=self.upstream_timeout_s,
-                **self._capture,
+                self._gateway_capture,
             )
             await asyncio.to_thread(gateway.start)
             stack.callback(gateway.stop)
@@ -300,8 +245,8 @@ class Trainer:
                 store=store,
                 gateway=gateway,
                 progress=progress,
-                max_attempts=self.max_attempts,
-                timeout_s=self.timeout_s,
+                max_attempts=self.runners.max_attempts,
+                timeout_s=self.runners.timeout_s,
                 metrics_path=self.metrics_path,
             )
             stack.push_async_callback(algorithm.close)
@@ -325,7 +270,7 @@ class Trainer:
         return result
 
     async def _start_runners(self, stack: AsyncExitStack, store: Store) -> list[asyncio.Task[Any]]:
-        if self.n_runners == 0:
+        if self.runners.n == 0:
             runner = Runner(self.agent, store, worker_id="in-process", config=self.runner_config)
             stop = asyncio.Event()
             task = asyncio.ensure_future(runner.run(stop))
@@ -337,15 +282,10 @@ class Trainer:
             stack.push_async_callback(stop_runner)
             return [task]
         assert isinstance(self.store_spec, str)
-        if self.runners == "ray":
+        if self.runners.kind == "ray":
             return await self._start_ray_runners(stack)
-        pool = RunnerPool(
-            self.agent,
-            self.store_spec,
-            processes=self.n_runners,
-            config=self.runner_config,
-            max_restarts=self.runner_restarts,
-        )
+        pool = self.runners.pool(self.agent, self.store_spec, self.runner_config)
+        assert isinstance(pool, RunnerPool)
         stack.callback(pool.stop)  # also stops processes started before a failure or a signal
         await asyncio.to_thread(pool.start)
         await asyncio.to_thread(pool.wait_ready)
@@ -354,18 +294,8 @@ class Trainer:
         return [watcher]
 
     async def _start_ray_runners(self, stack: AsyncExitStack) -> list[asyncio.Task[Any]]:
-        from .ray_runners import RayRunnerPool, options_from_mapping
-
         assert isinstance(self.store_spec, str)
-        pool = RayRunnerPool(
-            self.agent,
-            self.store_spec,
-            workers=self.n_runners,
-            config=self.runner_config,
-            address=self.ray_address,
-            options=options_from_mapping(self.ray_options),
-            gateway_host=self.gateway_host,
-        )
+        pool = self.runners.pool(self.agent, self.store_spec, self.runner_config, gateway_host=self.gateway.host)
         await asyncio.to_thread(pool.start)
         stack.callback(pool.stop)
         await asyncio.to_thread(pool.wait_ready)
@@ -406,29 +336,6 @@ class Trainer:
         if result.report is not None:
             for line in result.report.render().splitlines()[:-1]:
                 self.console.print(f"  {line}", markup=False, highlight=False)
-
-
-def _capture_options(token_ids: str, tokenizer: Any, agent_names: Any) -> dict[str, Any]:
-    """Gateway options for ``token_ids``, ``tokenizer`` and ``agent_names`` (validated up front)."""
-    from .roles import as_agent_namer
-
-    options: dict[str, Any] = {"agent_names": as_agent_namer(agent_names)}
-    if token_ids == "retokenize":
-        if tokenizer is None:
-            raise UserError(
-                "token_ids='retokenize' needs the policy's tokenizer: Trainer(..., tokenizer='org/model') "
-                "(a Hugging Face name or path) or a tokenizer object"
-            )
-        from .retokenize import ChatTemplateRetokenizer
-
-        options["retokenize"] = (
-            ChatTemplateRetokenizer.from_pretrained(tokenizer)
-            if isinstance(tokenizer, str)
-            else ChatTemplateRetokenizer(tokenizer)
-        )
-    elif token_ids != "exact":
-        raise UserError(f"token_ids must be 'exact' or 'retokenize', got {token_ids!r}")
-    return options
 
 
 async def _watch_pool(pool: RunnerPool, period_s: float = 0.5) -> None:

@@ -11,6 +11,7 @@ OpenTelemetry. Statuses are ``str`` enums, so they serialize as plain strings.
 from __future__ import annotations
 
 import enum
+import traceback as traceback_module  # the name traceback is a field of ErrorInfo
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
@@ -174,13 +175,11 @@ class ErrorInfo(BaseModel):
     @classmethod
     def from_exception(cls, exc: BaseException, kind: ErrorKind = ErrorKind.AGENT) -> ErrorInfo:
         """Record an exception, with its formatted traceback."""
-        import traceback as tb
-
         return cls(
             kind=kind,
             type=type(exc).__qualname__,
             message=str(exc),
-            traceback="".join(tb.format_exception(type(exc), exc, exc.__traceback__)),
+            traceback="".join(traceback_module.format_exception(type(exc), exc, exc.__traceback__)),
         )
 
 
@@ -208,7 +207,7 @@ class RolloutSpec(BaseModel):
     metadata: JsonDict = Field(default_factory=dict)
     """Free-form data kept with the rollout."""
     run_id: str | None = None
-    """The training/evaluation run that enqueued it (see :mod:`agentbolt.runs`), if any."""
+    """The training/evaluation run that enqueued it (see :mod:`agentbolt.store.run_records`), if any."""
     step: int | None = None
     """The run's step the rollout belongs to, if any."""
 

@@ -1,4 +1,4 @@
-"""The trainer side of the binding (verl-free): weight sync ↔ gateway, advantages, metrics.
+"""The trainer side of the binding (verl-free): weight sync ↔ gateway, LightningRL's advantage step, metrics.
 
 verl's synchronous V1 trainer (``PPOTrainerSync``) wakes and sleeps the vLLM replicas around
 each training step. The gateway must follow, or agents' calls would reach sleeping replicas:
@@ -15,8 +15,19 @@ verl hook             verl does                                  then / before, 
 ``on_step_end``       ``update_weights`` (new weights, awake)     publish resources, resume
 ====================  =========================================  ===============================
 
-:class:`AgentboltTrainerMixin` implements those hooks over any object with verl's trainer
-attributes, so tests drive it with fakes; :mod:`.trainer` mixes it into ``PPOTrainerSync``.
+verl's asynchronous ``colocate_async`` trainer has the same three hooks (it also aborts the
+replicas' unfinished requests before sleeping them, and resumes generation after the update):
+the gateway drains first, so a call either finishes on the old weights or waits at the paused
+gateway for the new ones; the rollout itself keeps running across the update.
+
+The mixin also replaces verl's advantage step (``_compute_advantage``) with LightningRL's:
+:func:`agentbolt_verl.columns.verl_columns` on the batch's rows, through two hooks the verl
+trainer implements over TransferQueue (:meth:`AgentboltTrainerMixin._agentbolt_read_batch`,
+:meth:`~AgentboltTrainerMixin._agentbolt_write_columns`).
+
+:class:`AgentboltTrainerMixin` implements all this over any object with verl's trainer
+attributes, so tests drive it with fakes; :mod:`.trainer` mixes it into ``PPOTrainerSync`` and
+``PPOTrainerColocateAsync``.
 """
 
 from __future__ import annotations
@@ -25,17 +36,25 @@ import asyncio
 import logging
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agentbolt.runs import finite_metrics
 from agentbolt.store import Store
+from agentbolt.store.run_records import finite_metrics
 from agentbolt.types import LLMEndpoint, Resources
 
+from ..columns import VerlColumns, verl_columns
 from ..config import AgentboltSettings, settings_from_verl_config
 from .gateway import GatewayControl, make_gateway_control, upstream_urls
 from .rollouts import MetricsSink
 
-__all__ = ["AgentboltTrainerMixin", "AsyncBridge", "WeightSyncCoordinator", "sampling_from_verl_config"]
+__all__ = [
+    "AgentboltTrainerMixin",
+    "AsyncBridge",
+    "BatchFields",
+    "WeightSyncCoordinator",
+    "sampling_from_verl_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +159,7 @@ class WeightSyncCoordinator:
     async def start_run(self, config: Mapping[str, Any]) -> None:
         """Record a running ``verl`` run with the binding's settings."""
         if self.store is not None:
-            from agentbolt.runs import RunSpec
+            from agentbolt.store import RunSpec
 
             run = await self.store.start_run(RunSpec(algorithm="verl", model=self.model_name, config=dict(config)))
             self.run_id = run.run_id
@@ -158,7 +177,7 @@ class WeightSyncCoordinator:
     async def finish_run(self, status: str = "succeeded") -> None:
         """Give the run its final status."""
         if self.store is not None and self.run_id is not None:
-            from agentbolt.runs import RunStatus
+            from agentbolt.store import RunStatus
 
             await self.store.finish_run(self.run_id, RunStatus(status))
 
@@ -181,6 +200,11 @@ class WeightSyncCoordinator:
                     },
                 )
             )
+        set_policy = getattr(self.gateway, "set_policy", None)
+        if callable(set_policy) and self.resources is not None:
+            # each call's span records the version live when it ran: a rollout that spans a weight
+            # update keeps a version per call (staleness is measured per call)
+            await set_policy(version=self.resources.version)
         await self.gateway.resume()
         self.state = "serving"
         logger.info("gateway serving weights version %s from %d replica(s)", weights_version, len(urls))
@@ -216,6 +240,24 @@ class WeightSyncCoordinator:
             val_sampling=val_sampling,
             drain_timeout_s=gw.drain_timeout_s,
         )
+
+
+@dataclass
+class BatchFields:
+    """The fields of a verl batch that LightningRL's advantage step reads (rows in batch order)."""
+
+    extras: list[Mapping[str, Any] | None]
+    """Each row's ``extra_fields["agentbolt"]``; ``None`` for verl's padding rows."""
+    prompts: list[list[int]]
+    """Prompt ids of each row."""
+    responses: list[list[int]]
+    """Response ids of each row."""
+    response_mask: Any
+    """(B, R) right-padded response masks (a torch tensor)."""
+    rollout_log_probs: Any = None
+    """(B, R) sampling logprobs, when verl has them."""
+    old_log_probs: Any = None
+    """(B, R) verl's recomputed logprobs, when computed."""
 
 
 class AgentboltTrainerMixin:
@@ -273,8 +315,8 @@ class AgentboltTrainerMixin:
         runners = self._agentbolt_config().runners
         if not runners.ray or self._agentbolt_runners is not None:
             return
-        from agentbolt.ray_runners import RayRunnerPool, RayWorkerOptions
-        from agentbolt.runner import RunnerConfig
+        from agentbolt.runners.ray import RayRunnerPool, RayWorkerOptions
+        from agentbolt.runners.runner import RunnerConfig
 
         assert runners.agent is not None
         pool = RayRunnerPool(
@@ -332,22 +374,33 @@ class AgentboltTrainerMixin:
                 bridge.run(coordinator.store.close())
             bridge.close()
 
-    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
-        """verl's advantage step, with the batch's row → rollout membership in scope for the
-        rollout-level estimators (verl passes estimators only the group uid)."""
-        from ..advantage import membership_from_verl_keys, rollout_membership
+    def _agentbolt_read_batch(self, batch: Any) -> BatchFields:
+        """The batch's fields (verl: from TransferQueue); implemented by the verl trainer."""
+        raise NotImplementedError
 
-        settings = self._agentbolt_config()
-        rollout_ids, turn_index = membership_from_verl_keys(batch.keys)
-        with rollout_membership(
-            rollout_ids,
-            turn_index,
-            aggregation=settings.lightningrl.loss_aggregation,
-            singleton_groups=settings.singleton_groups,
-        ) as membership:
-            out = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
-        metrics.update(membership.stats)
-        return out
+    def _agentbolt_write_columns(self, batch: Any, columns: VerlColumns) -> None:
+        """Store ``advantages``, ``returns``, the loss weights and the response mask (verl: into
+        TransferQueue); implemented by the verl trainer."""
+        raise NotImplementedError
+
+    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        """LightningRL in place of verl's advantage step (and verl's rollout correction): the
+        staleness bound measured from the weights being trained (version ``global_steps - 1``),
+        advantages, correction and loss weights, written back for the actor's policy loss."""
+        fields = self._agentbolt_read_batch(batch)
+        columns = verl_columns(
+            fields.extras,
+            fields.prompts,
+            fields.responses,
+            fields.response_mask,
+            self._agentbolt_config().lightningrl,
+            trained_version=int(self.global_steps) - 1,  # type: ignore[attr-defined]
+            rollout_log_probs=fields.rollout_log_probs,
+            old_log_probs=fields.old_log_probs,
+        )
+        metrics.update(columns.metrics)
+        self._agentbolt_write_columns(batch, columns)
+        return batch
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]

@@ -117,7 +117,7 @@ def train(
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
-    from .. import registry  # noqa: F401  (estimator names resolve in the driver too)
+    from .. import registry  # noqa: F401  (the loss and the advantage sentinel resolve in the driver too)
 
     auto_set_device(cfg)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

@@ -2,7 +2,9 @@
 
 The gateway is an OpenAI-compatible proxy in front of verl's vLLM replicas (see DESIGN §5).
 The trainer drives it through this small interface: point it at the replicas' OpenAI servers,
-and hold new calls while the replicas sleep for a weight update.
+and hold new calls while the replicas sleep for a weight update. A control that also has
+``set_policy(version=)`` (agentbolt's ``GatewayClient`` does) is told the resources version after
+each weight update, so every call's span records the version that served it.
 """
 
 from __future__ import annotations

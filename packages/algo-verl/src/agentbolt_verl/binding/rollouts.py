@@ -7,32 +7,33 @@ verl's V1 trainer starts ``rollout.n`` sessions per dataset row and calls the ag
    so the rollouts of one prompt form one advantage group), picked up by agentbolt runners,
    which run the user's agent against the gateway;
 2. :meth:`Store.wait_for_rollouts`, then :meth:`Store.query_spans` of its final attempt;
-3. ``spans_to_transitions([rollout], spans)`` (LightningRL), the drop and truncation rules of
-   :func:`agentbolt_verl.batch.prepare_rows`;
-4. one output per kept transition with the fields of verl's ``AgentLoopOutput``.
+3. LightningRL's per-rollout step (:meth:`~agentbolt.lightningrl.LightningRL.collect`: the
+   calls it trains, their credit, merging, the ``agentbolt.lightningrl`` section's rules);
+4. one output per transition with the fields of verl's ``AgentLoopOutput``; the transition's
+   LightningRL description (rollout, group, index, agent, credit, weight version) travels in
+   ``extra_fields["agentbolt"]`` to the trainer's advantage step (:mod:`agentbolt_verl.columns`).
 
-Everything that is dropped, filled or truncated is counted and sent to a :class:`MetricsSink`
-(the binding drains it into verl's step metrics).
+What LightningRL left out, and why, is counted and sent to a :class:`MetricsSink` (the binding
+drains it into verl's step metrics).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentbolt.errors import SchemaError, UserError
+from agentbolt.errors import SchemaError
 from agentbolt.lightningrl import LightningRL, LightningRLConfig
 from agentbolt.store import Store
-from agentbolt.types import Rollout, RolloutMode, RolloutSpec, RolloutStatus, Span, Task, Transition
+from agentbolt.types import Rollout, RolloutMode, RolloutSpec, RolloutStatus, Task, Transition
 
-from ..batch import BatchOptions, BatchStats, PreparedRow, prepare_rows
+from ..columns import EXTRA_KEY, row_extra
 from ..config import AgentboltSettings, RolloutSettings
 
 __all__ = [
@@ -41,18 +42,12 @@ __all__ = [
     "RolloutExecutor",
     "RolloutRequest",
     "RolloutResult",
-    "SpansToTransitions",
-    "batch_options",
     "decode_task_row",
     "executor_from_settings",
-    "lightningrl_transitions",
     "task_row",
 ]
 
 logger = logging.getLogger(__name__)
-
-SpansToTransitions = Callable[[Sequence[Rollout], Mapping[str, Sequence[Span]]], Sequence[Transition]]
-"""LightningRL's extraction: finished rollouts and their spans → transitions."""
 
 TASK_KEY = "agentbolt"
 """Key under the dataset row's ``extra_info`` that holds the task (JSON)."""
@@ -174,15 +169,12 @@ class RolloutResult:
     rollout: Rollout
     """The rollout's final state (``cancelled`` if the wait timed out)."""
     outcome: str
-    """``trained``, ``empty`` (nothing left after the rules), ``failed`` or ``timed_out``."""
+    """``trained``, ``empty`` (LightningRL left every call out), ``failed`` or ``timed_out``
+    (a failed or timed-out rollout still goes through LightningRL: it trains what has a return)."""
     transitions: list[Transition] = field(default_factory=list)
-    """Transitions LightningRL produced (after reward filling)."""
-    rows: list[PreparedRow] = field(default_factory=list)
-    """Rows kept by the batch rules."""
+    """Transitions LightningRL produced (credit set), one per output."""
     outputs: list[dict[str, Any]] = field(default_factory=list)
-    """One ``AgentLoopOutput`` field dict per row (without ``metrics``)."""
-    stats: BatchStats = field(default_factory=BatchStats)
-    """Batch-rule counts."""
+    """One ``AgentLoopOutput`` field dict per transition (without ``metrics``)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Everything counted for this rollout (sent to the metrics sink)."""
     duration_s: float = 0.0
@@ -194,25 +186,27 @@ class RolloutExecutor:
 
     Args:
         store: the store the runners poll.
-        spans_to_transitions: LightningRL's extraction.
-        options: the batch rules (lengths, drops, log-probs).
-        rollout: rollout settings (timeouts, attempts, failure policy).
+        lightningrl: the config of LightningRL's per-rollout step.
+        rollout: rollout settings (timeouts, attempts).
+        need_logprobs: verl reads ``rollout_log_probs`` (``rollout.calculate_log_probs``): a call
+            whose backend returned no logprobs cannot be packed and is left out (counted
+            ``dropped_no_logprobs``).
         sink: receives the counts of every rollout.
     """
 
     def __init__(
         self,
         store: Store,
-        spans_to_transitions: SpansToTransitions,
-        options: BatchOptions,
+        lightningrl: LightningRLConfig | None = None,
         *,
         rollout: RolloutSettings | None = None,
+        need_logprobs: bool = True,
         sink: MetricsSink | None = None,
     ) -> None:
         self.store = store
-        self.spans_to_transitions = spans_to_transitions
-        self.options = options
+        self.lightningrl = LightningRL(LightningRLConfig.from_value(lightningrl, allow_empty=True))
         self.settings = rollout or RolloutSettings()
+        self.need_logprobs = need_logprobs
         self.sink = sink
         self._weights_versions: dict[int, int | None] = {}
 
@@ -225,7 +219,7 @@ class RolloutExecutor:
         return None if s.timeout_s is None else s.timeout_s * s.max_attempts + 60.0
 
     async def run(self, request: RolloutRequest) -> RolloutResult:
-        """Enqueue, wait, extract, apply the batch rules; returns the outputs and the counts."""
+        """Enqueue, wait, LightningRL's per-rollout step; returns the outputs and the counts."""
         start = time.monotonic()
         rid = request.rollout_id
         spec = RolloutSpec(
@@ -250,78 +244,66 @@ class RolloutExecutor:
             [rollout] = await self.store.cancel([rid], reason=f"verl agent loop waited {self.wait_timeout_s}s")
             counts["timed_out"] += 1
             outcome = "timed_out"
-        failed = rollout.status != RolloutStatus.SUCCEEDED
-        if failed:
+        elif rollout.status != RolloutStatus.SUCCEEDED:
             counts["failed"] += 1
-            outcome = "timed_out" if outcome == "timed_out" else "failed"
-            if self.settings.on_failure == "drop":
-                counts["dropped_failed"] += 1
-                return self._finish(request, rollout, outcome, [], [], BatchStats(), counts, start)
+            outcome = "failed"
 
         spans = await self.store.query_spans([rid], latest_attempt_only=True)
-        transitions = sorted(self.spans_to_transitions([rollout], spans), key=lambda t: t.index)
-        strangers = sorted({t.rollout_id for t in transitions} - {rid})
+        collected = self.lightningrl.collect([rollout], spans)
+        strangers = sorted({t.rollout_id for t in collected.transitions} - {rid})
         if strangers:
-            raise SchemaError(f"spans_to_transitions returned transitions of other rollouts {strangers} for {rid!r}")
-        counts["calls"] += len(transitions)
-        if failed:
-            reward = self.settings.failure_reward
-            transitions = [t.model_copy(update={"reward": reward}) for t in transitions]
-            counts["failure_rewarded_calls"] += len(transitions)
-        elif self.settings.fill_reward_from_rollout and rollout.final_reward is not None:
-            filled = []
-            for t in transitions:
-                if t.reward is None:
-                    t = t.model_copy(update={"reward": rollout.final_reward})
-                    counts["rewards_from_rollout"] += 1
-                filled.append(t)
-            transitions = filled
-        rows, stats = prepare_rows(transitions, self.options)
-        if not rows:
+            raise SchemaError(f"LightningRL returned transitions of other rollouts {strangers} for {rid!r}")
+        report = collected.report
+        counts["calls"] += report.calls
+        counts.update({f"excluded/{k}": v for k, v in report.excluded.items()})
+        transitions = sorted(collected.transitions, key=lambda t: t.index)
+        if self.need_logprobs:
+            kept = [t for t in transitions if t.response_logprobs is not None]
+            counts["dropped_no_logprobs"] += len(transitions) - len(kept)
+            transitions = kept
+        counts["transitions"] += len(transitions)
+        if not transitions:
             counts["empty"] += 1
             if outcome == "trained":
                 outcome = "empty"
-        outputs = await self._outputs(request, rollout, transitions, rows, counts)
-        return self._finish(request, rollout, outcome, transitions, rows, stats, counts, start, outputs)
+        episode_return = report.per_rollout[0].final_reward if report.per_rollout else None
+        outputs = await self._outputs(request, transitions, episode_return, counts)
+        return self._finish(request, rollout, outcome, transitions, counts, start, outputs)
 
     async def _outputs(
         self,
         request: RolloutRequest,
-        rollout: Rollout,
         transitions: list[Transition],
-        rows: list[PreparedRow],
+        episode_return: float | None,
         counts: Counter[str],
     ) -> list[dict[str, Any]]:
-        """verl's ``AgentLoopOutput`` fields for each row (one per LLM call)."""
-        versions = [await self._weights_version(r.transition.policy_version if r.transition else None) for r in rows]
+        """verl's ``AgentLoopOutput`` fields for each transition (one per LLM call or merged calls)."""
+        versions = [await self._weights_version(t.policy_version) for t in transitions]
         fallback = max((request.global_steps or 1) - 1, 0)
         known = [v for v in versions if v is not None]
         low, high = (min(known), max(known)) if known else (fallback, fallback)
         if len(known) < len(versions):
             counts["weights_version_unknown_calls"] += len(versions) - len(known)
         outputs = []
-        for row in rows:
-            t = row.transition
+        for t, version in zip(transitions, versions, strict=True):
+            mask = t.response_mask if t.response_mask is not None else [1] * len(t.response_ids)
             outputs.append(
                 {
-                    "prompt_ids": list(row.prompt_ids),
-                    "response_ids": list(row.response_ids),
-                    "response_mask": list(row.response_mask),
-                    "response_logprobs": None if row.logprobs is None else list(row.logprobs),
-                    "reward_score": float(row.reward),
+                    "prompt_ids": list(t.prompt_ids),
+                    "response_ids": list(t.response_ids),
+                    "response_mask": [1 if m else 0 for m in mask],
+                    "response_logprobs": None if t.response_logprobs is None else list(t.response_logprobs),
+                    # verl copies the last output's score onto every output (its reward metrics read
+                    # it): the episode return. The row's own credit is in extra_fields.
+                    "reward_score": episode_return if episode_return is not None else t.reward,
                     "num_turns": 2 * len(transitions),
                     "extra_fields": {
                         # verl's V1 agent loop copies this from the last output (KeyError if absent)
                         "reward_extra_info": {},
-                        # trajectory weight versions, read by verl's off-policy metrics
+                        # trajectory weight versions, read by verl's off-policy metrics and replay buffer
                         "min_global_steps": low,
                         "max_global_steps": high,
-                        "agentbolt": {
-                            "rollout_id": rollout.rollout_id,
-                            "index": row.index,
-                            "span_id": t.span_id if t is not None else None,
-                            "policy_version": t.policy_version if t is not None else None,
-                        },
+                        EXTRA_KEY: row_extra(t, version),
                     },
                 }
             )
@@ -333,34 +315,28 @@ class RolloutExecutor:
         rollout: Rollout,
         outcome: str,
         transitions: list[Transition],
-        rows: list[PreparedRow],
-        stats: BatchStats,
         counts: Counter[str],
         start: float,
-        outputs: list[dict[str, Any]] | None = None,
+        outputs: list[dict[str, Any]],
     ) -> RolloutResult:
-        all_counts = {f"{METRICS_PREFIX}{k}": float(v) for k, v in counts.items()}
-        all_counts.update(stats.as_metrics(f"{METRICS_PREFIX}batch/"))
-        all_counts = {k: v for k, v in all_counts.items() if v}
+        all_counts = {f"{METRICS_PREFIX}{k}": float(v) for k, v in counts.items() if v}
         if self.sink is not None:
             self.sink.add(all_counts)
-        if stats.dropped or outcome in ("failed", "timed_out"):
+        if outcome != "trained":
             logger.warning(
-                "rollout %s (task %s): %s, %d of %d calls kept",
+                "rollout %s (task %s): %s, %d of %d calls trained",
                 rollout.rollout_id,
                 request.task_id,
                 outcome,
-                len(rows),
-                stats.transitions_in,
+                len(transitions),
+                counts["calls"],
             )
         return RolloutResult(
             request=request,
             rollout=rollout,
             outcome=outcome,
             transitions=transitions,
-            rows=rows,
-            outputs=outputs or [],
-            stats=stats,
+            outputs=outputs,
             counts=all_counts,
             duration_s=time.monotonic() - start,
         )
@@ -379,40 +355,6 @@ class RolloutExecutor:
         return self._weights_versions[policy_version]
 
 
-def lightningrl_transitions(lightningrl: LightningRLConfig | None = None) -> SpansToTransitions:
-    """The default ``spans_to_transitions``: agentbolt's LightningRL with the config's
-    ``lightningrl`` section (empty batches allowed: verl skips them).
-
-    Advantages computed by LightningRL are ignored: verl computes them across the group.
-    """
-    lrl = LightningRL(LightningRLConfig.from_value(lightningrl, allow_empty=True))
-
-    def spans_to_transitions(rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]]) -> list[Transition]:
-        return list(lrl.process(rollouts, spans).transitions)
-
-    return spans_to_transitions
-
-
-def batch_options(settings: AgentboltSettings, *, calculate_log_probs: bool) -> BatchOptions:
-    """The batch rules of a composed config (lengths resolved by ``compose_verl_config``).
-
-    Sampling log-probs are required when verl reads them (``rollout.calculate_log_probs``):
-    verl fetches ``rollout_log_probs`` for every row then.
-    """
-    b = settings.batch
-    if b.max_prompt_length is None or b.max_response_length is None:
-        raise UserError("agentbolt.batch lengths are unresolved: compose the config with compose_verl_config")
-    return BatchOptions(
-        max_prompt_length=b.max_prompt_length,
-        max_response_length=b.max_response_length,
-        overlong_prompt=b.overlong_prompt,
-        overlong_response=b.overlong_response,
-        missing_reward=b.missing_reward,
-        retokenized=b.retokenized,
-        logprobs="require" if calculate_log_probs else "ignore",
-    )
-
-
 def executor_from_settings(
     settings: AgentboltSettings,
     *,
@@ -420,30 +362,16 @@ def executor_from_settings(
     sink: MetricsSink | None = None,
     open_store: Callable[[str], Store] | None = None,
 ) -> RolloutExecutor:
-    """A :class:`RolloutExecutor` for the binding's settings (opens the store, loads LightningRL)."""
-    from .gateway import load_object
-
+    """A :class:`RolloutExecutor` for the binding's settings (opens the store)."""
     if open_store is None:
         from agentbolt.store import open_store as _open
 
         open_store = _open
-    factory = load_object(settings.transitions)
-    options = {"lightningrl": settings.lightningrl, **settings.transitions_options}
-    try:
-        inspect.signature(factory).bind(**options)
-    except TypeError as exc:
-        raise UserError(
-            f"transitions factory {settings.transitions!r} does not take lightningrl= plus transitions_options "
-            f"{sorted(settings.transitions_options)}: {exc} (LightningRL's choices go in agentbolt.lightningrl)"
-        ) from None
-    spans_to_transitions = factory(**options)
-    if not callable(spans_to_transitions):
-        raise UserError(f"{settings.transitions!r} returned {type(spans_to_transitions).__name__}, not a callable")
     return RolloutExecutor(
         open_store(settings.store_url),
-        spans_to_transitions,
-        batch_options(settings, calculate_log_probs=calculate_log_probs),
+        settings.lightningrl,
         rollout=settings.rollout,
+        need_logprobs=calculate_log_probs,
         sink=sink,
     )
 

@@ -6,10 +6,10 @@ __all__ = ["worker_setup"]
 
 
 def worker_setup() -> None:
-    """Register agentbolt's estimators, policy loss and trainer in this Ray worker process.
+    """Register agentbolt's policy loss, advantage sentinel and trainers in this Ray worker process.
 
     verl resolves ``trainer.v1.trainer_mode`` in its TaskRunner actor and the policy loss in
     its actor workers; both look names up in registries filled at import time.
     """
-    from .. import registry  # noqa: F401  (estimators and loss)
-    from . import trainer  # noqa: F401  (the agentbolt_sync trainer)
+    from .. import registry  # noqa: F401  (policy loss, advantage sentinel)
+    from . import trainer  # noqa: F401  (the agentbolt_sync / agentbolt_colocate_async trainers)

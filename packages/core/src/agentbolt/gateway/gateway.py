@@ -40,11 +40,11 @@ import orjson
 from pydantic import ValidationError
 
 from .. import semconv
+from ..capture.roles import AgentNamer
 from ..errors import UserError
 from ..hosts import is_loopback_name
-from ..roles import AgentNamer
 from ..store.base import Store
-from . import control, upstream_checks
+from . import control, messages_api, responses_api, upstream_checks
 from .attempts import AttemptCache
 from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool
 from .recorder import CallRecord, Retokenizer, parse_traceparent
@@ -67,13 +67,7 @@ LLM_API = semconv.LLM_API
 _OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
 
 
-def _dialects() -> dict[str, Dialect]:
-    from . import messages_api, responses_api
-
-    return {"/v1/responses": responses_api.DIALECT, "/v1/messages": messages_api.DIALECT}
-
-
-_DIALECTS = _dialects()
+_DIALECTS: dict[str, Dialect] = {"/v1/responses": responses_api.DIALECT, "/v1/messages": messages_api.DIALECT}
 """Client APIs translated to Chat Completions upstream (see :mod:`.translate`)."""
 _JSON = [("content-type", "application/json")]
 
@@ -121,7 +115,7 @@ class Gateway:
         header_timeout_s, body_timeout_s: deadlines for receiving a request's headers and body
             (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
-            the (Chat Completions) request: see :class:`agentbolt.roles.AgentRoles`.
+            the (Chat Completions) request: see :class:`agentbolt.capture.roles.AgentRoles`.
     """
 
     def __init__(

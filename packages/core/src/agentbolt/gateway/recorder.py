@@ -27,6 +27,7 @@ import orjson
 
 from .. import semconv
 from .. import types as t
+from ..capture.retokenize import drift_reasons
 from .translate import SSEDecoder
 
 __all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span", "parse_traceparent"]
@@ -161,7 +162,6 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
             if ids is not None:
                 prompt_ids, response_ids = ids
                 source = semconv.TOKEN_SOURCE_RETOKENIZED
-                from ..retokenize import drift_reasons
 
                 drift = drift_reasons(resp, prompt_ids, response_ids, getattr(retokenize, "decode", None))
                 if drift:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..store import open_store
 from ..store.base import Store
 from .gateway import Gateway, Upstream
 
@@ -76,12 +77,7 @@ class GatewayThread:
     async def _serve(self) -> None:
         own_store = isinstance(self._store_spec, str)
         try:
-            if isinstance(self._store_spec, str):
-                from ..store import open_store
-
-                store = open_store(self._store_spec)
-            else:
-                store = self._store_spec
+            store = open_store(self._store_spec) if isinstance(self._store_spec, str) else self._store_spec
             self._gateway = Gateway(store, self._upstreams, **self._options)
             self._stopped = asyncio.Event()
             url = await self._gateway.start(self._host, self._port)

@@ -8,7 +8,9 @@ The learning side of agentbolt, pure Python (no torch, no numpy):
 - :mod:`.advantage` — advantage estimators (``grpo``, ``rloo``, ``reinforce_pp``), rollout or transition level;
 - :mod:`.aggregation` — loss aggregation weights (``rollout-mean-token-mean`` and verl's modes), the one primitive algorithms use;
 - :mod:`.config` — :class:`LightningRLConfig`, the one place these choices are spelled;
+- :mod:`.correction` — off-policy correction (verl's token/sequence TIS and rejection), framework-free;
 - :mod:`.merge` — trajectory merging into masked sequences;
+- :mod:`.rows` — :class:`TrainingRow`, what a backend trains on, and per-token loss weights;
 - :mod:`.pipeline` — :class:`LightningRL`, all of the above in one call, with a report.
 """
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     )
     from .air import AIRCredit, AIRRule, AIRSignal, ExceptionRule, FinishReasonRule, FormatRule, ToolCallRule
     from .config import LightningRLConfig
+    from .correction import RS_OPTIONS, CorrectionResult, RolloutCorrection, rollout_correction
     from .credit import Credit, CreditAssigner, DiscountedCredit, FinalCredit, IntermediateCredit, discounted_returns
     from .episode import (
         AgentMatch,
@@ -43,15 +46,24 @@ if TYPE_CHECKING:
     )
     from .extraction import extract_episode
     from .merge import MergeResult, merge_transitions
-    from .pipeline import LightningRL, LightningRLBatch
+    from .pipeline import LightningRL, LightningRLBatch, off_policy_exclusion
     from .registry import get_advantage_estimator, get_credit_assigner, register_builtins
     from .report import AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+    from .rows import TrainingRow, token_loss_weights, training_rows
 
 _EXPORTS: dict[str, str] = {
     "DEFAULT_LOSS_AGGREGATION": "aggregation",
     "GRPO": "advantage",
     "LOSS_AGGREGATIONS": "aggregation",
     "LightningRLConfig": "config",
+    "RS_OPTIONS": "correction",
+    "CorrectionResult": "correction",
+    "RolloutCorrection": "correction",
+    "rollout_correction": "correction",
+    "off_policy_exclusion": "pipeline",
+    "TrainingRow": "rows",
+    "token_loss_weights": "rows",
+    "training_rows": "rows",
     "LossAggregation": "aggregation",
     "check_loss_aggregation": "aggregation",
     "row_weights": "aggregation",
@@ -102,6 +114,7 @@ __all__ = [
     "GRPO",
     "LOSS_AGGREGATIONS",
     "RLOO",
+    "RS_OPTIONS",
     "AIRCredit",
     "AIRRule",
     "AIRSignal",
@@ -111,6 +124,7 @@ __all__ = [
     "AgentStats",
     "BatchReport",
     "CallExclusion",
+    "CorrectionResult",
     "Credit",
     "CreditAssigner",
     "DiscountedCredit",
@@ -130,8 +144,10 @@ __all__ = [
     "MergeResult",
     "ReinforcePlusPlus",
     "RewardRecord",
+    "RolloutCorrection",
     "RolloutReport",
     "ToolCallRule",
+    "TrainingRow",
     "agent_selector",
     "check_loss_aggregation",
     "discounted_returns",
@@ -140,10 +156,14 @@ __all__ = [
     "get_credit_assigner",
     "loss_weights",
     "merge_transitions",
+    "off_policy_exclusion",
     "register_builtins",
+    "rollout_correction",
     "row_weights",
     "token_count",
+    "token_loss_weights",
     "token_weights",
+    "training_rows",
 ]
 
 

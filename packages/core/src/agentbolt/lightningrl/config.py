@@ -11,6 +11,11 @@ YAML (deriving verl's ``adv_estimator`` and ``loss_agg_mode`` from it)::
     LightningRLConfig(credit="final", advantage="grpo", agent_match=r"^(write|rewrite)_query$",
                       loss_aggregation="rollout-mean-token-mean")
 
+Off-policy training adds a staleness bound and importance-sampling correction, with verl's
+names (:mod:`agentbolt.lightningrl.correction`)::
+
+    LightningRLConfig(max_staleness=2, rollout_is="token", rollout_is_threshold=2.0)
+
 Loss aggregation uses verl's names (``token-mean``, ``seq-mean-token-mean``,
 ``seq-mean-token-sum``) plus ``rollout-mean-token-mean``: the mean over rollouts of each
 rollout's token mean, so a rollout with many calls gets no more weight than one with a single
@@ -27,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import UserError
 from .advantage import AdvantageEstimator
 from .aggregation import DEFAULT_LOSS_AGGREGATION, LossAggregation
+from .correction import RolloutCorrection
 from .credit import CreditAssigner
 from .episode import agent_selector
 
@@ -83,6 +89,28 @@ class LightningRLConfig(BaseModel):
     the same), ``token-mean`` (each token), ``seq-mean-token-mean`` (each call, tokens averaged
     inside it) or ``seq-mean-token-sum`` (each call, tokens summed)."""
 
+    max_staleness: int | None = Field(default=None, ge=0)
+    """Off-policy bound: calls sampled by a policy version more than this many versions older than
+    the one being trained are left out (reason ``stale``, counted), as are calls without a
+    recorded version; ``0`` is on-policy only, ``None`` no bound. Needs the trained version:
+    ``LightningRL.process(..., policy_version=)``."""
+    rollout_is: Literal["token", "sequence"] | None = None
+    """Importance sampling between the sampling (behaviour) and the trained (proximal) policy,
+    verl's ``rollout_is``: ``token`` (token TIS), ``sequence`` (sequence TIS) or ``None``. Calls
+    without sampling logprobs are left out (reason ``no_logprobs``)."""
+    rollout_is_threshold: float | str = 2.0
+    """The TIS cap (verl's ``rollout_is_threshold``), or ``"lower_upper"`` (IcePop: weights outside
+    the bounds become 0)."""
+    rollout_is_batch_normalize: bool = False
+    """Normalize the IS weights to mean 1 over the batch (verl's ``rollout_is_batch_normalize``)."""
+    rollout_rs: str | None = None
+    """Rejection (masking) of tokens or rows whose divergence is out of bounds, verl's
+    ``rollout_rs``: e.g. ``seq_sum_k1`` (sequence MIS), ``seq_mean_k3``, ``token_k1``; several
+    comma-separated options must all pass. Calls without sampling logprobs are left out."""
+    rollout_rs_threshold: float | str | None = None
+    """Bounds of ``rollout_rs`` (verl's ``rollout_rs_threshold``): ``"lower_upper"`` ratio bounds
+    for ``*_k1`` options (one ``T`` means ``1/T`` to ``T``), an upper bound for ``k2``/``k3``."""
+
     @field_validator("agent_match")
     @classmethod
     def _valid_agent_match(cls, value: Any) -> Any:
@@ -101,7 +129,26 @@ class LightningRLConfig(BaseModel):
             raise ValueError("credit_options apply to a credit assigner given by name, not to an instance")
         if self.advantage_options and not isinstance(self.advantage, str):
             raise ValueError("advantage_options apply to an estimator given by name, not to an instance")
+        try:
+            self._correction()
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def _correction(self) -> RolloutCorrection:
+        return RolloutCorrection(
+            rollout_is=self.rollout_is,
+            rollout_is_threshold=self.rollout_is_threshold,
+            rollout_is_batch_normalize=self.rollout_is_batch_normalize,
+            rollout_rs=self.rollout_rs,
+            rollout_rs_threshold=self.rollout_rs_threshold,
+        )
+
+    @property
+    def correction(self) -> RolloutCorrection | None:
+        """The off-policy correction (``rollout_is`` / ``rollout_rs``), or ``None`` when neither is set."""
+        correction = self._correction()
+        return correction if correction.enabled else None
 
     @classmethod
     def from_value(

@@ -61,6 +61,11 @@ class ExclusionReason(enum.StrEnum):
     """Prompt, response or total length exceeds the configured maximum."""
     MISSING_REWARD = "missing_reward"
     """The rollout has no episode return and the missing-reward policy is ``drop``."""
+    STALE = "stale"
+    """Sampled by a policy version more than ``max_staleness`` versions older than the one being
+    trained (or by an unrecorded version while ``max_staleness`` is set)."""
+    NO_LOGPROBS = "no_logprobs"
+    """No sampling logprobs, and off-policy correction (``rollout_is`` / ``rollout_rs``) needs them."""
 
 
 RewardAttachment: TypeAlias = Literal["final", "target_span", "target_response", "preceding", "unattached", "malformed"]
@@ -259,6 +264,16 @@ class Episode:
     def with_final_reward(self, value: float, source: Literal["filled"] = "filled") -> Episode:
         """A copy with the episode return set (the missing-reward fill)."""
         return replace(self, final_reward=float(value), final_source=source)
+
+    def with_call_exclusions(self, exclusions: Mapping[int, tuple[ExclusionReason, str | None]]) -> Episode:
+        """A copy in which the calls at the given indices are excluded (reason, detail)."""
+        calls = tuple(
+            replace(c, exclusion=exclusions[c.index][0], exclusion_detail=exclusions[c.index][1])
+            if c.index in exclusions
+            else c
+            for c in self.calls
+        )
+        return replace(self, calls=calls)
 
     def with_exclusion(self, reason: ExclusionReason, detail: str | None = None) -> Episode:
         """A copy in which every trainable call is excluded for ``reason``."""

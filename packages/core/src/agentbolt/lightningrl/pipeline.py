@@ -1,17 +1,24 @@
-"""LightningRL end to end: rollouts + spans → transitions with rewards and advantages + a report.
+"""LightningRL end to end: rollouts + spans → training rows (credit, advantage, loss weight) + a report.
 
 ::
 
     config = LightningRLConfig(credit="final", advantage="grpo", agent_match=r"^(write|rewrite)_query$")
     lrl = LightningRL(config)
-    batch = await lrl.from_store(store, rollout_ids)        # or lrl.process(rollouts, spans)
+    batch = await lrl.from_store(store, rollout_ids, policy_version=v)  # or lrl.process(rollouts, spans, ...)
     logger.log(batch.report.metrics())
-    weights = loss_weights(batch.transitions, config.loss_aggregation)
+    batch.rows        # TrainingRow: ids, mask, behaviour logprobs, version, advantage, loss_weight
 
-Steps per rollout: :func:`~agentbolt.lightningrl.extraction.extract_episode` (calls, exclusions,
-reward attachment) → credit assignment over every call of the episode → a transition per
-trainable call. Then, across the batch: advantages (grouped by ``group_id``), optional
-trajectory merging, and an explicit :class:`EmptyBatchError` when nothing is left.
+Two steps, which a backend may run in different processes (agentbolt-verl does: the first in its
+agent loop, per rollout; the second in its advantage hook, per batch):
+
+1. :meth:`LightningRL.collect`, per rollout: :func:`~agentbolt.lightningrl.extraction.extract_episode`
+   (calls, exclusions, reward attachment), the off-policy exclusions (``stale`` when the trained
+   ``policy_version`` is known, ``no_logprobs`` under correction), credit assignment over every
+   call of the episode, a transition per trainable call, optional trajectory merging.
+2. :meth:`LightningRL.to_rows`, per batch: the staleness bound (again, for transitions collected
+   before the trained version was known) and its histogram, advantages (grouped by
+   ``group_id``), loss weights (``loss_aggregation`` over the rows), and an explicit
+   :class:`EmptyBatchError` when nothing is left.
 
 Missing episode return (no final reward span, no ``Rollout.final_reward``, no trailing reward
 to promote): :class:`~agentbolt.lightningrl.LightningRLConfig` ``missing_reward="drop"`` (default) leaves the rollout's calls out with reason
@@ -24,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import UserError
 from ..types import Rollout, Span, Transition
@@ -35,13 +42,15 @@ from .credit import CreditAssigner
 from .episode import Episode, ExclusionReason
 from .extraction import extract_episode
 from .merge import merge_transitions
+from .registry import get_advantage_estimator, get_credit_assigner
 from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+from .rows import TrainingRow, training_rows
 
 if TYPE_CHECKING:
-    from ..plugins import Plugins
+    from ..plugins.registry import Plugins
     from ..store import Store
 
-__all__ = ["LightningRL", "LightningRLBatch"]
+__all__ = ["LightningRL", "LightningRLBatch", "off_policy_exclusion"]
 
 _EXAMPLES_PER_REASON = 3
 
@@ -51,11 +60,47 @@ class LightningRLBatch:
     """The output of :meth:`LightningRL.process`."""
 
     transitions: list[Transition]
-    """Transitions with ``reward`` and ``advantage`` set, by rollout then call index."""
+    """Transitions with ``reward`` set, by rollout then call index; after :meth:`LightningRL.to_rows`
+    (and :meth:`~LightningRL.process`) also with ``advantage``: the transitions of :attr:`rows`."""
     report: BatchReport
     """What was trained, what was left out and why."""
     episodes: list[Episode] = field(default_factory=list, repr=False)
     """The extracted episodes (for debugging and custom analyses)."""
+    rows: list[TrainingRow] = field(default_factory=list)
+    """The training rows (advantage and loss weight set); empty after :meth:`LightningRL.collect` alone."""
+
+
+class _Sampled(Protocol):
+    """An LLM call or a transition: what the off-policy rules read."""
+
+    @property
+    def policy_version(self) -> int | None: ...
+    @property
+    def response_logprobs(self) -> list[float] | None: ...
+
+
+def off_policy_exclusion(
+    config: LightningRLConfig, sampled: _Sampled, trained_version: int | None
+) -> tuple[ExclusionReason, str] | None:
+    """Why a call (or transition) may not be trained at ``trained_version`` under ``config``
+    (``max_staleness``, correction needing logprobs), or ``None``.
+
+    The staleness rule applies only when ``trained_version`` is known.
+    """
+    version = sampled.policy_version
+    bound = config.max_staleness
+    if bound is not None and trained_version is not None:
+        if version is None:
+            return ExclusionReason.STALE, "no policy version recorded for the call"
+        if trained_version - version > bound:
+            return (
+                ExclusionReason.STALE,
+                f"version {version} is {trained_version - version} behind the trained {trained_version} "
+                f"(max_staleness={bound})",
+            )
+    if config.correction is not None and sampled.response_logprobs is None:
+        return ExclusionReason.NO_LOGPROBS, "rollout_is / rollout_rs need the sampling logprobs"
+    return None
 
 
 class LightningRL:
@@ -80,7 +125,6 @@ class LightningRL:
         plugins: Plugins | None = None,
         **overrides: Any,
     ) -> None:
-        from .registry import get_advantage_estimator, get_credit_assigner
 
         self.config = cfg = LightningRLConfig.from_value(config, **overrides)
         if isinstance(cfg.credit, str):
@@ -103,10 +147,11 @@ class LightningRL:
 
     # -- per rollout -------------------------------------------------------------------------------
 
-    def extract(self, rollout: Rollout, spans: Sequence[Span]) -> Episode:
-        """The episode of one rollout, with this configuration's selection and limits."""
+    def extract(self, rollout: Rollout, spans: Sequence[Span], *, policy_version: int | None = None) -> Episode:
+        """The episode of one rollout, with this configuration's selection, limits and off-policy
+        exclusions (staleness relative to ``policy_version``, the version being trained)."""
         cfg = self.config
-        return extract_episode(
+        episode = extract_episode(
             rollout,
             spans,
             agent_match=cfg.agent_match,
@@ -116,6 +161,11 @@ class LightningRL:
             max_length=cfg.max_length,
             promote_trailing_reward=cfg.promote_trailing_reward,
         )
+        exclusions = {}
+        for call in episode.trainable_calls:
+            if (why := off_policy_exclusion(cfg, call, policy_version)) is not None:
+                exclusions[call.index] = why
+        return episode.with_call_exclusions(exclusions) if exclusions else episode
 
     def assign(self, episode: Episode) -> tuple[Episode, list[Transition], Mapping[str, int]]:
         """Credit for one episode: (episode after the missing-reward policy, its transitions with
@@ -168,21 +218,43 @@ class LightningRL:
     # -- per batch ---------------------------------------------------------------------------------
 
     def process(
-        self, rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]] | Sequence[Span]
+        self,
+        rollouts: Sequence[Rollout],
+        spans: Mapping[str, Sequence[Span]] | Sequence[Span],
+        *,
+        policy_version: int | None = None,
     ) -> LightningRLBatch:
-        """Transitions with rewards and advantages, and the report, for a batch of rollouts.
+        """Training rows and the report for a batch of rollouts: :meth:`collect` then :meth:`to_rows`.
 
         Args:
             rollouts: the rollouts (normally finished).
             spans: their spans, by rollout id (as ``store.query_spans`` returns them) or as one
                 sequence (grouped by ``Span.rollout_id``).
+            policy_version: the policy version about to be trained: the staleness bound
+                (``max_staleness``) is measured from it, and the report's ``staleness``
+                histogram. Required when ``max_staleness`` is set.
 
         Raises:
             EmptyBatchError: no transition is left (unless ``allow_empty``); the message and
                 ``.report`` give the reasons and counts.
         """
+        collected = self.collect(rollouts, spans, policy_version=policy_version)
+        return self.to_rows(
+            collected.transitions, policy_version=policy_version, report=collected.report, episodes=collected.episodes
+        )
+
+    def collect(
+        self,
+        rollouts: Sequence[Rollout],
+        spans: Mapping[str, Sequence[Span]] | Sequence[Span],
+        *,
+        policy_version: int | None = None,
+    ) -> LightningRLBatch:
+        """The per-rollout step: transitions with credit (``reward``), merged when configured, no
+        advantages and no rows yet; the report of what was extracted. Never raises
+        :class:`EmptyBatchError` (:meth:`to_rows` does)."""
         by_rollout = _group_spans(spans)
-        report = BatchReport(missing_reward_policy=self.config.missing_reward)
+        report = BatchReport(missing_reward_policy=self.config.missing_reward, policy_version=policy_version)
         excluded: Counter[str] = Counter()
         sources: Counter[str] = Counter()
         rewards: Counter[str] = Counter()
@@ -193,7 +265,7 @@ class LightningRL:
         episodes: list[Episode] = []
         transitions: list[Transition] = []
         for rollout in rollouts:
-            episode = self.extract(rollout, by_rollout.get(rollout.rollout_id, ()))
+            episode = self.extract(rollout, by_rollout.get(rollout.rollout_id, ()), policy_version=policy_version)
             episode, produced, notes = self.assign(episode)
             episodes.append(episode)
             transitions.extend(produced)
@@ -246,37 +318,89 @@ class LightningRL:
                 )
             )
         report.trained_calls = len(transitions)
-
-        result = self.advantage.estimate(transitions)
-        transitions = result.transitions
-        if result.dropped:
-            excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
-        report.advantage = dict(result.stats)
         if self.config.merge and transitions:
             merged = merge_transitions(transitions, max_length=self.config.max_length)
             transitions = merged.transitions
             report.merge = merged.stats
-
         report.rollouts = len(rollouts)
-        report.rollouts_with_transitions = len({t.rollout_id for t in transitions})
         report.calls = sum(len(e.calls) for e in episodes)
-        report.transitions = len(transitions)
-        report.tokens = sum(token_count(t) for t in transitions)
         report.excluded = dict(excluded)
         report.per_agent = per_agent
         report.final_reward_sources = dict(sources)
         report.rewards = {k: v for k, v in rewards.items() if v}
         report.extraction = dict(extraction)
         report.credit = dict(credit_notes)
-        if not transitions and not self.config.allow_empty:
-            raise EmptyBatchError(report)
+        _count_output(report, transitions)
         return LightningRLBatch(transitions=transitions, report=report, episodes=episodes)
 
-    async def from_store(self, store: Store, rollout_ids: Sequence[str]) -> LightningRLBatch:
+    def to_rows(
+        self,
+        transitions: Sequence[Transition],
+        *,
+        policy_version: int | None = None,
+        report: BatchReport | None = None,
+        episodes: Sequence[Episode] = (),
+    ) -> LightningRLBatch:
+        """The per-batch step: the staleness bound, advantages and loss weights of transitions
+        with credit (from :meth:`collect`, possibly gathered from several processes).
+
+        Args:
+            transitions: transitions with ``reward`` set (``collect``'s), in any order.
+            policy_version: the version being trained (required when ``max_staleness`` is set):
+                transitions beyond the bound are dropped (``excluded["stale"]``, counting each
+                call of a merged row) and the kept ones fill ``report.staleness``.
+            report: :meth:`collect`'s report, completed here (a fresh one otherwise).
+            episodes: carried into the result.
+
+        Raises:
+            EmptyBatchError: no row is left (unless ``allow_empty``).
+        """
+        cfg = self.config
+        if cfg.max_staleness is not None and policy_version is None:
+            raise UserError(
+                f"max_staleness={cfg.max_staleness} needs the version being trained: pass policy_version= to "
+                "LightningRL.process / to_rows"
+            )
+        if report is None:
+            report = BatchReport(missing_reward_policy=cfg.missing_reward)
+            report.trained_calls = sum(_calls(t) for t in transitions)
+        else:
+            report = report.model_copy(deep=True)
+        report.policy_version = policy_version
+        kept: list[Transition] = []
+        staleness: Counter[str] = Counter()
+        excluded = Counter(report.excluded)
+        for t in transitions:
+            if (why := off_policy_exclusion(cfg, t, policy_version)) is not None:
+                calls = _calls(t)
+                excluded[why[0].value] += calls
+                report.trained_calls -= min(calls, report.trained_calls)
+                stats = report.per_agent.setdefault(t.agent_name or NO_AGENT, AgentStats())
+                stats.trained -= min(calls, stats.trained)
+                stats.excluded[why[0].value] = stats.excluded.get(why[0].value, 0) + calls
+                continue
+            kept.append(t)
+            if policy_version is not None:
+                staleness["unknown" if t.policy_version is None else str(policy_version - t.policy_version)] += 1
+        result = self.advantage.estimate(kept)
+        if result.dropped:
+            excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
+        report.excluded = dict(excluded)
+        report.advantage = dict(result.stats)
+        report.staleness = dict(staleness)
+        rows = training_rows(result.transitions, cfg.loss_aggregation)
+        _count_output(report, result.transitions)
+        if not rows and not cfg.allow_empty:
+            raise EmptyBatchError(report)
+        return LightningRLBatch(transitions=list(result.transitions), report=report, episodes=list(episodes), rows=rows)
+
+    async def from_store(
+        self, store: Store, rollout_ids: Sequence[str], *, policy_version: int | None = None
+    ) -> LightningRLBatch:
         """:meth:`process` on rollouts read from ``store`` (final attempts' spans, one batch query)."""
         rollouts = await store.get_rollouts(rollout_ids)
         spans = await store.query_spans([r.rollout_id for r in rollouts], latest_attempt_only=True)
-        return self.process(rollouts, spans)
+        return self.process(rollouts, spans, policy_version=policy_version)
 
 
 def _group_spans(spans: Mapping[str, Sequence[Span]] | Sequence[Span]) -> Mapping[str, Sequence[Span]]:
@@ -288,3 +412,15 @@ def _group_spans(spans: Mapping[str, Sequence[Span]] | Sequence[Span]) -> Mappin
             raise UserError(f"span {s.span_id} ({s.name}) has no rollout_id; pass spans by rollout id instead")
         out.setdefault(s.rollout_id, []).append(s)
     return out
+
+
+def _count_output(report: BatchReport, transitions: Sequence[Transition]) -> None:
+    report.rollouts_with_transitions = len({t.rollout_id for t in transitions})
+    report.transitions = len(transitions)
+    report.tokens = sum(token_count(t) for t in transitions)
+
+
+def _calls(t: Transition) -> int:
+    """LLM calls a transition stands for (a merged row stands for several)."""
+    merged = t.metadata.get("merged_indices")
+    return len(merged) if isinstance(merged, list) else 1

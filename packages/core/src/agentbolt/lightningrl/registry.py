@@ -9,10 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
-from ..hookspecs import Register
+from ..plugins.hookspecs import Register
+from ..plugins.registry import default_plugins
+from .advantage import GRPO, RLOO, ReinforcePlusPlus
+from .air import AIRCredit
+from .credit import DiscountedCredit, FinalCredit, IntermediateCredit
 
 if TYPE_CHECKING:
-    from ..plugins import Plugins
+    from ..plugins.registry import Plugins
     from .advantage import AdvantageEstimator
     from .credit import CreditAssigner
 
@@ -21,9 +25,6 @@ __all__ = ["get_advantage_estimator", "get_credit_assigner", "register_builtins"
 
 def register_builtins(register: Register) -> None:
     """Register every built-in credit assigner and advantage estimator."""
-    from .advantage import GRPO, RLOO, ReinforcePlusPlus
-    from .air import AIRCredit
-    from .credit import DiscountedCredit, FinalCredit, IntermediateCredit
 
     for cls in (FinalCredit, DiscountedCredit, IntermediateCredit, AIRCredit, GRPO, RLOO, ReinforcePlusPlus):
         register(cls.name, cls)
@@ -39,7 +40,6 @@ def _build(kind: str, name: str, factory: Any, config: dict[str, Any]) -> Any:
 def get_credit_assigner(name: str, /, *, plugins: Plugins | None = None, **config: Any) -> CreditAssigner:
     """The credit assigner registered as ``name``, built with ``config``; an unknown name raises
     :class:`~agentbolt.errors.UserError` listing the valid ones."""
-    from ..plugins import default_plugins
 
     registry = (plugins or default_plugins()).credit_assigners
     return _build("credit assigner", name, registry.get(name), config)
@@ -48,7 +48,6 @@ def get_credit_assigner(name: str, /, *, plugins: Plugins | None = None, **confi
 def get_advantage_estimator(name: str, /, *, plugins: Plugins | None = None, **config: Any) -> AdvantageEstimator:
     """The advantage estimator registered as ``name``, built with ``config``; an unknown name
     raises :class:`~agentbolt.errors.UserError` listing the valid ones."""
-    from ..plugins import default_plugins
 
     registry = (plugins or default_plugins()).advantage_estimators
     return _build("advantage estimator", name, registry.get(name), config)

@@ -22,13 +22,21 @@ _HINTS = {
     "retokenized": "token ids were reconstructed from text; pass allow_retokenized=True to train on them",
     "token_drift": (
         "retokenized ids disagree with the backend's token counts or text: use the policy's own tokenizer "
-        "(Trainer(tokenizer=...)) and chat template, or a backend that returns token ids"
+        "(Trainer(capture=CaptureOptions(tokenizer=...))) and chat template, or a backend that returns token ids"
     ),
     "agent_not_selected": "agent_match selected none of these calls",
     "over_length": "raise max_prompt_length / max_response_length / max_length",
     "failed_call": "the upstream failed these calls; see the status message of the gateway spans",
     "malformed": "token ids or logprobs are malformed; see the examples",
     "empty_response": "the responses have no tokens",
+    "stale": (
+        "sampled by a policy version more than max_staleness versions older than the trained one, or by an "
+        "unrecorded version: raise max_staleness, or make the inference server report its version"
+    ),
+    "no_logprobs": (
+        "off-policy correction (rollout_is / rollout_rs) needs the sampling logprobs: use a backend that "
+        "returns logprobs through the gateway"
+    ),
     "missing_reward": (
         "no episode return: return a float from the agent or emit a final reward, "
         "or use missing_reward='fill' with an explicit fill_value"
@@ -131,6 +139,11 @@ class BatchReport(BaseModel):
     """Statistics from the advantage estimator."""
     merge: dict[str, int] = Field(default_factory=dict)
     """Merging counters (empty when merging is off)."""
+    policy_version: int | None = None
+    """The policy version being trained, when given (``process(..., policy_version=)``)."""
+    staleness: dict[str, int] = Field(default_factory=dict)
+    """Trained transitions by staleness (trained version minus the version that sampled them),
+    when ``policy_version`` is given; transitions of an unrecorded version are under ``unknown``."""
     examples: list[CallExclusion] = Field(default_factory=list)
     """Up to three excluded calls per reason."""
     per_rollout: list[RolloutReport] = Field(default_factory=list)
@@ -163,12 +176,16 @@ class BatchReport(BaseModel):
             f"{prefix}{k}": float(getattr(self, k))
             for k in ("rollouts", "rollouts_with_transitions", "calls", "trained_calls", "transitions", "tokens")
         }
-        for section in ("excluded", "final_reward_sources", "rewards", "extraction", "credit", "merge"):
+        for section in ("excluded", "final_reward_sources", "rewards", "extraction", "credit", "merge", "staleness"):
             for k, v in getattr(self, section).items():
                 out[f"{prefix}{section}/{k}"] = float(v)
         for k, v in self.advantage.items():
             if isinstance(v, int | float):
                 out[f"{prefix}advantage/{k}"] = float(v)
+        known = {int(k): n for k, n in self.staleness.items() if k != "unknown"}
+        if known:
+            out[f"{prefix}staleness_mean"] = sum(k * n for k, n in known.items()) / sum(known.values())
+            out[f"{prefix}staleness_max"] = float(max(known))
         for name, stats in self.per_agent.items():
             out[f"{prefix}agent/{name}/calls"] = float(stats.calls)
             out[f"{prefix}agent/{name}/trained"] = float(stats.trained)

@@ -14,10 +14,10 @@ from typing import TypeVar
 
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
-from ..runs import Run, RunMetrics
 from . import lifecycle
 from .base import Notifier, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
+from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
 
 __all__ = ["MemoryStore"]

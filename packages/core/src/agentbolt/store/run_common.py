@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
+
 from .. import types as t
 from ..errors import InvalidTransitionError, UserError
-from ..runs import RolloutSearch, Run, RunSpec, RunStatus
+from .lifecycle import check_limit
+from .run_records import RolloutSearch, Run, RunSpec, RunStatus
 
 __all__ = [
     "check_after_seq",
@@ -45,7 +48,6 @@ def finished_run(run: Run, status: RunStatus | str, error: str | None, now: floa
 
 def check_list_limit(limit: int) -> None:
     """Validate ``list_runs(limit=...)``: an integer from 1 to :data:`~agentbolt.store.wire.MAX_LIMIT`."""
-    from .lifecycle import check_limit
 
     check_limit(limit)
 
@@ -87,8 +89,6 @@ def matches_search(query: RolloutSearch, r: t.Rollout) -> bool:
     if query.failure_kind is not None and (r.error is None or r.error.kind != query.failure_kind):
         return False
     if query.text is not None:
-        import orjson
-
         needle = query.text.lower()
         if needle not in (r.task_id or "").lower() and needle not in orjson.dumps(r.input).decode().lower():
             return False

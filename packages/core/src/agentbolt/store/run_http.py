@@ -1,5 +1,5 @@
 """Runs, metrics, searches and health for :class:`~agentbolt.store.http.HttpStore` (routes in
-:mod:`agentbolt.server.run_routes`, bodies in :mod:`agentbolt.store.run_wire`)."""
+:mod:`agentbolt.store.server.run_routes`, bodies in :mod:`agentbolt.store.run_wire`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from ..runs import (
+from .. import types as t
+from .run_common import check_after_seq, check_list_limit, check_step
+from .run_records import (
     RolloutSearch,
     RolloutSearchPage,
     Run,
@@ -19,7 +21,7 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
-from .run_common import check_after_seq, check_list_limit, check_step
+from .run_wire import FinishRunRequest, RunMetricsRequest, RunMetricsResponse, RunsResponse
 
 __all__ = ["HttpRunsMixin"]
 
@@ -39,13 +41,10 @@ class HttpRunsMixin:
 
     async def start_run(self, spec: RunSpec) -> Run:
         if spec.run_id is None:  # chosen here: a retry after a lost answer then conflicts instead of duplicating
-            from .. import types as t
-
             spec = spec.model_copy(update={"run_id": t.new_id("run-")})
         return await self._post("/v1/runs", spec, Run, idempotent=False)
 
     async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
-        from .run_wire import FinishRunRequest
 
         body = FinishRunRequest(status=status, error=error)
         return await self._post(f"{_path(run_id)}/finish", body, Run, idempotent=False)
@@ -54,20 +53,17 @@ class HttpRunsMixin:
         return await self._get(_path(run_id), Run)
 
     async def list_runs(self, *, limit: int = 100) -> list[Run]:
-        from .run_wire import RunsResponse
 
         check_list_limit(limit)
         return (await self._get("/v1/runs", RunsResponse, {"limit": limit})).runs
 
     async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
-        from .run_wire import RunMetricsRequest
 
         check_step(step)
         body = RunMetricsRequest(step=step, values=check_metric_values(values))
         return await self._post(f"{_path(run_id)}/metrics", body, RunMetrics, idempotent=False)
 
     async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
-        from .run_wire import RunMetricsResponse
 
         check_after_seq(after_seq)
         params = None if after_seq is None else {"after_seq": after_seq}

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping
 
 from .. import types as t
 from ..errors import ConflictError, NotFoundError
-from ..runs import (
+from . import run_common
+from .run_records import (
     RolloutSearch,
     RolloutSearchPage,
     Run,
@@ -19,7 +20,6 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
-from . import run_common
 
 __all__ = ["MemoryRunsMixin"]
 

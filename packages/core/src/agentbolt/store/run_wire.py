@@ -1,5 +1,5 @@
 """The store server's wire format for runs: the bodies of the run routes that are not store
-types themselves, shared by the server (:mod:`agentbolt.server.run_routes`) and the HTTP client
+types themselves, shared by the server (:mod:`agentbolt.store.server.run_routes`) and the HTTP client
 (:mod:`agentbolt.store.run_http`). Importing it is cheap (no FastAPI)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import types as t
-from ..runs import Run, RunMetrics, RunStatus
+from .run_records import Run, RunMetrics, RunStatus
 
 __all__ = ["FinishRunRequest", "RunMetricsRequest", "RunMetricsResponse", "RunsResponse"]
 

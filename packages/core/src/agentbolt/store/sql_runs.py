@@ -16,7 +16,8 @@ from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import ConflictError, NotFoundError
-from ..runs import (
+from . import run_common
+from .run_records import (
     RolloutSearch,
     RolloutSearchPage,
     Run,
@@ -27,7 +28,7 @@ from ..runs import (
     StoreHealth,
     check_metric_values,
 )
-from . import run_common
+from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, attempts, rollouts
 
 if TYPE_CHECKING:
     from .sql_schema import _Sql
@@ -188,7 +189,6 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
-        from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, rollouts
 
         c = rollouts.c
         where: list[Any] = []
@@ -225,7 +225,6 @@ class SqlRunsMixin:
         return await self._run(tx, write=False)
 
     async def store_health(self) -> StoreHealth:
-        from .sql_schema import attempts, rollouts
 
         def tx(conn: Connection) -> StoreHealth:
             now = self._now()

@@ -40,8 +40,9 @@ import pytest
 from .. import types as t
 from ..algorithm import Algorithm
 from ..errors import UserError
-from ..runs import RolloutSearch, RunStatus
+from ..options import RunnerOptions
 from ..store.memory import MemoryStore
+from ..store.run_records import RolloutSearch, RunStatus
 from ..trainer import Trainer
 
 __all__ = ["AlgorithmConformance", "conformance_tasks", "parity_agent"]
@@ -104,7 +105,13 @@ class AlgorithmConformance:
     # -- helpers ----------------------------------------------------------------------------------
 
     def trainer(self, algorithm: Algorithm, store: MemoryStore) -> Trainer:
-        return Trainer(self.agent, algorithm, store=store, n_runners=0, concurrency=8, progress=False, max_attempts=1)
+        return Trainer(
+            self.agent,
+            algorithm,
+            store=store,
+            runners=RunnerOptions(n=0, concurrency=8, max_attempts=1),
+            progress=False,
+        )
 
     async def _fit(self, tmp_path: Path, *, train: list[dict[str, Any]] | None = None, **kw: Any) -> tuple[Any, Any]:
         store = MemoryStore("memory://")

@@ -8,8 +8,8 @@ import pytest
 
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, SchemaError, UserError
-from ..runs import RolloutSearch, RunSpec, RunStatus
 from ..store.base import Store
+from ..store.run_records import RolloutSearch, RunSpec, RunStatus
 
 __all__ = ["RunStoreConformance"]
 

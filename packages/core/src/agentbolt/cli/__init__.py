@@ -1,0 +1,9 @@
+"""The ``agentbolt`` command line (Typer): :mod:`~agentbolt.cli.app` holds the app and the
+store, gateway, runner and doctor commands; :mod:`~agentbolt.cli.runs` the commands that read
+runs (``runs``, ``rollouts``, ``export``, ``dashboard``)."""
+
+from __future__ import annotations
+
+from .app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,39 @@
+"""Plugins (pluggy): the registration hooks, the plugin manager and agentbolt's built-ins.
+
+- :mod:`~agentbolt.plugins.hookspecs` — the four ``agentbolt_register_*`` hooks,
+  :data:`hookimpl` (also ``from agentbolt import hookimpl``) and :class:`Register`;
+- :mod:`~agentbolt.plugins.registry` — the plugin manager (:func:`default_plugins`,
+  :class:`Plugins`): entry-point discovery, isolation of broken plugins, the registries.
+
+Core's own implementations register through the same hooks, from the part they belong to:
+:mod:`agentbolt.store.plugin` (store backends) and :mod:`agentbolt.lightningrl.plugin` (credit
+assigners, advantage estimators); the registry loads them by module name.
+"""
+
+from __future__ import annotations
+
+from .hookspecs import Register, hookimpl, hookspec
+from .registry import (
+    ENTRY_POINT_GROUP,
+    ENV_VAR,
+    PluginInfo,
+    PluginLoadWarning,
+    Plugins,
+    Registry,
+    default_plugins,
+    distribution_version,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "PluginInfo",
+    "PluginLoadWarning",
+    "Plugins",
+    "Register",
+    "Registry",
+    "default_plugins",
+    "distribution_version",
+    "hookimpl",
+    "hookspec",
+]

@@ -1,0 +1,36 @@
+"""Runs: what records a training or evaluation run, and what reads it back from a store.
+
+- :mod:`~agentbolt.runs.recorder` — records a run while the trainer runs it (the records
+  themselves, ``Run``, ``RunSpec``, ``RolloutSearch``…, are the store's:
+  :mod:`agentbolt.store.run_records`, exported by :mod:`agentbolt.store`);
+- :mod:`~agentbolt.runs.views` — read models of a run's rollouts (trajectories, transitions,
+  reward statistics) for the CLI and the dashboard;
+- :mod:`~agentbolt.runs.doctor` — checks what a run captured (``agentbolt doctor``);
+- :mod:`~agentbolt.runs.export` — supervised fine-tuning records from transitions.
+
+Names are imported on first use, so ``import agentbolt.runs`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .doctor import DoctorReport, diagnose, doctor
+    from .export import sft_records
+    from .recorder import RunRecorder
+
+__all__ = ["DoctorReport", "RunRecorder", "diagnose", "doctor", "sft_records"]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DoctorReport": "doctor",
+        "diagnose": "doctor",
+        "doctor": "doctor",
+        "RunRecorder": "recorder",
+        "sft_records": "export",
+    },
+)

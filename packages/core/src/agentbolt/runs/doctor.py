@@ -1,0 +1,378 @@
+"""``agentbolt doctor``: what a run captured, what it will train on, and what to fix — from the store.
+
+    agentbolt doctor --store sqlite:///runs.db                 # everything in the store
+    agentbolt doctor --store sqlite:///runs.db --run run-3f2a  # one run (its rollout id prefix)
+
+``Trainer.dev`` prints the same report (with the gateway's own counters). Counts come from the
+stored spans of **every attempt** of the selected rollouts; each finding says what to do:
+
+- ``not_recorded``: calls the gateway sent upstream without a span in the store (gateway counters);
+- ``no_calls``: rollouts that made no LLM call through the gateway;
+- ``missing_token_ids`` / ``retokenized`` / ``token_drift``: token sources of successful calls;
+- ``failed_calls``: calls the upstream failed (counted apart from missing ids);
+- ``calls_in_ended_attempts``: calls of attempts that failed or timed out (never trained on);
+- ``template_rewrite``: a later call continues an earlier conversation (its messages start with
+  the earlier messages and reply) but its prompt ids do not start with the earlier prompt +
+  reply ids: the chat template re-rendered history, so trajectories cannot merge;
+- ``adapter_failed``: adapters that failed to instrument in the runners (recorded per attempt);
+- ``unnamed_calls``: calls without an agent name (``agent_match`` cannot select them);
+- ``singleton_groups``: rollout groups of one, whose GRPO / RLOO advantages are all zero.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .. import semconv
+from .. import types as t
+from ..lightningrl.extraction import extract_episode
+from ..lightningrl.spans import is_gateway_call
+from ..store.base import Store
+
+__all__ = ["CaptureCounts", "DoctorReport", "Finding", "diagnose", "doctor"]
+
+Severity = Literal["error", "warning", "info"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or fact worth knowing) about what was captured."""
+
+    code: str
+    """Stable identifier, e.g. ``missing_token_ids``."""
+    severity: Severity
+    count: int
+    """How many calls, rollouts or groups it concerns."""
+    message: str
+    """What happened."""
+    fix: str
+    """What to do about it."""
+
+
+@dataclass
+class CaptureCounts:
+    """The numbers behind the findings (all attempts of the selected rollouts)."""
+
+    rollouts: int = 0
+    rollouts_by_status: dict[str, int] = field(default_factory=dict)
+    calls: int = 0
+    """Gateway LLM-call spans in the store."""
+    calls_ok: int = 0
+    calls_failed: int = 0
+    """Calls the upstream (or the client) failed: no tokens were generated."""
+    failed_by_type: dict[str, int] = field(default_factory=dict)
+    exact: int = 0
+    retokenized: int = 0
+    missing: int = 0
+    """Successful calls without token ids."""
+    drifted: int = 0
+    calls_in_ended_attempts: int = 0
+    """Calls of attempts that are not their rollout's final, succeeded attempt."""
+    template_rewrites: int = 0
+    unnamed_calls: int = 0
+    named_calls: int = 0
+    adapters: dict[str, int] = field(default_factory=dict)
+    """Adapter name -> attempts it instrumented."""
+    adapter_failures: dict[str, int] = field(default_factory=dict)
+    """``"name: why"`` -> attempts."""
+    groups: int = 0
+    singleton_groups: int = 0
+    upstream_forwarded: int | None = None
+    """Calls the gateway sent upstream (only when the gateway's counters are known)."""
+    spans_dropped: int | None = None
+
+
+@dataclass
+class DoctorReport:
+    """Counts and findings; :meth:`render` prints them."""
+
+    counts: CaptureCounts
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        """No error or warning."""
+        return not any(f.severity in ("error", "warning") for f in self.findings)
+
+    def finding(self, code: str) -> Finding | None:
+        return next((f for f in self.findings if f.code == code), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "counts": asdict(self.counts), "findings": [asdict(f) for f in self.findings]}
+
+    def render(self) -> str:
+        c = self.counts
+        status = ", ".join(f"{n} {s}" for s, n in sorted(c.rollouts_by_status.items()))
+        lines = [
+            f"rollouts: {c.rollouts} ({status or 'none'})",
+            f"LLM calls in the store: {c.calls} ({c.calls_ok} answered, {c.calls_failed} failed upstream)"
+            + (f"; the gateway forwarded {c.upstream_forwarded}" if c.upstream_forwarded is not None else ""),
+            f"token ids of answered calls: {c.exact} exact, {c.retokenized} retokenized ({c.drifted} drifted), "
+            f"{c.missing} missing",
+        ]
+        if c.adapters or c.adapter_failures:
+            active = ", ".join(sorted(c.adapters)) or "none"
+            lines.append(f"adapters: {active}" + (f"; {len(c.adapter_failures)} failed" if c.adapter_failures else ""))
+        for f in self.findings:
+            lines.append(f"{f.severity.upper()} {f.code} ({f.count}): {f.message}. Fix: {f.fix}")
+        lines.append("capture ok" if self.ok else "capture NOT ok: see the findings above")
+        return "\n".join(lines)
+
+
+def _messages(span: t.Span) -> list[tuple[str, str]]:
+    raw = span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES)
+    try:
+        messages = json.loads(raw) if isinstance(raw, str) else []
+    except ValueError:
+        return []
+    out = []
+    for m in messages if isinstance(messages, list) else []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            content = "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+        out.append((str(m.get("role")) if isinstance(m, dict) else "", str(content or "")))
+    return out
+
+
+def _template_rewrites(calls: Sequence[t.Span]) -> int:
+    """Calls that continue an earlier call's conversation whose prompt ids do not extend its ids."""
+    seen: list[tuple[list[tuple[str, str]], list[int]]] = []  # (messages, prompt + response ids)
+    rewrites = 0
+    for span in calls:
+        a = span.attributes
+        prompt, response = a.get(semconv.PROMPT_TOKEN_IDS), a.get(semconv.RESPONSE_TOKEN_IDS)
+        if not isinstance(prompt, list) or not isinstance(response, list):
+            continue
+        messages = _messages(span)
+        for earlier, ids in reversed(seen):
+            n = len(earlier)
+            if len(messages) > n and messages[:n] == earlier and messages[n][0] == "assistant":
+                if prompt[: len(ids)] != ids:
+                    rewrites += 1
+                break
+        seen.append((messages, prompt + response))
+    return rewrites
+
+
+def diagnose(
+    rollouts: Sequence[t.Rollout],
+    spans: Mapping[str, Sequence[t.Span]],
+    *,
+    gateway_stats: Mapping[str, Any] | None = None,
+) -> DoctorReport:
+    """The report for ``rollouts`` and their spans of **every** attempt (``query_spans(ids)``).
+
+    ``gateway_stats`` (``Gateway.stats()``) adds the upstream's side: calls forwarded vs recorded.
+    """
+
+    c = CaptureCounts(rollouts=len(rollouts))
+    c.rollouts_by_status = dict(Counter(r.status.value for r in rollouts))
+    no_calls = 0
+    for rollout in rollouts:
+        own = list(spans.get(rollout.rollout_id, ()))
+        calls = [s for s in own if is_gateway_call(s)]
+        if not calls:
+            no_calls += rollout.status is t.RolloutStatus.SUCCEEDED
+        final = rollout.current_attempt_id if rollout.status is t.RolloutStatus.SUCCEEDED else None
+        by_attempt: dict[str | None, list[t.Span]] = {}
+        for s in calls:
+            by_attempt.setdefault(s.attempt_id, []).append(s)
+            c.calls += 1
+            if s.attempt_id != final:
+                c.calls_in_ended_attempts += 1
+            if s.status.code is t.StatusCode.ERROR:
+                c.calls_failed += 1
+                kind = str(s.attributes.get("agentbolt.llm.upstream_error") or s.attributes.get(semconv.ERROR_TYPE))
+                c.failed_by_type[kind] = c.failed_by_type.get(kind, 0) + 1
+                continue
+            c.calls_ok += 1
+            source = s.attributes.get(semconv.TOKEN_SOURCE)
+            if source == semconv.TOKEN_SOURCE_EXACT:
+                c.exact += 1
+            elif source == semconv.TOKEN_SOURCE_RETOKENIZED:
+                c.retokenized += 1
+                c.drifted += bool(s.attributes.get(semconv.TOKEN_DRIFT))
+            else:
+                c.missing += 1
+        for attempt_calls in by_attempt.values():
+            c.template_rewrites += _template_rewrites(attempt_calls)
+        for s in own:
+            if s.name == semconv.SPAN_CAPTURE:
+                for name in s.attributes.get(semconv.CAPTURE_ADAPTERS) or ():
+                    c.adapters[str(name)] = c.adapters.get(str(name), 0) + 1
+                for why in s.attributes.get(semconv.CAPTURE_ADAPTER_FAILURES) or ():
+                    c.adapter_failures[str(why)] = c.adapter_failures.get(str(why), 0) + 1
+        if calls and rollout.current_attempt_id is not None:
+            episode = extract_episode(rollout, own)
+            for call in episode.calls:
+                if call.agent_name:
+                    c.named_calls += 1
+                else:
+                    c.unnamed_calls += 1
+    groups = Counter(r.group_id or r.rollout_id for r in rollouts)
+    c.groups, c.singleton_groups = len(groups), sum(1 for n in groups.values() if n == 1)
+    if gateway_stats is not None:
+        c.upstream_forwarded = int(gateway_stats.get("forwarded", 0))
+        c.spans_dropped = int(gateway_stats.get("spans_dropped", 0))
+    return DoctorReport(c, _findings(c, no_calls))
+
+
+def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
+    out: list[Finding] = []
+    if c.upstream_forwarded is not None and c.upstream_forwarded > c.calls:
+        out.append(
+            Finding(
+                "not_recorded",
+                "error",
+                c.upstream_forwarded - c.calls,
+                f"the gateway forwarded {c.upstream_forwarded} calls upstream but the store holds {c.calls} call spans"
+                + (f" ({c.spans_dropped} dropped by the gateway)" if c.spans_dropped else ""),
+                "keep the store reachable from the gateway (its span buffer drops the oldest when full), and do not "
+                "purge rollouts while they run",
+            )
+        )
+    if no_calls:
+        out.append(
+            Finding(
+                "no_calls",
+                "error",
+                no_calls,
+                "succeeded rollouts made no LLM call through the gateway",
+                "build the agent's client from resources.llm.base_url (the rollout's gateway URL), not a fixed URL",
+            )
+        )
+    for name, n in sorted(c.adapter_failures.items()):
+        out.append(
+            Finding(
+                "adapter_failed",
+                "error",
+                n,
+                f"adapter failed to instrument on {n} attempts ({name}); it recorded no agents or tools there",
+                "fix what the adapter's message says, in the processes that run agents",
+            )
+        )
+    if c.missing:
+        out.append(
+            Finding(
+                "missing_token_ids",
+                "error",
+                c.missing,
+                f"{c.missing} answered calls have no token ids: the backend returned none",
+                "use a backend that returns token ids (vLLM, agentbolt's torch policy server), or "
+                "Trainer(capture=CaptureOptions(token_ids='retokenize', tokenizer=<the policy's tokenizer>))",
+            )
+        )
+    if c.drifted:
+        out.append(
+            Finding(
+                "token_drift",
+                "warning",
+                c.drifted,
+                f"{c.drifted} of {c.retokenized} retokenized calls disagree with the backend's token counts or text "
+                "(agentbolt.llm.token_drift says how); LightningRL excludes them",
+                "pass the tokenizer (and chat template) of the model the backend serves, or use exact token ids",
+            )
+        )
+    if c.retokenized > c.drifted:
+        out.append(
+            Finding(
+                "retokenized",
+                "info",
+                c.retokenized - c.drifted,
+                "calls have ids rebuilt from text that match the backend's counts",
+                "LightningRL trains on them only with allow_retokenized=True; exact ids are safer",
+            )
+        )
+    if c.calls_failed:
+        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.failed_by_type.items()))
+        out.append(
+            Finding(
+                "failed_calls",
+                "warning",
+                c.calls_failed,
+                f"{c.calls_failed} calls failed upstream ({kinds}); they are failures, not missing ids",
+                "check the inference backend (reachable, healthy, fast enough for request_timeout_s)",
+            )
+        )
+    if c.calls_in_ended_attempts:
+        out.append(
+            Finding(
+                "calls_in_ended_attempts",
+                "info",
+                c.calls_in_ended_attempts,
+                "calls belong to attempts that failed, timed out or were retried; they are never trained on",
+                "see the failed rollouts' errors; raise timeout_s if attempts time out",
+            )
+        )
+    if c.template_rewrites:
+        out.append(
+            Finding(
+                "template_rewrite",
+                "warning",
+                c.template_rewrites,
+                "later calls continue an earlier conversation but their prompt ids do not start with the earlier "
+                "prompt + reply ids (the chat template or the agent re-rendered history): those turns cannot merge "
+                "into one sequence and train as separate transitions",
+                "send earlier replies back unchanged (same text and tool-call arguments), or use a chat template that "
+                "renders history as generated",
+            )
+        )
+    if c.unnamed_calls:
+        framework = bool(c.adapters) and c.named_calls > 0
+        out.append(
+            Finding(
+                "unnamed_calls",
+                "warning" if framework else "info",
+                c.unnamed_calls,
+                f"{c.unnamed_calls} calls have no agent name"
+                + (" although an adapter named other calls" if framework else ""),
+                "name roles with Trainer(capture=CaptureOptions(agent_names={'planner': 'system prompt text', ...})) or the "
+                "X-Agentbolt-Agent-Name header, so agent_match can select them",
+            )
+        )
+    if c.singleton_groups:
+        out.append(
+            Finding(
+                "singleton_groups",
+                "info",
+                c.singleton_groups,
+                f"{c.singleton_groups} of {c.groups} rollout groups have one rollout: their GRPO/RLOO advantages are 0",
+                "sample each task several times (group_size / n_samples >= 2) before training with group advantages",
+            )
+        )
+    return out
+
+
+async def doctor(
+    store: Store,
+    *,
+    run: str | None = None,
+    rollout_ids: Sequence[str] | None = None,
+    since: float | None = None,
+    gateway_stats: Mapping[str, Any] | None = None,
+) -> DoctorReport:
+    """:func:`diagnose` the rollouts of a store: given ids, a run (rollout id prefix), those
+    created since a unix time, or all."""
+    if rollout_ids is not None:
+        rollouts = await store.get_rollouts(list(rollout_ids))
+    else:
+        rollouts, cursor = [], None
+        while True:
+            page = await store.query_rollouts(limit=1000, cursor=cursor)
+            rollouts += page.items
+            cursor = page.next_cursor
+            if not cursor:
+                break
+    if run is not None:
+        rollouts = [r for r in rollouts if r.rollout_id.startswith(run)]
+    if since is not None:
+        rollouts = [r for r in rollouts if r.created_at >= since]
+    spans: dict[str, list[t.Span]] = {}
+    ids = [r.rollout_id for r in rollouts]
+    for i in range(0, len(ids), 200):
+        spans.update(await store.query_spans(ids[i : i + 200]))
+    return diagnose(rollouts, spans, gateway_stats=gateway_stats)

@@ -1,0 +1,9 @@
+"""agentbolt-dashboard: a read-only web console over any agentbolt store (runs, rollouts,
+trajectory replay, reward debugging, queue health), served by ``agentbolt dashboard``.
+See :func:`agentbolt_dashboard.app.create_app`."""
+
+from __future__ import annotations
+
+from .app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,261 @@
+"""The dashboard as an ASGI app: server-rendered pages (Starlette + Jinja2) over any store.
+
+Pages: ``/runs`` (live; compare runs' curves), ``/runs/{id}`` (a run's curves and steps, live),
+``/runs/{id}/rewards`` (reward debugger), ``/rollouts`` (filterable, paginated),
+``/rollouts/{id}`` (trajectory replay), ``/health``. JSON for the live parts: ``/api/runs`` and
+``/api/runs/{id}/metrics?after_seq=``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
+licence beside it); nothing is fetched from elsewhere.
+
+Read-only: anything but GET/HEAD answers 405. With a token, every request must carry it
+(``Authorization: Bearer``, or ``?token=`` once, which sets a cookie).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from agentbolt import __version__
+from agentbolt import types as t
+from agentbolt.errors import NotFoundError, UserError
+from agentbolt.runs import views
+from agentbolt.store import RolloutSearch
+from agentbolt.store.base import Store
+
+__all__ = ["TOKEN_COOKIE", "create_app"]
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+TOKEN_COOKIE = "agentbolt_dashboard_token"
+PAGE_SIZE = 50
+FIDELITY_SAMPLE = 50
+"""The Health page counts captured-call fidelity over this many latest succeeded rollouts."""
+
+
+def _fmt_time(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _fmt_num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "\u2013"  # en dash
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _duration(a: float | None, b: float | None) -> str:
+    if a is None:
+        return ""
+    seconds = (b or time.time()) - a
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
+    env.filters["time"] = _fmt_time
+    env.filters["num"] = _fmt_num
+    env.globals["duration"] = _duration
+    env.globals["version"] = __version__
+    return env
+
+
+class _Guard:
+    """Read-only and (optionally) token-protected."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if request.method not in ("GET", "HEAD"):
+            await PlainError(405, "the dashboard is read-only")(scope, receive, send)
+            return
+        if self.token is not None and not request.url.path.startswith("/static/"):
+            given = request.query_params.get("token")
+            if given is not None and hmac.compare_digest(given, self.token):
+                target = request.url.remove_query_params("token")
+                response = RedirectResponse(str(target.path) + (f"?{target.query}" if target.query else ""), 303)
+                response.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="strict")
+                await response(scope, receive, send)
+                return
+            header = request.headers.get("authorization", "")
+            offered = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(TOKEN_COOKIE, "")
+            if not hmac.compare_digest(offered, self.token):
+                await PlainError(401, "open the dashboard with ?token=<token> (the token it was started with)")(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+class PlainError(Response):
+    """A small HTML error page."""
+
+    def __init__(self, status: int, message: str) -> None:
+        body = f"<!doctype html><title>{status}</title><h1>{status}</h1><p>{message}</p>"
+        super().__init__(body, status_code=status, media_type="text/html")
+
+
+def create_app(store: Store, *, token: str | None = None, store_label: str | None = None) -> Starlette:
+    """The dashboard for ``store`` (read-only; closing the store is the caller's business)."""
+    env = _environment()
+    label = store_label or store.url
+
+    def page(name: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:
+        html = env.get_template(name).render(request=request, store_url=label, **context)
+        return HTMLResponse(html, status_code=status)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
+        return page("404.html", request, status=404, message=detail)
+
+    async def bad_request(request: Request, exc: Exception) -> Response:
+        return page("404.html", request, status=400, message=str(exc), title="Bad request")
+
+    async def index(request: Request) -> Response:
+        return RedirectResponse("/runs", 307)
+
+    async def runs_page(request: Request) -> Response:
+        runs = await store.list_runs(limit=200)
+        latest: dict[str, float] = {}
+        for run in runs:
+            latest.update(run.latest)
+        return page("runs.html", request, runs=runs, metrics=views.metric_names(latest), nav="runs")
+
+    async def run_page(request: Request) -> Response:
+        run = await store.get_run(request.path_params["run_id"])
+        counts = await store.search_rollouts(RolloutSearch(run_id=run.run_id, limit=1))
+        return page(
+            "run.html", request, run=run, metrics=views.metric_names(run.latest), rollouts=counts.total, nav="runs"
+        )
+
+    async def rewards_page(request: Request) -> Response:
+        view = await views.reward_debugger(store, request.path_params["run_id"])
+        return page("rewards.html", request, view=view, nav="runs")
+
+    async def rollouts_page(request: Request) -> Response:
+        q = request.query_params
+        query = _search(q)
+        result = await store.search_rollouts(query)
+        runs = await store.list_runs(limit=200)
+        params = {k: v for k, v in q.items() if v and k != "page"}
+        page_no = query.offset // PAGE_SIZE + 1
+        pages = max(1, math.ceil(result.total / PAGE_SIZE))
+
+        def link(n: int) -> str:
+            return "/rollouts?" + urlencode({**params, "page": n})
+
+        return page(
+            "rollouts.html",
+            request,
+            result=result,
+            runs=runs,
+            q=q,
+            page_no=page_no,
+            pages=pages,
+            prev_link=link(page_no - 1) if page_no > 1 else None,
+            next_link=link(page_no + 1) if page_no < pages else None,
+            statuses=[s.value for s in t.RolloutStatus],
+            kinds=[k.value for k in t.ErrorKind],
+            nav="rollouts",
+        )
+
+    async def trajectory_page(request: Request) -> Response:
+        view = await views.trajectory(store, request.path_params["rollout_id"])
+        return page("trajectory.html", request, v=view, nav="rollouts")
+
+    async def health_page(request: Request) -> Response:
+        health = await store.store_health()
+        recent = await store.search_rollouts(RolloutSearch(status=[t.RolloutStatus.SUCCEEDED], limit=FIDELITY_SAMPLE))
+        fidelity = await views.fidelity(store, [r.rollout_id for r in recent.items])
+        return page("health.html", request, h=health, fidelity=fidelity, sampled=len(recent.items), nav="health")
+
+    async def api_runs(request: Request) -> Response:
+        runs = await store.list_runs(limit=200)
+        return JSONResponse([r.model_dump(mode="json", exclude={"config"}) for r in runs])
+
+    async def api_metrics(request: Request) -> Response:
+        after = request.query_params.get("after_seq")
+        try:
+            after_seq = int(after) if after else None
+        except ValueError:
+            raise UserError(f"after_seq must be an integer, got {after!r}") from None
+        rows = await store.get_run_metrics(request.path_params["run_id"], after_seq=after_seq)
+        return JSONResponse([m.model_dump(mode="json") for m in rows])
+
+    routes = [
+        Route("/", index),
+        Route("/runs", runs_page),
+        Route("/runs/{run_id:path}/rewards", rewards_page),
+        Route("/runs/{run_id:path}", run_page),
+        Route("/rollouts", rollouts_page),
+        Route("/rollouts/{rollout_id:path}", trajectory_page),
+        Route("/health", health_page),
+        Route("/api/runs", api_runs),
+        Route("/api/runs/{run_id:path}/metrics", api_metrics),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, NotFoundError: not_found, UserError: bad_request, ValueError: bad_request},
+    )
+    app.add_middleware(_Guard, token=token)
+    return app
+
+
+def _search(q: Any) -> RolloutSearch:
+    """The rollouts page's query parameters as a search (``UserError`` for bad values)."""
+
+    def num(name: str, cast: Any) -> Any:
+        value = q.get(name)
+        if value in (None, ""):
+            return None
+        try:
+            return cast(value)
+        except ValueError:
+            raise UserError(f"{name} must be a number, got {value!r}") from None
+
+    page_no = num("page", int) or 1
+    status = q.get("status") or None
+    kind = q.get("failure") or None
+    try:
+        return RolloutSearch(
+            run_id=q.get("run") or None,
+            step=num("step", int),
+            status=[t.RolloutStatus(status)] if status else None,
+            mode=t.RolloutMode(q["mode"]) if q.get("mode") else None,
+            reward_min=num("reward_min", float),
+            reward_max=num("reward_max", float),
+            text=q.get("q") or None,
+            failure_kind=t.ErrorKind(kind) if kind else None,
+            limit=PAGE_SIZE,
+            offset=(max(page_no, 1) - 1) * PAGE_SIZE,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
