@@ -99,7 +99,7 @@ _KEEP_PREFIXES = ("train/", "update/loss", "update/pg_loss", "update/entropy", "
 
 def trim(record: Mapping[str, Any]) -> dict[str, Any]:
     """A metrics record without bulky fields (engine counters, per-call LightningRL tallies)."""
-    keep = ("stage", "step", "tier", "kind")
+    keep = ("stage", "step", "stage_step", "tier", "kind")
     return {k: v for k, v in record.items() if k in keep or k.startswith(_KEEP_PREFIXES)}
 
 
@@ -107,11 +107,37 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def number_steps(metrics: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The stages' metrics on one step axis: ``step`` counts trained steps over the whole run (SFT
+    steps 1..S, then RL steps S+1..S+R; a held-out pass at the step after which it ran: base 0, sft
+    S, rl S+R), ``stage_step`` is the step within its stage. Already numbered records pass as they are.
+    """
+    rows = [dict(r) for r in metrics]
+    if any("stage_step" in r for r in rows):
+        return rows
+    last = {
+        stage: max((int(r["step"]) for r in rows if r.get("stage") == stage and "step" in r), default=0)
+        for stage in STAGES
+    }
+    offset = {"base": 0, "sft": 0, "rl": last["sft"]}
+    end = {"base": 0, "sft": last["sft"], "rl": last["sft"] + last["rl"]}
+    for row in rows:
+        stage = row.get("stage")
+        if stage not in offset:
+            continue
+        if row.get("kind") == "heldout":
+            row["step"] = end[stage]
+        elif "step" in row:
+            row["stage_step"] = row["step"]
+            row["step"] = offset[stage] + int(row["step"])
+    return rows
+
+
 def write(out: Path, result_json: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]]) -> None:
-    """Write result.json, metrics.jsonl and curve.png into ``out``."""
+    """Write result.json, metrics.jsonl (on one step axis: :func:`number_steps`) and curve.png into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result_json, indent=2) + "\n")
-    (out / "metrics.jsonl").write_text("".join(json.dumps(trim(r)) + "\n" for r in metrics))
+    (out / "metrics.jsonl").write_text("".join(json.dumps(trim(r)) + "\n" for r in number_steps(metrics)))
     plot(out / "metrics.jsonl", out / "curve.png")
 
 
@@ -120,6 +146,16 @@ def copy_record(out: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("result.json", "metrics.jsonl", "curve.png"):
         shutil.copyfile(out / name, dest / name)
+
+
+def publish(out: Path, dest: Path, *, command: str | None = None) -> None:
+    """Publish the record of a run in ``out`` into ``dest`` (``docs/runs/calc_agent``), rewritten
+    by this version's :func:`write` (metrics on one step axis, the curve redrawn); ``command``
+    replaces the recorded command line when it was run differently (e.g. ``uv run --frozen``)."""
+    result_json = json.loads((Path(out) / "result.json").read_text())
+    if command is not None:
+        result_json["command"] = command
+    write(Path(dest), result_json, read_jsonl(Path(out) / "metrics.jsonl"))
 
 
 def plot(metrics_path: Path, out_png: Path) -> Path:
@@ -135,7 +171,11 @@ def plot(metrics_path: Path, out_png: Path) -> Path:
         (panels[0], "sft", "update/loss", "SFT: NLL of the demonstrations"),
         (panels[1], "rl", "train/reward", "RL: mean training reward"),
     ):
-        points = [(r["step"], r[key]) for r in records if r.get("stage") == stage and key in r and "tier" not in r]
+        points = [
+            (r.get("stage_step", r["step"]), r[key])
+            for r in records
+            if r.get("stage") == stage and key in r and "tier" not in r and "step" in r
+        ]
         if points:
             ax.plot(*zip(*points, strict=True), marker=".")
         ax.set_title(label)
@@ -163,3 +203,15 @@ def plot(metrics_path: Path, out_png: Path) -> Path:
     fig.tight_layout()
     fig.savefig(out_png)
     return Path(out_png)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="publish a calc_agent run's record (e.g. into docs/runs/calc_agent)")
+    parser.add_argument("out", type=Path, help="the run's --out folder (holds result.json, metrics.jsonl)")
+    parser.add_argument("dest", type=Path, help="where the record goes")
+    parser.add_argument("--command", help="the command line as run, when it differs from the recorded one")
+    args = parser.parse_args()
+    publish(args.out, args.dest, command=args.command)
+    print(f"published {args.out} -> {args.dest}")

@@ -107,6 +107,10 @@ def test_pipeline_demonstrations_sft_rl_writes_the_run_record(tmp_path: Path) ->
     assert [r for r in records if r.get("stage") == "rl" and "train/reward" in r]
     heldout = [(r["stage"], r["tier"]) for r in records if r.get("kind") == "heldout"]
     assert heldout == [(s, t) for s in ("base", "sft", "rl") for t in ("large", "small")]
+    # one step axis over the stages (the docs/runs contract): SFT steps 1-2, RL step 3
+    assert set(range(1, result["steps"] + 1)) <= {r["step"] for r in records}
+    assert [r["step"] for r in records if r.get("kind") == "heldout"] == [0, 0, 2, 2, 3, 3]
+    assert [(r["step"], r["stage_step"]) for r in records if r.get("stage") == "rl" and "train/reward" in r] == [(3, 1)]
 
     # the RL run's rollouts: every LLM call the gateway recorded became a transition or an exclusion
     rollouts, spans = asyncio.run(_store_contents(f"sqlite:///{tmp_path / 'calc.db'}"))

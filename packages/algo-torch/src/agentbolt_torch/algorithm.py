@@ -5,7 +5,9 @@ batch of tasks ``group_size`` times each through the runners, turn the spans of 
 attempts into transitions with LightningRL (credit and advantages), pause the gateway and the
 generation engine, update the policy (clipped policy gradient, per-rollout normalised), bump
 its version, resume. Held-out accuracy is measured before training, every ``val_every`` steps
-and at the end; metrics go to ``out_dir/metrics.jsonl`` and a PNG curve.
+and at the end; metrics (with each step's sampling health, ``health/*``: see
+:func:`agentbolt.runs.health.step_metrics`) go to ``out_dir/metrics.jsonl``, the run in the
+store and a PNG curve.
 
     Trainer(agent, TorchGRPO(model="smollm2", steps=30, batch_size=8, group_size=4)).fit(train, val)
 """
@@ -28,6 +30,7 @@ from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.runs.health import step_metrics
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -268,18 +271,20 @@ class TorchGRPO(Algorithm):
             description=f"{self._step_label} {step}/{self.steps}",
             step=step,
         )
+        generated = time.monotonic()
+        spans = await ctx.spans(rollouts)
+        health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
         values = {
             "train/reward": _mean_reward(rollouts),
             "train/accuracy": self._accuracy(rollouts),
             "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
-            "time/rollouts_s": time.monotonic() - started,
+            "time/rollouts_s": generated - started,
             **_engine_delta(engine_before, self._engine.stats),
+            **health,
         }
-        chosen = self._transitions_to_train(
-            step, rollouts, await ctx.spans(rollouts), lrl, first=first, policy_version=policy.version
-        )
+        chosen = self._transitions_to_train(step, rollouts, spans, lrl, first=first, policy_version=policy.version)
         if chosen is None:
-            return None, {"train/reward": values["train/reward"]}
+            return None, {"train/reward": values["train/reward"], **health}
         transitions, extra = chosen
         return transitions, {**values, **extra}
 
