@@ -75,6 +75,7 @@ def _train(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.Compl
     )
 
 
+@pytest.mark.timeout(900)  # three tiny-model stages in runner processes; slow on a busy 2-core machine
 def test_pipeline_demonstrations_sft_rl_writes_the_run_record(tmp_path: Path) -> None:
     proc = _train(
         tmp_path,
@@ -150,6 +151,7 @@ with FakeLLMServer(backend) as server:
 """
 
 
+@pytest.mark.timeout(900)  # a scripted teacher and a tiny-model SFT stage; slow on a busy 2-core machine
 def test_teacher_demonstrations_come_from_its_successful_rollouts(tmp_path: Path) -> None:
     """``--teacher URL``: a scripted OpenAI-compatible teacher (standing for a stronger model) answers
     with calculator calls; only the rollouts it got right become demonstrations."""
