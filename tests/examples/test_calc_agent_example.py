@@ -59,7 +59,7 @@ async def _store_contents(url: str) -> tuple[list[t.Rollout], dict[str, list[t.S
     return rollouts, spans
 
 
-def _train(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _train(tmp_path: Path, *args: str, timeout: float = 840) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
