@@ -85,6 +85,8 @@ class TorchGRPO(Algorithm):
         batch_size, group_size: tasks per step and rollouts per task (GRPO groups).
         temperature, max_tokens, top_p: sampling the gateway forces on every training call.
         val_every: evaluate on ``val`` every this many steps (and before and after training).
+        val_before: evaluate before the first step (``False``: skip it, e.g. when a previous
+            stage just measured these weights; ``accuracy_before`` is then ``None``).
         val_samples: rollouts per held-out task; ``val_temperature`` (default: ``temperature``).
         success_threshold: a rollout counts as correct when its final reward is at least this.
         lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
@@ -125,6 +127,7 @@ class TorchGRPO(Algorithm):
         max_tokens: int = 64,
         top_p: float = 1.0,
         val_every: int | None = 10,
+        val_before: bool = True,
         val_samples: int = 1,
         val_temperature: float | None = None,
         success_threshold: float = 1.0,
@@ -152,6 +155,7 @@ class TorchGRPO(Algorithm):
         self.group_size = group_size
         self.sampling = {"temperature": temperature, "max_tokens": max_tokens, "top_p": top_p}
         self.val_every = val_every
+        self.val_before = val_before
         self.val_samples = val_samples
         self.val_sampling = {
             **self.sampling,
@@ -181,8 +185,14 @@ class TorchGRPO(Algorithm):
 
         from .metrics import MetricsLogger, plot_curves
 
-        if not train and self.steps:
+        items = self._training_items(train)
+        if not items and self.steps:
             raise UserError(f"{self.name} needs training tasks (fit(train=...))")
+        if self.lightningrl.max_staleness is not None and items is not train:
+            raise UserError(
+                f"{self.name} trains on demonstrations here: nothing is sampled, so max_staleness does not "
+                "apply (leave it unset)"
+            )
         policy, updater = await asyncio.to_thread(self._load)
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
@@ -195,11 +205,15 @@ class TorchGRPO(Algorithm):
             MetricsLogger(self.out_dir, append=self.resume is not None),
         )
         try:
-            accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=run.log_step)
+            accuracy_before, val_reward_before = (
+                await self._evaluate(ctx, policy, val, step=0, log_step=run.log_step)
+                if self.val_before
+                else (None, None)
+            )
             if self.lightningrl.max_staleness is None:
-                await self._train_sync(run, train, val)
+                await self._train_sync(run, items, val)
             else:
-                await train_async(self, run, train, val)
+                await train_async(self, run, items, val)
             accuracy_after, val_reward_after = (
                 await self._evaluate(ctx, policy, val, step=self.steps, log_step=run.log_step)
                 if self.steps
@@ -236,36 +250,82 @@ class TorchGRPO(Algorithm):
             history=run.history,
         )
 
-    async def _train_sync(self, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
-        """The synchronous schedule: each step's rollouts, then its update while nothing generates."""
-        ctx, policy = run.ctx, run.policy
-        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
-        for step, batch in enumerate(batches(train, self.batch_size, epochs=epochs, seed=self.seed), start=1):
+    async def _train_sync(self, run: RunState, items: Sequence[Any], val: Sequence[t.Task]) -> None:
+        """The synchronous schedule: each step's rows (:meth:`_step_transitions`), then its update
+        while nothing generates."""
+        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(items))))
+        for step, batch in enumerate(batches(items, self.batch_size, epochs=epochs, seed=self.seed), start=1):
             if step > self.steps:
                 break
             started = time.monotonic()
-            engine_before = self._engine.stats
-            await self._publish(ctx, policy, self.sampling)
-            rollouts = await ctx.run_rollouts(
-                batch,
-                group_size=self.group_size,
-                tag=f"{self._step_tag}{step}",
-                description=f"{self._step_label} {step}/{self.steps}",
-                step=step,
+            transitions, values = await self._step_transitions(
+                run.ctx, run.policy, step, batch, run.lrl, first=not run.step_times
             )
-            generated = time.monotonic()
-            timing = {"time/rollouts_s": generated - started, "time/trainer_wait_s": generated - started}
-            trained = await self._train_on(
-                run, step, rollouts, update=lambda rows: self._update(ctx, run.updater, rows), timing=timing
-            )
-            if trained is not None:
+            if transitions is None:
+                run.log_step(step, {**values, "train/skipped": 1.0})
+            else:
+                waited = values.get("time/rollouts_s", 0.0)
+                trained = await self._train_rows(
+                    run,
+                    transitions,
+                    {**values, "time/trainer_wait_s": waited},
+                    update=lambda rows: self._update(run.ctx, run.updater, rows),
+                )
                 elapsed = time.monotonic() - started
                 run.step_times.append(elapsed)
-                trained.update(engine_delta(engine_before, self._engine.stats))
                 trained.update(wait_shares(trained, elapsed, rollouts_wait_s=trained["time/update_s"]))
                 trained["time/step_s"] = elapsed
                 run.log_step(step, trained)
             await self._after_step(run, step, val)
+
+    async def _step_transitions(
+        self, ctx: AlgorithmContext, policy: Any, step: int, batch: Sequence[Any], lrl: Any, *, first: bool
+    ) -> tuple[list[Any] | None, dict[str, float]]:
+        """One synchronous step's training rows (``None``: skip the update) and its metrics.
+
+        Runs the batch's rollouts on the current policy and chooses with
+        :meth:`_transitions_to_train` (:meth:`_rollout_rows`); raising stops the run.
+        """
+        started = time.monotonic()
+        engine_before = self._engine.stats
+        await self._publish(ctx, policy, self.sampling)
+        rollouts = await ctx.run_rollouts(
+            batch,
+            group_size=self.group_size,
+            tag=f"{self._step_tag}{step}",
+            description=f"{self._step_label} {step}/{self.steps}",
+            step=step,
+        )
+        timing = {"time/rollouts_s": time.monotonic() - started, **engine_delta(engine_before, self._engine.stats)}
+        return await self._rollout_rows(ctx, policy, step, rollouts, lrl, first=first, values=timing)
+
+    async def _rollout_rows(
+        self,
+        ctx: AlgorithmContext,
+        policy: Any,
+        step: int,
+        rollouts: Sequence[t.Rollout],
+        lrl: Any,
+        *,
+        first: bool,
+        values: Mapping[str, float],
+    ) -> tuple[list[Any] | None, dict[str, float]]:
+        """Finished ``rollouts`` -> LightningRL's rows (the staleness bound from the policy's
+        version; ``None``: skip the update) and the step's metrics (``values`` and the rollouts'
+        reward, accuracy, failures, sampling health and LightningRL's report)."""
+        spans = await ctx.spans(rollouts)
+        values = {
+            "train/reward": mean_reward(rollouts),
+            "train/accuracy": self._accuracy(rollouts),
+            "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
+            **values,
+            **step_metrics(rollouts, spans),  # sampling health: near-certain tokens, duplicates, tool calls
+        }
+        chosen = self._transitions_to_train(step, rollouts, spans, lrl, first=first, policy_version=policy.version)
+        if chosen is None:
+            return None, values
+        transitions, extra = chosen
+        return transitions, {**values, **extra}
 
     async def _train_on(
         self,
@@ -276,38 +336,36 @@ class TorchGRPO(Algorithm):
         update: Callable[[list[Any]], Awaitable[tuple[Any, dict[str, float]]]],
         timing: Mapping[str, float],
     ) -> dict[str, float] | None:
-        """One step's training on finished ``rollouts``: LightningRL's rows (the staleness bound from
-        the policy's version), the update (``update``: rows -> metrics and extra values). Returns the
-        step's metrics for the caller to complete and log, or ``None`` when the update was skipped
-        (logged here)."""
-        reward = mean_reward(rollouts)
-        spans = await run.ctx.spans(rollouts)
-        health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
-        chosen = self._transitions_to_train(
-            step,
-            rollouts,
-            spans,
-            run.lrl,
-            first=not run.step_times,
-            policy_version=run.policy.version,
+        """An asynchronous step's training on finished ``rollouts`` (:meth:`_rollout_rows`, then
+        ``update``: rows -> update metrics and extra values). Returns the step's metrics for the
+        caller to complete and log, or ``None`` when the update was skipped (logged here)."""
+        transitions, values = await self._rollout_rows(
+            run.ctx, run.policy, step, rollouts, run.lrl, first=not run.step_times, values=timing
         )
-        if chosen is None:
-            run.log_step(step, {"train/reward": reward, "train/skipped": 1.0, **timing, **health})
+        if transitions is None:
+            run.log_step(step, {**values, "train/skipped": 1.0})
             return None
-        transitions, extra = chosen
+        return await self._train_rows(run, transitions, values, update=update)
+
+    async def _train_rows(
+        self,
+        run: RunState,
+        transitions: list[Any],
+        values: Mapping[str, float],
+        *,
+        update: Callable[[list[Any]], Awaitable[tuple[Any, dict[str, float]]]],
+    ) -> dict[str, float]:
+        """The update on a step's rows; the step's metrics with the update's (the running totals
+        of the result advance here)."""
         result, more = await update(transitions)
-        run.rewards.append(reward)
-        run.stale_calls += int(extra.get("lightningrl/excluded/stale", 0))
+        if "train/reward" in values:
+            run.rewards.append(values["train/reward"])
+        run.stale_calls += int(values.get("lightningrl/excluded/stale", 0))
         return {
-            "train/reward": reward,
-            "train/accuracy": self._accuracy(rollouts),
-            "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
+            **values,
             "train/transitions": float(len(transitions)),
-            **timing,
             "time/update_s": result.seconds,
             **{f"update/{k}": v for k, v in result.as_dict().items() if k not in ("step", "seconds")},
-            **health,
-            **extra,
             **more,
         }
 
@@ -331,6 +389,11 @@ class TorchGRPO(Algorithm):
     """Rollout-id tag of a training step (``step3``)."""
     _step_label = "step"
     """What the progress line calls a training step."""
+
+    def _training_items(self, train: Sequence[t.Task]) -> Sequence[Any]:
+        """What the steps draw their batches from: the training tasks (:class:`TorchSFT` with
+        demonstrations: its demonstration episodes)."""
+        return train
 
     def _transitions_to_train(
         self,
