@@ -133,6 +133,18 @@ def test_max_staleness_needs_an_asynchronous_algorithm() -> None:
     assert algorithm.lightningrl.max_staleness == 2
 
 
+def test_max_staleness_is_refused_for_sft_on_demonstrations(tmp_path: Path) -> None:
+    """Offline SFT samples nothing: an asynchronous bound there is a mistake, said before any work."""
+    from agentbolt_torch.demonstrations import Demonstration
+    from agentbolt_torch.sft import TorchSFT
+
+    demo = Demonstration(messages=[{"role": "user", "content": "2+2?"}], reply={"content": "4"}, episode="e0")
+    algorithm = TorchSFT("tiny", steps=1, demonstrations=[demo], out_dir=tmp_path, plot=False, val_every=None)
+    trainer = Trainer(one_call_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False)
+    with pytest.raises(UserError, match="demonstrations here: nothing is sampled, so max_staleness does not apply"):
+        trainer.fit([], max_staleness=1)
+
+
 # -- torch-grpo with max_staleness ------------------------------------------------------------
 
 
