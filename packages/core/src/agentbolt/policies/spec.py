@@ -78,6 +78,19 @@ class PolicySpec(BaseModel):
     ``target_modules``)."""
     _selector: Callable[[str | None], bool] = PrivateAttr()
 
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as exc:
+            lines = ["invalid policy:"]
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "extra_forbidden":
+                    msg = f"unknown setting; valid: {', '.join(type(self).model_fields)}"
+                lines.append(f"  {where}: {msg}")
+            raise UserError("\n".join(lines)) from None
+
     def model_post_init(self, context: Any, /) -> None:
         self._selector = agent_selector(self.match)
 
@@ -128,21 +141,7 @@ def match(*agents: str | re.Pattern[str] | Callable[[str | None], bool], **setti
         selector = agents[0]
     else:
         raise UserError("match() takes agent names, or one re.compile(...) pattern, or one predicate")
-    return _spec(match=selector, **settings)
-
-
-def _spec(**fields: Any) -> PolicySpec:
-    try:
-        return PolicySpec(**fields)
-    except ValidationError as exc:
-        lines = ["invalid policy:"]
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown setting; valid: {', '.join(PolicySpec.model_fields)}"
-            lines.append(f"  {where}: {msg}")
-        raise UserError("\n".join(lines)) from None
+    return PolicySpec(match=selector, **settings)
 
 
 class Policies(Mapping[str, PolicySpec]):
@@ -164,7 +163,7 @@ class Policies(Mapping[str, PolicySpec]):
                     f"digit or '-'; {BASE_POLICY!r} is reserved); it names the adapter and the served model"
                 )
             if isinstance(spec, Mapping):
-                spec = _spec(**spec)
+                spec = PolicySpec(**spec)
             if not isinstance(spec, PolicySpec):
                 raise UserError(f"policy {name!r}: expected match(...) or a PolicySpec, got {type(spec).__name__}")
             specs[name] = spec
