@@ -270,3 +270,94 @@ def test_one_shared_policy_loads_todays_single_policy(tmp_path: Path) -> None:
         import asyncio
 
         asyncio.run(algorithm.close())
+
+
+async def three_role_agent(task: dict[str, Any], resources: Any) -> float:
+    """A writer, a rewriter and a checker, named by the X-Agentbolt-Agent-Name header."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
+    total = 0
+    for role in ("write_query", "rewrite_query", "check_query"):
+        reply = await client.chat.completions.create(
+            model=resources.llm.model,
+            messages=[{"role": "user", "content": f"{task['question']} ({role})"}],
+            extra_headers={"X-Agentbolt-Agent-Name": role},
+        )
+        total += len(reply.choices[0].message.content or "")
+    return float(total % 2)
+
+
+def test_two_roles_train_through_the_whole_pipeline(tmp_path: Path) -> None:
+    import asyncio
+    import json
+
+    from agentbolt import semconv
+    from agentbolt.options import RunnerOptions
+    from agentbolt.store import open_store
+    from agentbolt.trainer import Trainer
+
+    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
+    algorithm = TorchGRPO(
+        "tiny",
+        steps=2,
+        batch_size=2,
+        group_size=4,
+        max_tokens=8,
+        val_every=None,
+        out_dir=tmp_path / "out",
+        checkpoint_every=2,
+        engine={"batch_window_s": 0.01},
+        update={"lr": 1e-2},
+    )
+    store = f"sqlite:///{tmp_path}/runs.db"
+    trainer = Trainer(
+        three_role_agent,
+        algorithm,
+        store=store,
+        runners=RunnerOptions(n=0, concurrency=8),
+        progress=False,
+        policies=ROLES,
+    )
+    result = trainer.fit(tasks, [])
+
+    assert result.steps == 2
+    steps = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
+    steps = [r for r in steps if "train/transitions" in r]
+    for r in steps:
+        assert r["train/writer/n_transitions"] == 8 and r["train/rewriter/n_transitions"] == 8
+        assert r["lightningrl/excluded/no_policy"] == 8  # the checker: no policy, never trained
+        assert r["lightningrl/policy/writer/transitions"] == 8
+        assert abs(r["train/writer/logprob_mismatch"]) < 0.05  # served by the adapter that is trained
+        assert "update/loss" not in r
+    assert [r["train/writer/policy_version"] for r in steps] == [1, 2]
+
+    async def calls() -> list[tuple[Any, ...]]:
+        opened = open_store(store)
+        try:
+            rollouts = (await opened.query_rollouts(limit=100)).items
+            spans = await opened.query_spans([r.rollout_id for r in rollouts])
+        finally:
+            await opened.close()
+        return sorted(
+            (
+                s.attributes.get(semconv.GEN_AI_AGENT_NAME),
+                s.attributes.get(semconv.POLICY_NAME),
+                s.attributes[semconv.GEN_AI_REQUEST_MODEL],
+                s.attributes.get(semconv.POLICY_VERSION),
+            )
+            for r in rollouts
+            for s in spans[r.rollout_id]
+            if semconv.TOKEN_SOURCE in s.attributes
+        )
+
+    seen = set(asyncio.run(calls()))
+    assert seen == {
+        ("check_query", None, "tiny", 0),
+        ("rewrite_query", "rewriter", "rewriter", 0),
+        ("rewrite_query", "rewriter", "rewriter", 1),
+        ("write_query", "writer", "writer", 0),
+        ("write_query", "writer", "writer", 1),
+    }
+    final = Path(result.checkpoint)
+    assert (final / "policies" / "writer" / "adapter").is_dir() and (final / "policies" / "rewriter").is_dir()
