@@ -188,7 +188,7 @@ def test_urls_the_workers_cannot_use_are_refused() -> None:
         RayWorkerOptions(num_cpus=-1)
     from agentbolt.trainer import Trainer
 
-    with pytest.raises(UserError, match="runners"):
+    with pytest.raises(UserError, match=r"invalid RunnerOptions:\n  kind: Input should be 'processes' or 'ray'"):
         Trainer(
             e2e_agents.plain_agent,
             runners=RunnerOptions(kind="kubernetes"),

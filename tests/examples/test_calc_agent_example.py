@@ -130,7 +130,7 @@ tasks = [
 ]
 url = "sqlite:///" + {db!r}
 with FakeLLMServer(backend) as server:
-    Trainer(calc_agent, store=url, runners={"n": 0}, progress=False).dev(tasks, llm=server.base_url, model="fake-model")
+    Trainer(calc_agent, store=url, runners={{"n": 0}}, progress=False).dev(tasks, llm=server.base_url, model="fake-model")
 
 async def main():
     store = open_store(url)

@@ -13,6 +13,16 @@ OpenTelemetry: :func:`install_otel` adds :class:`AgentboltSpanProcessor` to the 
 receive what they received before), otherwise a new provider that has only our processor, so
 nothing goes anywhere else unless the user configures it. The processor keeps spans that start
 inside a rollout (or under a span that did) and ignores all others.
+
+Whoever sets the global provider first, both sides receive the spans: when agentbolt's own
+provider is global and an instrumentation (AgentOps, Phoenix's ``register``, the user's code)
+sets its provider later — which OpenTelemetry refuses — that provider *joins* ours instead:
+spans made through the global API also reach its processors (its exporters receive what they
+would have), and spans made through its own tracers reach agentbolt.
+
+Span translators (:func:`add_span_translator`) map another instrumentation's conventions onto
+agentbolt's (adapter packages for AgentOps, OpenInference, OpenLLMetry); they run when a
+finished span is converted, on the runner's event loop, never on the agent's thread.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import collections
 import contextvars
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,14 +45,28 @@ __all__ = [
     "AgentboltSpanProcessor",
     "RolloutContext",
     "SpanSink",
+    "SpanStarter",
+    "SpanTranslator",
+    "add_span_starter",
+    "add_span_translator",
     "current_rollout",
     "install_otel",
+    "remove_span_starter",
+    "remove_span_translator",
     "rollout_context",
 ]
 
 log = logging.getLogger(__name__)
 
 _CURRENT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar("agentbolt_rollout", default=None)
+
+SpanTranslator = Callable[["t.Span"], "t.Span | None"]
+"""Maps a captured OpenTelemetry span (converted to a :class:`~agentbolt.types.Span`) onto
+agentbolt's conventions: returns the span to store instead, or ``None`` to store it unchanged."""
+SpanStarter = Callable[[Any], None]
+"""Sees an OpenTelemetry SDK span of a rollout as it starts (still writable), on the thread that
+started it: what must be known before the span ends (e.g. the agent a span belongs to, in case
+its agent's span never ends). Must be cheap and must not raise (errors are logged)."""
 
 
 @dataclass
@@ -235,14 +259,31 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class _Finished:
+    """A finished OpenTelemetry span with the translators active when it ended."""
+
+    span: Any
+    translators: tuple[SpanTranslator, ...]
+
+
 def _as_span(item: Any) -> t.Span | None:
     if isinstance(item, t.Span):
         return item
+    translators: tuple[SpanTranslator, ...] = ()
+    if isinstance(item, _Finished):
+        item, translators = item.span, item.translators
     try:  # a finished OpenTelemetry SDK span, converted off the agent's thread
-        return t.Span.from_otel(item)
+        span = t.Span.from_otel(item)
     except Exception as exc:
         log.warning("dropping an OpenTelemetry span that cannot be converted: %s", exc)
         return None
+    for translate in translators:
+        try:
+            span = translate(span) or span
+        except Exception as exc:  # translators guard themselves; this is the last line of defence
+            log.warning("a span translator failed on %r (%r); the span is stored untranslated", span.name, exc)
+    return span
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,6 +308,30 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self._open: dict[tuple[int, int], tuple[SpanSink, str, str]] = {}
+        self._translators: tuple[SpanTranslator, ...] = ()
+        self._starters: tuple[SpanStarter, ...] = ()
+        self._lock = threading.Lock()
+
+    def add_starter(self, start: SpanStarter) -> None:
+        """Call ``start`` on the spans of rollouts that start from now on (once, however often added)."""
+        with self._lock:
+            if start not in self._starters:
+                self._starters = (*self._starters, start)
+
+    def remove_starter(self, start: SpanStarter) -> None:
+        with self._lock:
+            self._starters = tuple(f for f in self._starters if f != start)
+
+    def add_translator(self, translate: SpanTranslator) -> None:
+        """Apply ``translate`` to the spans of rollouts that end from now on (once, however often added)."""
+        with self._lock:
+            if translate not in self._translators:
+                self._translators = (*self._translators, translate)
+
+    def remove_translator(self, translate: SpanTranslator) -> None:
+        """Stop applying ``translate`` (spans that ended before keep it)."""
+        with self._lock:
+            self._translators = tuple(f for f in self._translators if f != translate)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         ctx = _CURRENT.get()
@@ -284,12 +349,18 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
         span.set_attribute(semconv.ATTEMPT_ID, route[2])
         sctx = span.get_span_context()
         self._open[(sctx.trace_id, sctx.span_id)] = route
+        for start in self._starters:
+            try:
+                start(span)
+            except Exception as exc:  # starters guard themselves; this is the last line of defence
+                log.warning("a span starter failed on %r (%r)", getattr(span, "name", "?"), exc)
 
     def on_end(self, span: Any) -> None:
         sctx = span.get_span_context()
         route = self._open.pop((sctx.trace_id, sctx.span_id), None)
         if route is not None:
-            route[0].put(span)
+            translators = self._translators
+            route[0].put(_Finished(span, translators) if translators else span)
 
     def shutdown(self) -> None:
         self._open.clear()
@@ -305,30 +376,145 @@ def _parent_span(parent_context: Any) -> Any:
     return span if span.get_span_context().is_valid else None
 
 
-def install_otel() -> Any:
+def install_otel(provider: Any = None) -> Any:
     """Make OpenTelemetry spans of rollouts reach the store; idempotent. Returns the provider.
 
     Uses the user's SDK ``TracerProvider`` when one is set, else sets one with only our
-    processor. A non-SDK provider cannot take processors: a warning says so and OpenTelemetry
-    spans are then not captured (the gateway still records every LLM call).
+    processor (and from then on lets a provider set later join it: see the module docstring).
+    A non-SDK provider cannot take processors: a warning says so and OpenTelemetry spans are
+    then not captured (the gateway still records every LLM call).
+
+    ``provider``: also capture the spans of this SDK provider (one an instrumentation was given
+    explicitly without making it global, e.g. ``Instrumentor().instrument(tracer_provider=p)``
+    before agentbolt started). Returns it.
     """
     from opentelemetry import trace  # OpenTelemetry's SDK loads here, in runners, not on import
     from opentelemetry.sdk.trace import TracerProvider
 
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        if type(provider).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
-            provider = TracerProvider()
-            trace.set_tracer_provider(provider)
-            provider = trace.get_tracer_provider()  # someone may have won the race
-        if not isinstance(provider, TracerProvider):
-            log.warning(
-                "the global OpenTelemetry TracerProvider (%s) is not the SDK's; spans made with the "
-                "OpenTelemetry API inside rollouts will not be captured",
-                type(provider).__name__,
-            )
-            return provider
-    if not getattr(provider, "_agentbolt_installed", False):
-        provider.add_span_processor(AgentboltSpanProcessor())  # type: ignore[arg-type]
-        provider._agentbolt_installed = True  # type: ignore[attr-defined]
+    glob = trace.get_tracer_provider()
+    if not isinstance(glob, TracerProvider) and type(glob).__name__ in ("ProxyTracerProvider", "NoOpTracerProvider"):
+        ours = TracerProvider()
+        trace.set_tracer_provider(ours)
+        glob = trace.get_tracer_provider()  # someone may have won the race
+        if glob is ours:
+            _let_later_providers_join(ours)
+    if isinstance(glob, TracerProvider):
+        processor = _processor_of(glob)
+    else:
+        processor = AgentboltSpanProcessor()
+        log.warning(
+            "the global OpenTelemetry TracerProvider (%s) is not the SDK's; spans made with the "
+            "OpenTelemetry API inside rollouts will not be captured",
+            type(glob).__name__,
+        )
+    if provider is None:
+        return glob
+    if provider is not glob:
+        _attach(provider, processor)
     return provider
+
+
+def _processor_of(provider: Any) -> AgentboltSpanProcessor:
+    """The provider's agentbolt processor (added now if it has none)."""
+    processor = getattr(provider, "_agentbolt_processor", None)
+    if processor is None:
+        processor = AgentboltSpanProcessor()
+        _attach(provider, processor)
+    return processor  # type: ignore[no-any-return]
+
+
+def _attach(provider: Any, processor: AgentboltSpanProcessor) -> None:
+    if getattr(provider, "_agentbolt_processor", None) is None:
+        provider.add_span_processor(processor)
+        provider._agentbolt_processor = processor
+
+
+def _let_later_providers_join(ours: Any) -> None:
+    """agentbolt set the global provider: a provider set later joins it instead of being refused.
+
+    OpenTelemetry lets the global provider be set once. An instrumentation that sets its own
+    after agentbolt (``agentops.init()``, Phoenix's ``register()``, the user's code) would
+    otherwise lose every span made through the global API to ours, and agentbolt every span made
+    through its tracers. ``opentelemetry.trace.set_tracer_provider`` goes through the module's
+    ``_set_tracer_provider``; it is wrapped (once per process) so that such a provider gets
+    agentbolt's processor and ours forwards every span to its processors.
+    """
+    from opentelemetry import trace as api
+    from opentelemetry.sdk.trace import TracerProvider
+
+    original = api._set_tracer_provider
+    if getattr(original, "__agentbolt__", False):
+        return
+
+    def set_tracer_provider(tracer_provider: Any, log: bool) -> None:  # OpenTelemetry's signature
+        current = getattr(api, "_TRACER_PROVIDER", None)
+        if current is ours and tracer_provider is not ours and isinstance(tracer_provider, TracerProvider):
+            _join(ours, tracer_provider)
+            return
+        original(tracer_provider, log)
+
+    set_tracer_provider.__agentbolt__ = True  # type: ignore[attr-defined]
+    api._set_tracer_provider = set_tracer_provider
+
+
+def _join(ours: Any, late: Any) -> None:
+    if getattr(late, "_agentbolt_joined", False):
+        return
+    late._agentbolt_joined = True
+    processors = getattr(late, "_active_span_processor", None)
+    if processors is None:  # a future SDK without this attribute: say what is lost
+        log.warning(
+            "a TracerProvider set after agentbolt's cannot join it; spans made with the global "
+            "OpenTelemetry API reach agentbolt, not that provider's exporters"
+        )
+    else:
+        ours.add_span_processor(processors)
+    _attach(late, _processor_of(ours))
+    log.info(
+        "a TracerProvider was set after agentbolt's (%s): it joins agentbolt's global provider, so its "
+        "exporters receive the spans made through the global API and agentbolt receives its spans",
+        type(late).__module__,
+    )
+
+
+def add_span_translator(translate: SpanTranslator) -> bool:
+    """Translate the OpenTelemetry spans of rollouts with ``translate`` (see :data:`SpanTranslator`)
+    from now on; installs the capture first (:func:`install_otel`). Returns False when the global
+    provider is not the SDK's (nothing is captured to translate)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = install_otel()
+    if not isinstance(provider, TracerProvider):
+        return False
+    _processor_of(provider).add_translator(translate)
+    return True
+
+
+def add_span_starter(start: SpanStarter) -> bool:
+    """Call ``start`` on every OpenTelemetry span of a rollout as it starts (see :data:`SpanStarter`);
+    installs the capture first. False when the global provider is not the SDK's."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = install_otel()
+    if not isinstance(provider, TracerProvider):
+        return False
+    _processor_of(provider).add_starter(start)
+    return True
+
+
+def remove_span_starter(start: SpanStarter) -> None:
+    """Stop calling ``start`` (a no-op when it was not added)."""
+    from opentelemetry import trace
+
+    processor = getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+    if processor is not None:
+        processor.remove_starter(start)
+
+
+def remove_span_translator(translate: SpanTranslator) -> None:
+    """Stop translating with ``translate`` (a no-op when it was not added)."""
+    from opentelemetry import trace
+
+    processor = getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+    if processor is not None:
+        processor.remove_translator(translate)

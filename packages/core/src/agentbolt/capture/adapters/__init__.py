@@ -30,7 +30,10 @@ What they share lives here, one module per concern: the lifecycle (:mod:`.lifecy
 the hooks' state, guards and patched methods (:mod:`.hooks`: :class:`AdapterHooks`), the span
 building (:mod:`.recorder`: :class:`SpanRecorder`, :func:`never_raises`), the field
 conversions (:mod:`.attributes`: timestamps, tool calls, usage, chat completions, bounded text)
-and the join of tool spans to the LLM outputs that requested them (:mod:`.tool_calls`).
+the join of tool spans to the LLM outputs that requested them (:mod:`.tool_calls`), and, for
+adapters whose framework is another instrumentation's OpenTelemetry spans (AgentOps,
+OpenInference, OpenLLMetry), span translation (:mod:`.otel_spans`: :class:`OtelSpanHooks`) and
+trace context from the agent's LLM requests to the gateway (:mod:`.propagation`).
 Attribute names come from :mod:`agentbolt.semconv`; framework-specific ones are spelt in the
 framework's namespace (``autogen.*``, ``langgraph.*``, ``openai_agents.*``) in the hooks module.
 """
@@ -38,6 +41,7 @@ framework's namespace (``autogen.*``, ``langgraph.*``, ``openai_agents.*``) in t
 from __future__ import annotations
 
 from .attributes import (
+    call_arguments,
     chat_completion_attributes,
     request_attributes,
     text_attribute,
@@ -47,26 +51,33 @@ from .attributes import (
 )
 from .hooks import AdapterHooks
 from .lifecycle import Adapter, capture_span, check_distribution, instrument_adapters
+from .otel_spans import OtelSpanHooks, first_attribute
+from .propagation import propagate_to_gateway, traceparent_for
 from .recorder import SpanRecorder, UnitRecord, in_rollout, never_raises
 from .tool_calls import ToolCall, ToolCallRequests, tool_calls_of
 
 __all__ = [
     "Adapter",
     "AdapterHooks",
+    "OtelSpanHooks",
     "SpanRecorder",
     "ToolCall",
     "ToolCallRequests",
     "UnitRecord",
+    "call_arguments",
     "capture_span",
     "chat_completion_attributes",
     "check_distribution",
+    "first_attribute",
     "in_rollout",
     "instrument_adapters",
     "never_raises",
+    "propagate_to_gateway",
     "request_attributes",
     "text_attribute",
     "tool_call",
     "tool_calls_of",
+    "traceparent_for",
     "unix_ns",
     "usage_attributes",
 ]

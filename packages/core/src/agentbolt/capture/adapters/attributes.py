@@ -12,6 +12,7 @@ from typing import Any
 from ... import semconv
 
 __all__ = [
+    "call_arguments",
     "chat_completion_attributes",
     "request_attributes",
     "text_attribute",
@@ -39,6 +40,20 @@ def unix_ns(value: Any) -> int:
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
     """A tool call as ``gen_ai.output.messages`` hold it (an OpenAI chat ``tool_calls`` entry)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def call_arguments(value: Any) -> Any:
+    """A tool's arguments from how instrumentations record a decorated call, a JSON
+    ``{"args": [...], "kwargs": {...}}`` (AgentOps, OpenLLMetry, smolagents' OpenInference
+    spans): the keyword arguments as JSON when there are no positional ones, else ``value`` as it is."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            call = json.loads(value)
+        except ValueError:
+            return value
+        if isinstance(call, Mapping) and not call.get("args") and isinstance(call.get("kwargs"), Mapping):
+            return json.dumps(call["kwargs"], ensure_ascii=False)
+    return value
 
 
 def text_attribute(value: Any, limit: int) -> str | None:

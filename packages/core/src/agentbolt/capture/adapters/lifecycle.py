@@ -47,6 +47,9 @@ class Adapter(abc.ABC):
     name: ClassVar[str] = "adapter"
     distribution: ClassVar[str] = ""
     supported: ClassVar[str] = ""
+    auto: ClassVar[bool] = True
+    """Instrumented by runners that instrument every installed adapter (``adapters=None``, the
+    default); ``False``: an opt-in adapter, instrumented only when named (``adapters=[...]``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -137,7 +140,7 @@ def instrument_adapters(
     """Instrument installed adapter plugins; returns the ones now active.
 
     ``names=None`` instruments every registered adapter whose framework is installed (others
-    are skipped quietly); a list instruments exactly those (an error if one is missing).
+    are skipped quietly), except opt-in ones (``Adapter.auto = False``); a list instruments exactly those (an error if one is missing).
     Failures of individual adapters are logged, never raised, when ``names`` is ``None``, and
     appended to ``failures`` (as ``"name: why"``) when given: runners record them for ``agentbolt doctor``.
     """
@@ -150,6 +153,8 @@ def instrument_adapters(
             continue
         try:
             adapter = entry.value()
+            if wanted is None and not adapter.auto:
+                continue
             adapter.instrument()
             active.append(adapter)
         except MissingDependencyError as exc:

@@ -241,6 +241,21 @@ class SpanRecorder:
         unit.ctx.record(span)
         return span
 
+    @never_raises("translate")
+    def translate(self, span: t.Span, record: UnitRecord) -> t.Span | None:
+        """``span`` (captured from another instrumentation's OpenTelemetry span) as this adapter's
+        unit: ``record``'s attributes added over the span's own (which are kept), marked with its
+        kind and this adapter, renamed to ``record.name`` when given. Its ids, parent, times and
+        status stay the instrumentation's. ``None`` when translating fails (counted and logged
+        once: the span is then stored as it was)."""
+        attrs = dict(span.attributes)
+        attrs.update({k: v for k, v in record.attributes.items() if v is not None})
+        attrs[semconv.SPAN_KIND_ATTR] = record.kind
+        attrs.setdefault(semconv.GEN_AI_OPERATION_NAME, _KINDS.get(record.kind, record.kind))
+        attrs.pop(semconv.TOKEN_SOURCE, None)  # only the gateway states token provenance
+        attrs[semconv.ADAPTER] = self.adapter
+        return span.model_copy(update={"attributes": _clean(attrs), "name": record.name or span.name})
+
     def span_id_of(self, key: Hashable) -> str | None:
         """The span id given to an open unit (to link framework ids to spans; ``None``: the unit
         is not recorded, e.g. it started outside rollouts)."""

@@ -1,0 +1,59 @@
+"""OpenLLMetry's spans as agentbolt units (the mapping: see :mod:`agentbolt_openllmetry.adapter`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.semconv_ai import SpanAttributes, TraceloopSpanKindValues
+
+from agentbolt import semconv
+from agentbolt import types as t
+from agentbolt.capture.adapters import OtelSpanHooks, UnitRecord, call_arguments, first_attribute, text_attribute
+
+__all__ = ["OpenLLMetryHooks"]
+
+_MAX_TEXT = 16 * 1024
+_LLM_OPERATIONS = {
+    semconv.OP_CHAT: semconv.OP_CHAT,
+    semconv.OP_TEXT_COMPLETION: semconv.OP_TEXT_COMPLETION,
+    semconv.OP_GENERATE_CONTENT: semconv.OP_GENERATE_CONTENT,
+    "chat": semconv.OP_CHAT,  # llm.request.type, before the GenAI operation names
+    "completion": semconv.OP_TEXT_COMPLETION,
+}
+_INSTRUMENTATION_SCOPES = ("opentelemetry.instrumentation.", "traceloop.")
+"""Tracer names of OpenLLMetry's instrumentations and of the Traceloop SDK."""
+
+
+class OpenLLMetryHooks(OtelSpanHooks):
+    """Maps OpenLLMetry's spans; leaves every other span alone."""
+
+    def map_span(self, span: t.Span) -> UnitRecord | None:
+        kind = span.attributes.get(SpanAttributes.TRACELOOP_SPAN_KIND)
+        if kind == TraceloopSpanKindValues.AGENT.value:
+            name = first_attribute(span, semconv.GEN_AI_AGENT_NAME, SpanAttributes.TRACELOOP_ENTITY_NAME)
+            return UnitRecord(semconv.KIND_AGENT, "", {semconv.GEN_AI_AGENT_NAME: name})
+        if kind == TraceloopSpanKindValues.TOOL.value:
+            return UnitRecord(semconv.KIND_TOOL, "", _tool_attributes(span))
+        if isinstance(kind, str) and kind:  # workflow, task, unknown
+            return UnitRecord(
+                semconv.KIND_OPERATION,
+                "",
+                {semconv.OPERATION_NAME: first_attribute(span, SpanAttributes.TRACELOOP_ENTITY_NAME) or span.name},
+            )
+        if not (span.scope or "").startswith(_INSTRUMENTATION_SCOPES):
+            return None
+        operation = first_attribute(span, semconv.GEN_AI_OPERATION_NAME, SpanAttributes.LLM_REQUEST_TYPE)
+        if operation in _LLM_OPERATIONS:
+            return UnitRecord(semconv.KIND_LLM, "", {semconv.GEN_AI_OPERATION_NAME: _LLM_OPERATIONS[operation]})
+        return None
+
+
+def _tool_attributes(span: t.Span) -> dict[str, Any]:
+    attrs = span.attributes
+    return {
+        semconv.GEN_AI_TOOL_NAME: first_attribute(span, semconv.GEN_AI_TOOL_NAME, SpanAttributes.TRACELOOP_ENTITY_NAME),
+        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
+            call_arguments(attrs.get(SpanAttributes.TRACELOOP_ENTITY_INPUT)), _MAX_TEXT
+        ),
+        semconv.GEN_AI_TOOL_CALL_RESULT: text_attribute(attrs.get(SpanAttributes.TRACELOOP_ENTITY_OUTPUT), _MAX_TEXT),
+    }

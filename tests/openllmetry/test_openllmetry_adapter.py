@@ -1,0 +1,79 @@
+"""agentbolt-openllmetry with the real Traceloop SDK: the conformance suite, and an agent whose own
+code calls ``Traceloop.init`` before or after agentbolt installs its capture — both exporters
+receive the spans, every LLM call is captured once with exact ids and joined to OpenLLMetry's
+span, agent and tool names arrive, nothing leaves the machine. Each runs in a fresh interpreter:
+``Traceloop.init`` patches the OpenAI client for the whole process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import instrumented_harness
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def test_conformance_suite_passes() -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "openllmetry_conformance_suite.py", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=HERE,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    assert "15 passed" in out.stdout, out.stdout[-2000:]
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import instrumented_harness
+
+    def setup():
+        import ol_agents
+        exporter = ol_agents.init_traceloop()
+        return lambda: [s.name for s in exporter.get_finished_spans()]
+
+    def load():
+        import ol_agents as ol
+        return ol.calc_team, ol.calc_backend(), ol.calc_tasks(2)
+
+    instrumented_harness.main(setup, load, order={order!r})
+    """
+)
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_traceloop_init_before_or_after_agentbolt(order: str) -> None:
+    summary = instrumented_harness.run(SCRIPT.format(order=order), HERE)
+    assert summary["outbound"] == []
+    assert summary["failed"] == 0
+    assert {"calc_team.workflow", "solver.agent", "checker.agent", "calculator.tool", "openai.chat"} <= set(
+        summary["user_exporter"]
+    )
+    for rollout in summary["rollouts"]:
+        assert rollout["status"] == "succeeded" and rollout["reward"] == 1.0
+        assert rollout["gateway_calls"] == rollout["llm_spans"] == rollout["llm_spans_joined"] == 3
+        assert rollout["attempt_ok"]
+        assert rollout["agents"] == ["checker", "solver"]
+        assert rollout["tools"] == ["calculator"]
+        assert rollout["adapters"] == ["openllmetry"]
+        assert rollout["kinds"] == ["agent", "llm", "operation", "tool"]
+    assert [name for name, _ in summary["transitions"]] == ["solver", "solver", "checker"] * 2
+    assert {source for _, source in summary["transitions"]} == {"exact"}
+
+
+def test_plugin_module_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, agentbolt_openllmetry.plugin, agentbolt_openllmetry; "
+        "print(sorted(m for m in ('traceloop', 'opentelemetry.semconv_ai', 'openai') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
