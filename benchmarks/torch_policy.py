@@ -2,7 +2,7 @@
 
 Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
       uv run python benchmarks/torch_policy.py [--batches 1 16 32] [--new-tokens 64] [--http] [--update-seqs 32]
-      uv run python benchmarks/torch_policy.py --adapters 1 2 4 [--batches 1 16 32] [--rounds 3]
+      uv run python benchmarks/torch_policy.py --adapters 1 2 4 [--batches 1 16 32] [--rounds 3] [--model tiny]
 
 Prints:
 - a greedy answer (sanity check of the converted weights and the chat template);
@@ -101,18 +101,20 @@ def bench_adapters(args: argparse.Namespace) -> None:
     lora = LoraSettings(r=args.rank, alpha=2 * args.rank)
     configs: dict[str, tuple[Policy, list[str | None]]] = {}
     t0 = time.perf_counter()
-    configs["single policy (no adapter)"] = (Policy.load("smollm2"), [None])
-    configs[f"single LoRA policy (r={args.rank})"] = (Policy.load("smollm2", lora=lora), [None])
+    configs["single policy (no adapter)"] = (Policy.load(args.model), [None])
+    configs[f"single LoRA policy (r={args.rank})"] = (Policy.load(args.model, lora=lora), [None])
     for n in args.adapters:
         names = [f"role{i}" for i in range(n)]
-        policy = Policy.load("smollm2", adapters=dict.fromkeys(names, lora))
+        policy = Policy.load(args.model, adapters=dict.fromkeys(names, lora))
         configs[f"{n} adapter{'s' if n > 1 else ''} (r={args.rank}), requests round-robin"] = (policy, list(names))
     print(f"loaded {len(configs)} policies in {time.perf_counter() - t0:.1f} s; peak RSS {peak_rss_gb():.2f} GB")
     any_policy = next(iter(configs.values()))[0]
     tok = any_policy.tokenizer
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
     prompt = tok(render_chat(tok, messages), add_special_tokens=False)["input_ids"]
-    print(f"autocast {any_policy.autocast_dtype}; {len(prompt)}-token prompt, {args.new_tokens} new tokens per request")
+    print(
+        f"model {args.model}; autocast {any_policy.autocast_dtype}; {len(prompt)}-token prompt, {args.new_tokens} new tokens per request"
+    )
     engines = {
         label: GenerationEngine(policy, max_batch_size=max(args.batches), batch_window_s=0.05).start()
         for label, (policy, _) in configs.items()
@@ -153,6 +155,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument(
         "--adapters", type=int, nargs="+", default=None, help="measure serving with these numbers of LoRA adapters"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="for --adapters: smollm2 (default) or tiny (a random model, seconds)"
     )
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank for --adapters (default 16)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per configuration")
