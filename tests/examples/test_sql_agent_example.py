@@ -260,7 +260,7 @@ def test_a_bad_lora_rank_is_refused_before_anything_starts() -> None:
         [sys.executable, str(EXAMPLE / "train.py"), "--policies", "per-role", "--lora-rank", "0"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 2 and "--lora-rank: must be a whole number >= 1, got 0" in proc.stderr
 
