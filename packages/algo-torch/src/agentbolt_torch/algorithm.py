@@ -10,6 +10,10 @@ and at the end; metrics (with each step's sampling health, ``health/*``: see
 store and a PNG curve.
 
     Trainer(agent, TorchGRPO(model="smollm2", steps=30, batch_size=8, group_size=4)).fit(train, val)
+
+With policies by role (``Trainer(policies=...)``, read here as ``ctx.policies``) the same loop
+serves one LoRA adapter per policy on one base model and updates each from its own agents' rows
+(:mod:`agentbolt_torch.roles`); per-policy metrics are ``train/<policy>/*``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.policies import Policies
 from agentbolt.runs.health import step_metrics
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
@@ -93,6 +98,7 @@ class TorchGRPO(Algorithm):
     """
 
     name = "torch-grpo"
+    supports_policies = True
 
     def __init__(
         self,
@@ -155,18 +161,15 @@ class TorchGRPO(Algorithm):
     # -- the loop ---------------------------------------------------------------------------------
 
     async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> TorchGRPOResult:
-        from agentbolt.lightningrl import LightningRL
-
         from .metrics import MetricsLogger, plot_curves
 
         items = self._training_items(train)
         if not items and self.steps:
             raise UserError(f"{self.name} needs training tasks (fit(train=...))")
-        policy, updater = await asyncio.to_thread(self._load)
+        policy, updater, lrl = await asyncio.to_thread(self._load, ctx.policies)
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
-        lrl = LightningRL(self.lightningrl)
         metrics = MetricsLogger(self.out_dir, append=self.resume is not None)
         history: list[dict[str, float]] = []
 
@@ -204,7 +207,7 @@ class TorchGRPO(Algorithm):
                 "train/transitions": float(len(transitions)),
                 "time/step_s": elapsed,
                 "time/update_s": update.seconds,
-                **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
+                **_update_values(update),
             }
             log_step(step, values)
             if val and self.val_every and step % self.val_every == 0 and step < self.steps:
@@ -313,7 +316,7 @@ class TorchGRPO(Algorithm):
         except EmptyBatchError as exc:
             log.error("step %d: no transition to train on; skipping the update.\n%s", step, exc)
             return None
-        return list(processed.rows), processed.report.metrics("lightningrl/")
+        return list(processed.rows), lightningrl_metrics(processed)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -325,7 +328,11 @@ class TorchGRPO(Algorithm):
 
     # -- pieces -----------------------------------------------------------------------------------
 
-    def _load(self) -> tuple[Any, Any]:
+    def _load(self, policies: Policies) -> tuple[Any, Any, Any]:
+        """The policy, its updater and LightningRL: one of each, or with policies by role one
+        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.roles`)."""
+        from agentbolt.lightningrl import LightningRL
+
         from .engine import GenerationEngine
         from .policy import LoraSettings, Policy
         from .server import PolicyServer
@@ -334,19 +341,39 @@ class TorchGRPO(Algorithm):
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
         log.info("loading %s", self.model)
-        policy = Policy.load(self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed)
-        updater = PolicyUpdater(
-            policy,
-            config or UpdateConfig(seed=self.seed),
-            loss_aggregation=self.lightningrl.loss_aggregation,
-            correction=self.lightningrl.correction,
-        )
+        updater: Any
+        lrl: Any
+        if policies.is_shared:
+            policy = Policy.load(
+                self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed
+            )
+            updater = PolicyUpdater(
+                policy,
+                config or UpdateConfig(seed=self.seed),
+                loss_aggregation=self.lightningrl.loss_aggregation,
+                correction=self.lightningrl.correction,
+            )
+            lrl = LightningRL(self.lightningrl)
+        else:
+            from .roles import RoleLightningRL, load_role_policies
+
+            policy, updater, by_policy = load_role_policies(
+                self.model,
+                policies,
+                lora=lora,
+                update=config or UpdateConfig(seed=self.seed),
+                lightningrl=self.lightningrl,
+                autocast=self.autocast,
+                device=self.device,
+                seed=self.seed,
+            )
+            lrl = RoleLightningRL(by_policy, policy)
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
         self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)
         self._server = PolicyServer(self._engine, served_model_name=policy.name).start()
         log.info("policy server for %s at %s", policy.name, self._server.base_url)
-        return policy, updater
+        return policy, updater, lrl
 
     async def _publish(self, ctx: AlgorithmContext, policy: Any, sampling: Mapping[str, Any]) -> t.Resources:
         return await ctx.publish(
@@ -407,6 +434,21 @@ _ENGINE_COUNTERS = (
 def _engine_delta(before: Any, after: Any) -> dict[str, float]:
     """What the generation engine did between two stats snapshots, as ``engine/*`` metrics."""
     return {f"engine/{name}": float(getattr(after, name) - getattr(before, name)) for name in _ENGINE_COUNTERS}
+
+
+def _update_values(update: Any) -> dict[str, float]:
+    """An update's metrics: ``update/*`` for one policy, ``train/<policy>/*`` per policy by role."""
+    from .update import UpdateMetrics
+
+    if isinstance(update, UpdateMetrics):
+        return {f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")}
+    return {f"train/{k}": v for k, v in update.as_dict().items()}
+
+
+def lightningrl_metrics(processed: Any) -> dict[str, float]:
+    """``lightningrl/*`` of a LightningRL batch (with policies by role, also ``lightningrl/policy/<name>/*``)."""
+    metrics = getattr(processed, "metrics", None)
+    return metrics("lightningrl/") if callable(metrics) else processed.report.metrics("lightningrl/")
 
 
 def _mean_reward(rollouts: Sequence[t.Rollout]) -> float:

@@ -77,6 +77,10 @@ TOKEN_SOURCE: Final = "agentbolt.llm.token_source"
 Only the gateway writes it: LightningRL recognises gateway spans by it, so adapters must not."""
 POLICY_VERSION: Final = "agentbolt.llm.policy_version"
 """Resources version (policy weights) that served the call."""
+POLICY_NAME: Final = "agentbolt.llm.policy"
+"""With policies by role (:mod:`agentbolt.policies`): the policy (adapter) that served the call,
+as the upstream reported it (``X-Agentbolt-Policy``) or, failing that, as the gateway routed it;
+absent when the call went to the base model or when one shared policy serves every call."""
 LLM_LATENCY_S: Final = "agentbolt.llm.latency_s"
 LLM_STREAM: Final = "agentbolt.llm.stream"
 LLM_UPSTREAM: Final = "agentbolt.llm.upstream"

@@ -29,6 +29,7 @@ from .. import types as t
 from ..capture.roles import AgentRoles
 from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
+from ..policies import Policies
 from ..store.urls import check_store_url
 from .runs import open_existing_store
 from .runs import register as _register_run_commands
@@ -202,6 +203,14 @@ def gateway_serve(
             "NAME=re:PATTERN searches a regex)."
         ),
     ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=AGENT[,AGENT...]: calls of these agents go to policy NAME, asked of the upstream as model "
+            "NAME (a vLLM LoRA module, an agentbolt-torch adapter); repeatable, first match wins, NAME=re:PATTERN "
+            "searches a regex; other agents' calls go to the base model (--model)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
@@ -224,6 +233,9 @@ def gateway_serve(
             upstream_timeout_s=request_timeout,
         )
         captured = capture.gateway_options()
+        policies = Policies.from_specs(policy or [])
+        if policies is not None:
+            captured["policy_router"] = policies.router()
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

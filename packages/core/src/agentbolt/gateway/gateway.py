@@ -31,7 +31,7 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -62,6 +62,8 @@ SPAN_HEADER = "x-agentbolt-span-id"
 AGENT_HEADER = "x-agentbolt-agent-name"
 """Optional request header naming the agent that makes the call (recorded as gen_ai.agent.name)."""
 POLICY_HEADER = "x-agentbolt-policy-version"
+POLICY_NAME_HEADER = "x-agentbolt-policy"
+"""Response header of an upstream serving several policies: the policy (adapter) that answered."""
 LLM_API = semconv.LLM_API
 
 _OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
@@ -116,6 +118,11 @@ class Gateway:
             (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
             the (Chat Completions) request: see :class:`agentbolt.capture.roles.AgentRoles`.
+        policy_router: policies by role (:mod:`agentbolt.policies`): agent name -> the policy
+            that serves its calls, or ``None`` for the base model. A routed call asks the
+            upstream for the policy's name as its model (how vLLM serves a LoRA adapter, and the
+            agentbolt-torch policy server an adapter); its span records the policy
+            (``agentbolt.llm.policy``: the upstream's ``X-Agentbolt-Policy`` when it sends one).
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class Gateway:
         header_timeout_s: float = 10.0,
         body_timeout_s: float = 60.0,
         agent_names: AgentNamer | None = None,
+        policy_router: Callable[[str | None], str | None] | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
             raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
@@ -153,6 +161,7 @@ class Gateway:
         self.request_token_ids = request_token_ids
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
+        self.policy_router = policy_router
         self._upstreams: list[Upstream] = []
         self._pools: dict[str, UpstreamPool] = {}
         self.set_upstreams(upstreams)
@@ -367,6 +376,14 @@ class Gateway:
             log.exception("agent_names raised on a request; the call is recorded without an agent name")
             return None
 
+    def _route(self, agent_name: str | None) -> str | None:
+        assert self.policy_router is not None
+        try:
+            return self.policy_router(agent_name)
+        except Exception:  # a user's match predicate must not break the proxy
+            log.exception("the policy router raised on agent %r; the call goes to the base model", agent_name)
+            return None
+
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
         if "x-api-key" in request.headers:  # Anthropic clients send their key this way
@@ -448,6 +465,9 @@ class Gateway:
         agent_name = request.headers.get(AGENT_HEADER) or self._name_agent(body)
         if agent_name:
             record.extra[semconv.GEN_AI_AGENT_NAME] = agent_name
+        if self.policy_router is not None and (policy := self._route(agent_name)) is not None:
+            body["model"] = policy  # the upstream serves the policy's adapter by this name
+            record.extra[semconv.POLICY_NAME] = policy
         if dialect is not None:
             record.extra[LLM_API] = dialect.name
         headers = [("content-type", "application/json"), ("accept", request.headers.get("accept", "application/json"))]
@@ -464,6 +484,8 @@ class Gateway:
         record.upstream_latency_s = time.perf_counter() - started
         if answer.headers.get(POLICY_HEADER, "").isdigit():
             record.policy_version = int(answer.headers[POLICY_HEADER])
+        if answer.headers.get(POLICY_NAME_HEADER):
+            record.extra[semconv.POLICY_NAME] = answer.headers[POLICY_NAME_HEADER]
         out_headers = [(SPAN_HEADER, span_id)]
         if record.policy_version is not None:
             out_headers.append((POLICY_HEADER, str(record.policy_version)))

@@ -25,12 +25,16 @@ from ..store.run_records import RolloutSearch, Run
 
 __all__ = [
     "METRIC_PRESETS",
+    "POLICY_PLACEHOLDER",
     "CallView",
     "SpanRow",
     "TrajectoryView",
     "fidelity",
     "lightningrl_for",
+    "metric_names",
+    "policy_family",
     "reward_debugger",
+    "run_policies",
     "trajectory",
 ]
 
@@ -450,8 +454,30 @@ async def reward_debugger(store: Store, run_id: str, *, max_rollouts: int = 400,
     )
 
 
-def metric_names(latest: Mapping[str, float]) -> list[tuple[str, str]]:
-    """Presets first (those recorded), then every other recorded metric, as (name, label)."""
+POLICY_PLACEHOLDER = "{policy}"
+"""Stands for each policy's name in a per-policy metric family (``train/{policy}/loss``)."""
+
+
+def run_policies(config: Mapping[str, Any] | None) -> list[str]:
+    """The policies by role a run recorded (``config["policies"]``; empty for one shared policy)."""
+    policies = (config or {}).get("policies")
+    return [str(name) for name in policies] if isinstance(policies, Mapping) else []
+
+
+def policy_family(metric: str, policies: Sequence[str]) -> str | None:
+    """``train/{policy}/loss`` for ``train/writer/loss`` when ``writer`` is one of ``policies``."""
+    parts = metric.split("/")
+    for i, part in enumerate(parts):
+        if part in policies:
+            return "/".join([*parts[:i], POLICY_PLACEHOLDER, *parts[i + 1 :]])
+    return None
+
+
+def metric_names(latest: Mapping[str, float], policies: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """Presets first (those recorded), then per-policy families (one curve per policy, for runs with
+    policies by role), then every other recorded metric, as (name, label)."""
     names = [(k, label) for k, label in METRIC_PRESETS if k in latest]
     known = {k for k, _ in names}
+    families = sorted({f for k in latest if (f := policy_family(k, policies)) is not None})
+    names += [(f, f"{f.replace('/' + POLICY_PLACEHOLDER, '')} per policy") for f in families]
     return names + [(k, k) for k in sorted(latest) if k not in known]
