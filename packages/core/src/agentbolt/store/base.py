@@ -47,12 +47,15 @@ class Store(RunStore, Protocol):
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
+        rollout_ids: Sequence[str] | None = None,
     ) -> list[t.Claim]:
         """Claim up to ``limit`` queued rollouts (oldest first) under a lease of ``lease_s``.
 
         Each claim starts a new attempt. Two workers never receive the same rollout. When
         nothing is queued, waits up to ``wait_s`` seconds for work (woken by enqueues and
-        requeues, not by polling in a loop), then returns an empty list.
+        requeues, not by polling in a loop), then returns an empty list. ``rollout_ids``
+        claims only among those rollouts (unknown or unqueued ids are skipped): how a caller
+        that enqueued a rollout for itself (``agentbolt serve``'s sessions) claims exactly it.
         """
         ...
 

@@ -298,14 +298,16 @@ class HttpStore(HttpRunsMixin):
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
+        rollout_ids: Sequence[str] | None = None,
     ) -> list[t.Claim]:
         lifecycle.check_claim_args(limit, lease_s)
+        wanted = None if rollout_ids is None else list(dict.fromkeys(rollout_ids))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(wait_s, 0.0)
         while True:
             chunk = min(max(deadline - loop.time(), 0.0), self._max_wait_s)
             body = w.DequeueRequest.model_construct(
-                worker_id=worker_id, limit=limit, lease_s=lease_s, mode=mode, wait_s=chunk
+                worker_id=worker_id, limit=limit, lease_s=lease_s, mode=mode, wait_s=chunk, rollout_ids=wanted
             )
             call = _Call()
             claims = (await self._post("/v1/rollouts/dequeue", body, w.ClaimsResponse, wait_s=chunk, call=call)).claims

@@ -418,14 +418,23 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
         lease_s: float = 30.0,
         mode: t.RolloutMode | None = None,
         wait_s: float = 0.0,
+        rollout_ids: Sequence[str] | None = None,
     ) -> list[t.Claim]:
         lifecycle.check_claim_args(limit, lease_s)
         where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
+        wanted: tuple[str, ...] = ()
+        if rollout_ids is not None:
+            wanted = tuple(dict.fromkeys(rollout_ids))
+            if not wanted:
+                return []
+            if len(wanted) > 500:
+                raise UserError(f"dequeue claims among at most 500 rollout_ids at once, got {len(wanted)}")
+            where += f" AND rollout_id IN ({_marks(len(wanted))})"
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 
         def tx(conn: Connection) -> list[t.Claim]:
             cur = _cursor(conn)
-            cur.execute(sql, (limit,))
+            cur.execute(sql, (*wanted, limit))
             rows = cur.fetchall()
             if not rows:
                 return []

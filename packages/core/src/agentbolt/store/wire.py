@@ -136,6 +136,8 @@ class DequeueRequest(_Body):
     """Only ``train`` or only ``val`` rollouts."""
     wait_s: WaitSeconds = 0.0
     """Seconds to wait for work when none is queued; the server caps each request."""
+    rollout_ids: Annotated[list[str], Field(max_length=500)] | None = None
+    """Claim only among these rollouts (``null``: any queued rollout)."""
 
 
 class HeartbeatRequest(_Body):

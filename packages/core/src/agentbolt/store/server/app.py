@@ -262,7 +262,14 @@ def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_byt
     async def dequeue(body: w.DequeueRequest, request: Request) -> Response:
         """Claim up to ``limit`` queued rollouts under a lease, waiting (server-capped) for work."""
         wait_s = waits.bound(body.wait_s)
-        call = store.dequeue(body.worker_id, limit=body.limit, lease_s=body.lease_s, mode=body.mode, wait_s=wait_s)
+        call = store.dequeue(
+            body.worker_id,
+            limit=body.limit,
+            lease_s=body.lease_s,
+            mode=body.mode,
+            wait_s=wait_s,
+            rollout_ids=body.rollout_ids,
+        )
         if wait_s <= 0:
             claims = await call
         else:
