@@ -194,9 +194,7 @@ class MemoryStore(MemoryRunsMixin):
                 claims.append(self._claim_one(rollout, worker_id, lease_s, now, latest))
             return claims
 
-    def _claim_one(
-        self, rollout: t.Rollout, worker_id: str, lease_s: float, now: float, latest: int | None
-    ) -> t.Claim:
+    def _claim_one(self, rollout: t.Rollout, worker_id: str, lease_s: float, now: float, latest: int | None) -> t.Claim:
         updated, attempt = lifecycle.claim(
             rollout,
             attempt_id=t.new_id("at-"),
