@@ -28,7 +28,9 @@ def anthropic_client(server: OnlineServer, *, token: str = TOKEN, **headers: str
     )
 
 
-async def post_feedback(server: OnlineServer, body: Mapping[str, Any] | str, *, token: str | None = TOKEN) -> httpx.Response:
+async def post_feedback(
+    server: OnlineServer, body: Mapping[str, Any] | str, *, token: str | None = TOKEN
+) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import types as t
+from ..algorithm import as_tasks
 from ..errors import UserError
 from ..gateway import Gateway, Upstream
 from ..rewards.offline import task_text
@@ -122,8 +123,6 @@ class OnlineServer:
         self.ledger = Ledger(self.state_dir)
         self.held_out_keys: set[str] = set()
         if self.gate is not None:
-            from ..algorithm import as_tasks
-
             for task in as_tasks(self.gate.tasks):
                 pkey = keys.prompt_key(task_text(task.input))
                 if pkey is not None:

@@ -20,6 +20,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 from .. import types as t
 from .judge import LLMJudge
 from .trajectory import Trajectory
@@ -38,8 +40,6 @@ def task_text(task: Any) -> str:
         for name in _TEXT_FIELDS:
             if isinstance(task.get(name), str):
                 return str(task[name])
-    import orjson
-
     return orjson.dumps(task, default=str).decode()
 
 
