@@ -101,7 +101,9 @@ def serve_command(
 
     try:
         if (upstream is None) == (policy is None):
-            raise UserError("give exactly one of --upstream URL (serve as is) or --policy module:name (serve and train)")
+            raise UserError(
+                "give exactly one of --upstream URL (serve as is) or --policy module:name (serve and train)"
+            )
         served = (
             StaticPolicy(Upstream(upstream, api_key=upstream_key), model)
             if upstream is not None

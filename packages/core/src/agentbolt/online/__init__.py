@@ -9,11 +9,13 @@ the new version goes live (:mod:`.gate`); the gateway swaps to it without pausin
 
     from agentbolt.online import OnlineServer, GateOptions
 
-    async with OnlineServer("sqlite:///serve.db", TorchOnlinePolicy("smollm2"),
+    async with OnlineServer("sqlite:///serve.db", my_policy,
                             gate=GateOptions(agent=my_agent, tasks=held_out)) as server:
         ...   # clients: OpenAI(base_url=server.url, api_key=...)
 
-``agentbolt serve`` is the same from the command line; docs/online.md is the guide.
+``my_policy`` is an :class:`OnlinePolicy` (the model backend that serves and trains; a URL instead
+records sessions and feedback without training). ``agentbolt serve`` is the same from the command
+line; docs/online.md is the guide.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     OnlineServer(
         store="sqlite:///serve.db",
-        policy=TorchOnlinePolicy("smollm2"),
+        policy=my_policy,
         sessions=SessionOptions(idle_s=120),
         updates=UpdateOptions(min_sessions=32, grouping="prompt"),
         gate=GateOptions(agent=my_agent, tasks=held_out, samples=2),

@@ -10,8 +10,10 @@ clients are being answered with:
 
 A swap is then a change of upstream at the gateway (new calls go to the standby slot at once,
 nothing waits) followed by a drain of the former live slot, which becomes the standby. The
-methods are synchronous (they run on a worker thread); ``agentbolt-torch`` implements them
-(:class:`agentbolt_torch.online.TorchOnlinePolicy`). :class:`StaticPolicy` serves a fixed
+methods are synchronous (they run on a worker thread). No model backend implements them yet
+(agentbolt-torch's is planned: it needs the weight swap of its async mode);
+:class:`agentbolt.testing.scripted_policy.ScriptedPolicy` implements the contract over two
+fake LLM servers and is what the tests train. :class:`StaticPolicy` serves a fixed
 upstream and trains nothing: ``agentbolt serve --upstream URL`` records sessions and feedback
 in front of any OpenAI-compatible server (vLLM, an API) for training elsewhere.
 """

@@ -2,7 +2,7 @@
 
     server = OnlineServer(
         "sqlite:///serve.db",
-        TorchOnlinePolicy("smollm2"),            # or a URL: record only, train elsewhere
+        my_policy,            # or a URL: record only, train elsewhere
         state_dir="serve-state",
         gate=GateOptions(agent=my_agent, tasks=held_out),
         judge=JudgeOptions(judge=LLMJudge(judge_url, "judge-model")),
