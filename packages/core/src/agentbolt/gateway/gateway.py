@@ -399,9 +399,20 @@ class Gateway:
             return self._reply(responder, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         if not isinstance(body, dict):
             return self._reply(responder, 400, "request body must be a JSON object", "invalid_request_error")
+        chat_body = body
+        if dialect is not None:  # Responses / Messages API: forwarded as Chat Completions
+            try:
+                chat_body = dialect.to_chat(body)
+            except (TranslationError, KeyError, TypeError, AttributeError) as exc:
+                return self._reply(responder, 400, f"cannot translate this request: {exc}", "invalid_request_error")
         routed: RoutedCall | None = None
         if routed_here:
             assert self.router is not None
+            if not self._upstreams:  # refused before a session is opened for it
+                self.counters["upstream_errors"] += 1
+                return self._reply(
+                    responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
+                )
             try:
                 routed = await self.router.route(request.headers, body, sub)
             except RouteError as exc:
@@ -413,7 +424,15 @@ class Gateway:
         record: CallRecord | None = None
         try:
             record = await self._forward(
-                request, responder, rollout_id, attempt_id, operation, body, dialect, routed.headers if routed else []
+                request,
+                responder,
+                rollout_id,
+                attempt_id,
+                operation,
+                chat_body,
+                body,
+                dialect,
+                routed.headers if routed else [],
             )
         finally:
             self._inflight -= 1
@@ -483,16 +502,12 @@ class Gateway:
         attempt_id: str,
         operation: str,
         body: dict[str, Any],
+        api_body: dict[str, Any],
         dialect: Dialect | None = None,
         extra_headers: list[tuple[str, str]] | None = None,
     ) -> CallRecord | None:
-        api_body = body
-        if dialect is not None:  # Responses / Messages API: forwarded as Chat Completions
-            try:
-                body = dialect.to_chat(api_body)
-            except (TranslationError, KeyError, TypeError, AttributeError) as exc:
-                self._reply(responder, 400, f"cannot translate this request: {exc}", "invalid_request_error")
-                return None
+        """Forward ``body`` (Chat Completions; ``api_body`` is what the client sent, translated
+        by ``dialect`` for the Responses / Messages APIs) and record the call."""
         if not self._upstreams:
             self.counters["upstream_errors"] += 1
             self._reply(

@@ -58,6 +58,7 @@ from .feedback import Feedback, FeedbackResult, record_feedback
 from .gate import GateDecision, GateScore, score_from_record
 from .judging import JudgeSweep
 from .ledger import Ledger
+from .live_schemas import live_openapi_paths
 from .options import GateOptions, JudgeOptions, SessionOptions, UpdateOptions
 from .policy import OnlinePolicy, StaticPolicy
 from .sessions import SessionBook
@@ -167,7 +168,7 @@ class OnlineServer:
             allowed_hosts=self.allowed_hosts,
             router=self.sessions,
             routes=online_routes(self),
-            openapi_paths=online_openapi_paths(),
+            openapi_paths={**live_openapi_paths(), **online_openapi_paths()},
             **self.gateway_options,
         )
         await self.gateway.start(self.host, self.port)
