@@ -253,7 +253,10 @@ class SessionBook:
                 break
             else:
                 raise RouteError(503, f"cannot open a new segment of session {key!r}", "agentbolt_store_error")
-            claims = await self.store.dequeue(self.worker_id, rollout_ids=[rollout_id], lease_s=self.lease_s)
+            try:
+                claims = await self.store.dequeue(self.worker_id, rollout_ids=[rollout_id], lease_s=self.lease_s)
+            except AgentboltError as exc:  # refused; a later call opens the next segment
+                raise RouteError(503, f"cannot open the session in the store: {exc}", "agentbolt_store_error") from None
             if not claims:
                 raise RouteError(503, f"session {key!r} could not be claimed in the store", "agentbolt_store_error")
             session = Session(
