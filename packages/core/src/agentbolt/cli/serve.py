@@ -12,7 +12,6 @@ guide.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from typing import Annotated, Any
@@ -25,19 +24,10 @@ __all__ = ["register"]
 
 
 def load_reference(reference: str, what: str) -> Any:
-    """The object a ``module:attr`` reference names (a function or class is called without arguments)."""
-    module_name, _, attr = reference.partition(":")
-    if not module_name or not attr:
-        raise UserError(f"{what} must look like 'package.module:name', got {reference!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"cannot import {module_name!r} for {what} {reference!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UserError(f"{module_name!r} has no attribute {attr!r} ({what} {reference!r})") from None
+    """The object a ``module:name`` reference names (a function or class is called without arguments)."""
+    from ..runners.runner import import_reference  # the CLI loads what a command runs in its body
+
+    obj = import_reference(reference, what)
     return obj() if inspect.isfunction(obj) or inspect.isclass(obj) else obj
 
 
