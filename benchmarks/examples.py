@@ -130,7 +130,8 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
     chain = []
     for stage, values in stages.items():
         extra = ", ".join(f"{_label(k)} {_f(values[k], 2)}" for k in keys if k in values)
-        chain.append(f"{stage} {_f(values.get('score'))}" + (f" ({extra})" if extra else ""))
+        se = f" ± {_f(values['se'])}" if "se" in values else ""
+        chain.append(f"{stage} {_f(values.get('score'))}{se}" + (f" ({extra})" if extra else ""))
     return " → ".join(chain)
 
 
@@ -139,13 +140,14 @@ def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def best_trivial(trivial: list[dict[str, Any]], heldout: str, metric: str) -> str:
-    """The highest trivial-policy score on a set and metric: ``0.058 (most_frequent)``."""
+def best_trivial(trivial: list[dict[str, Any]], heldout: str, metric: str, n: int | None = None) -> str:
+    """The highest trivial-policy score on a set and metric: ``0.058 (most_frequent)``, with the
+    number of questions it was scored on when that is not ``n`` (``0.058 (most_frequent, n = 120)``)."""
     rows = [r for r in trivial if r["heldout"] == heldout and r["metric"] == metric]
     if not rows:
         return "n/a"
     best = max(rows, key=lambda r: r["score"])
-    return f"{_f(best['score'])} ({best['policy']})"
+    return f"{_f(best['score'])} ({best['policy']}" + (f", n = {best['n']})" if best["n"] != n else ")")
 
 
 def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
@@ -173,7 +175,7 @@ def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, A
                     f"{_f(score.after)} ± {_f(score.after_se)}",
                     _gain(record, set_name),
                     stage_notes(score.stages) or "—",
-                    best_trivial(trivial, set_name, score.metric),
+                    best_trivial(trivial, set_name, score.metric, score.n),
                 ]
             )
         header = ["held-out set", "metric", "n", "before", "after", "gain", "more", "best trivial policy"]
@@ -198,24 +200,66 @@ def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, A
     return "\n".join(lines)
 
 
+PAPER_EXAMPLES = ("sql_agent", "rag_agent", "calc_agent")
+"""The top README's table always has a row for these, with or without a published run."""
+
+
+def _trivial_beside(
+    trivial: list[dict[str, Any]], heldout: str, metric: str, stages: dict[str, dict], n: int | None
+) -> str:
+    """The best trivial policy on the headline metric, then on each other metric the stages report
+    (``0.000 (constant); F1 0.042 (generic_word)``)."""
+    text = best_trivial(trivial, heldout, metric, n)
+    others = dict.fromkeys(k for s in stages.values() for k in s if k not in ("score", "se", metric))
+    for key in others:
+        if any(r["heldout"] == heldout and r["metric"] == key for r in trivial):
+            text += f"; {_label(key)} {best_trivial(trivial, heldout, key, n)}"
+    return text
+
+
 def examples_table(names: list[str], records: dict[str, RunRecord | None], trivial: dict[str, list]) -> str:
-    """The top README's table: every example's held-out sets before → after, beside the best trivial policy."""
+    """The top README's table: every example's held-out sets before → after (± se, n), what else
+    each stage measured (F1, tool-call rates, ...), beside the best trivial policy; an example of
+    :data:`PAPER_EXAMPLES` without a record gets a "no published run yet" row."""
     rows = []
-    for name in names:
+    ordered = [*PAPER_EXAMPLES, *(n for n in names if n not in PAPER_EXAMPLES)]
+    for name in ordered:
         record = records.get(name)
+        link = f"[`{name}`](examples/{name})"
         if record is None:
+            if name not in PAPER_EXAMPLES:
+                continue
+            rows_of = trivial.get(name, [])
+            for set_name in dict.fromkeys(r["heldout"] for r in rows_of) or ["—"]:
+                metrics = dict.fromkeys(r["metric"] for r in rows_of if r["heldout"] == set_name)
+                best = "; ".join(
+                    f"{_label(m) if len(metrics) > 1 else ''} {best_trivial(rows_of, set_name, m)}".strip()
+                    for m in metrics
+                )
+                rows.append(
+                    [
+                        link,
+                        set_name,
+                        "; ".join(_label(m) for m in metrics) or "—",
+                        f"no published run yet (`docs/runs/{name}/result.json`)",
+                        "—",
+                        "—",
+                        best or "—",
+                        "—",
+                    ]
+                )
             continue
         for set_name, score in record.heldout.items():
             headline = record.headline.startswith(f"{set_name}/")
             rows.append(
                 [
-                    f"[`{name}`](examples/{name})",
+                    link,
                     f"**{set_name}**" if headline else set_name,
                     f"{score.metric.replace('_', ' ')} (n = {score.n})",
                     f"{_f(score.before)} ± {_f(score.before_se)} → {_f(score.after)} ± {_f(score.after_se)}",
                     _gain(record, set_name),
                     stage_notes(score.stages) or "—",
-                    best_trivial(trivial.get(name, []), set_name, score.metric),
+                    _trivial_beside(trivial.get(name, []), set_name, score.metric, score.stages, score.n),
                     f"{record.steps} steps, {_f(record.wall_s / 60, 1)} min ({record.date}, `{record.commit[:7]}`)",
                 ]
             )
@@ -248,7 +292,7 @@ def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) ->
                 f"{extra['engine/cached_prompt_tokens']:,.0f} served from the prompt cache"
             )
         text += ")"
-    return text + f". Best trivial policy: {best_trivial(trivial, name, score.metric)}."
+    return text + f". Best trivial policy: {best_trivial(trivial, name, score.metric, score.n)}."
 
 
 # -- the README blocks ----------------------------------------------------------------------------
@@ -282,7 +326,8 @@ def readme_updates(
                 path.read_text(encoding="utf-8"), name, example_block(name, records[name], trivial[name])
             )
     top = (repo / "README.md").read_text(encoding="utf-8")
-    top = replace_block(top, "examples", examples_table([n for n in names if n != "quickstart"], records, trivial))
+    table_names = [n for n in names if n != "quickstart"]
+    top = replace_block(top, "examples", examples_table(table_names, records, trivial))
     top = replace_block(top, "quickstart", quickstart_block(records.get("quickstart"), trivial.get("quickstart", [])))
     out[repo / "README.md"] = top
     return out
@@ -304,7 +349,9 @@ def print_table(names: list[str], trivial: dict[str, list[dict[str, Any]]], runs
                     + (f"  {stage_notes(score.stages)}" if score.stages else "")
                 )
         for row in trivial.get(name, []):
-            print(f"   trivial  {row['heldout']:<12} {row['policy']:<15} {row['metric']:<20} {_f(row['score'])}")
+            print(
+                f"   trivial  {row['heldout']:<12} {row['policy']:<15} {row['metric']:<20} {_f(row['score'])} (n={row['n']})"
+            )
 
 
 # -- running and publishing -----------------------------------------------------------------------

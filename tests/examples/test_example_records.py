@@ -37,7 +37,7 @@ bench = _load(REPO / "benchmarks/examples.py", "benchmarks_examples_for_records"
 
 def test_the_published_runs_are_there() -> None:
     # the examples whose figures the READMEs publish; the others' READMEs say "no published run yet"
-    assert {"sql_agent"} <= set(RECORDS)
+    assert {"sql_agent", "calc_agent"} <= set(RECORDS)
 
 
 @pytest.mark.parametrize("name", RECORDS)
@@ -58,7 +58,7 @@ def test_the_readmes_show_what_the_records_say(tmp_path: Path) -> None:
     assert REPO / "README.md" in updates
     stale = [str(path.relative_to(REPO)) for path, text in updates.items() if path.read_text(encoding="utf-8") != text]
     assert not stale, f"README figures differ from docs/runs/: {stale}; run `benchmarks/examples.py --report`"
-    for name in ("sql_agent", "rag_agent"):  # each example README carries its generated block
+    for name in ("sql_agent", "rag_agent", "calc_agent"):  # each example README carries its generated block
         assert REPO / "examples" / name / "README.md" in updates
 
 
@@ -91,8 +91,94 @@ def test_stage_notes_and_best_trivial_policy() -> None:
         {"heldout": "dev", "policy": "most_frequent", "metric": "f1", "score": 0.05, "n": 10},
         {"heldout": "dev", "policy": "most_frequent", "metric": "exact_match", "score": 0.09, "n": 10},
     ]
-    assert bench.best_trivial(rows, "dev", "f1") == "0.050 (most_frequent)"
+    assert bench.best_trivial(rows, "dev", "f1", 10) == "0.050 (most_frequent)"
+    assert (
+        bench.best_trivial(rows, "dev", "f1", 60)
+        == bench.best_trivial(rows, "dev", "f1")
+        == "0.050 (most_frequent, n = 10)"
+    )
     assert bench.best_trivial(rows, "test", "f1") == "n/a"
+
+
+def test_examples_table_without_and_with_a_staged_record() -> None:
+    """calc_agent without a record: a "no published run yet" row per held-out tier, its trivial
+    policies beside; with a record whose tiers have base/sft/rl stages: each stage's score ± se and
+    tool-call rate; a record's other metrics (F1) get their best trivial policy beside too."""
+    trivial = {
+        "calc_agent": [
+            {"heldout": "small", "policy": "constant", "metric": "accuracy", "score": 0.02, "n": 50},
+            {"heldout": "large", "policy": "constant", "metric": "accuracy", "score": 0.0, "n": 50},
+        ],
+        "rag_agent": [
+            {"heldout": "dev", "policy": "constant", "metric": "exact_match", "score": 0.0, "n": 9},
+            {"heldout": "dev", "policy": "generic_word", "metric": "f1", "score": 0.03, "n": 9},
+        ],
+    }
+    rag = RunRecord.model_validate(
+        {
+            "example": "rag_agent",
+            "command": "python examples/rag_agent/train.py",
+            "commit": "2" * 40,
+            "date": "2026-11-26",
+            "machine": "m",
+            "model": "x",
+            "steps": 2,
+            "wall_s": 120.0,
+            "s_per_step": 60.0,
+            "heldout": {
+                "dev": {
+                    "metric": "exact_match",
+                    "n": 9,
+                    "before": 0.1,
+                    "before_se": 0.1,
+                    "after": 0.3,
+                    "after_se": 0.15,
+                    "stages": {
+                        "before": {"score": 0.1, "se": 0.1, "f1": 0.2},
+                        "after": {"score": 0.3, "se": 0.15, "f1": 0.4},
+                    },
+                }
+            },
+            "headline": "dev/exact_match",
+        }
+    )
+    table = bench.examples_table(["rag_agent"], {"rag_agent": rag}, trivial)
+    calc_rows = [line for line in table.splitlines() if "calc_agent" in line]
+    assert [row.split(" | ")[1] for row in calc_rows] == ["small", "large"]
+    assert all("no published run yet (`docs/runs/calc_agent/result.json`)" in row for row in calc_rows)
+    assert "0.020 (constant, n = 50)" in calc_rows[0]
+    assert not any("sql_agent" in line and "no published" not in line for line in table.splitlines())
+    rag_row = next(line for line in table.splitlines() if "rag_agent" in line)
+    assert "0.100 ± 0.100 → 0.300 ± 0.150" in rag_row and "(n = 9)" in rag_row
+    assert "F1 0.200 → 0.400" in rag_row and "0.000 (constant); F1 0.030 (generic_word)" in rag_row
+
+    calc = rag.model_copy(
+        update={
+            "example": "calc_agent",
+            "headline": "small/accuracy",
+            "heldout": {
+                "small": rag.heldout["dev"].model_copy(
+                    update={
+                        "metric": "accuracy",
+                        "n": 50,
+                        "stages": {
+                            "base": {"score": 0.1, "se": 0.04, "tool_call_rate": 0.0},
+                            "sft": {"score": 0.2, "se": 0.05, "tool_call_rate": 0.9},
+                            "rl": {"score": 0.3, "se": 0.06, "tool_call_rate": 0.96},
+                        },
+                    }
+                )
+            },
+        }
+    )
+    table = bench.examples_table([], {"calc_agent": calc}, trivial)
+    calc_rows = [line for line in table.splitlines() if "calc_agent" in line]
+    assert len(calc_rows) == 1 and "**small**" in calc_rows[0] and "accuracy (n = 50)" in calc_rows[0]
+    assert (
+        "base 0.100 ± 0.040 (tool calls 0.00) → sft 0.200 ± 0.050 (tool calls 0.90) → rl 0.300 ± 0.060 (tool calls 0.96)"
+        in calc_rows[0]
+    )
+    assert next(line for line in table.splitlines() if "sql_agent" in line).count("no published run yet") == 1
 
 
 def test_publish_copies_a_valid_record_and_refuses_others(tmp_path: Path) -> None:
