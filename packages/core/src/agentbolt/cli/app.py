@@ -5,6 +5,7 @@ agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
 agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
 agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
+agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
 
 Each command imports the part it runs inside its body (the store server and the gateway bring
 FastAPI and uvicorn, the runners Ray or SQLAlchemy), so ``agentbolt --help`` and every command
@@ -33,6 +34,7 @@ from ..policies import Policies
 from ..store.urls import check_store_url
 from .runs import open_existing_store
 from .runs import register as _register_run_commands
+from .serve import register as _register_serve
 from .tables import Column, show, table
 from .tables import console as make_console
 
@@ -405,6 +407,7 @@ def doctor(
 
 
 _register_run_commands(app)  # runs, rollouts, export, dashboard
+_register_serve(app)  # serve
 
 
 def main() -> None:

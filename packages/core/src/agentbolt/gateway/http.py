@@ -569,9 +569,10 @@ class UpstreamPool:
         self.max_idle = max_idle
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_ClientConnection] = []
+        self.closed = False
 
     def _release(self, conn: _ClientConnection) -> None:
-        if len(self._idle) < self.max_idle:
+        if not self.closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.abort()
@@ -629,7 +630,8 @@ class UpstreamPool:
         raise UpstreamError(f"cannot send to {self.base_url}")
 
     def close(self) -> None:
-        """Close idle connections."""
+        """Close idle connections; connections still in use close when their call ends."""
+        self.closed = True
         for conn in list(self._idle):
             conn.abort()
         self._idle.clear()

@@ -412,14 +412,26 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
         return out
 
     async def _dequeue(
-        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
+        self,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        mode: t.RolloutMode | None,
+        wait_s: float,
+        rollout_ids: list[str] | None,
     ) -> list[t.Claim]:
         where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
+        wanted: tuple[str, ...] = ()
+        if rollout_ids is not None:
+            wanted = tuple(dict.fromkeys(rollout_ids))
+            if not wanted:
+                return []
+            where += f" AND rollout_id IN ({_marks(len(wanted))})"
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 
         def tx(conn: Connection) -> list[t.Claim]:
             cur = _cursor(conn)
-            cur.execute(sql, (limit,))
+            cur.execute(sql, (*wanted, limit))
             rows = cur.fetchall()
             if not rows:
                 return []

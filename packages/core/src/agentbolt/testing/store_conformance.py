@@ -157,6 +157,16 @@ class StoreConformance(RunStoreConformance):
         rest = await store.dequeue("w", limit=5)
         assert [c.rollout.rollout_id for c in rest] == ["t0", "t1"]
 
+    async def test_dequeue_claims_only_the_given_rollouts(self, store: Store) -> None:
+        await store.enqueue(specs(4) + specs(1, prefix="v", mode=t.RolloutMode.VAL))
+        claims = await store.dequeue("w", limit=5, rollout_ids=["r2", "nope", "r1", "r2"])
+        assert [c.rollout.rollout_id for c in claims] == ["r1", "r2"]  # oldest first, unknown ids skipped
+        assert await store.dequeue("w", rollout_ids=["r1"]) == []  # no longer queued
+        assert await store.dequeue("w", rollout_ids=["v0"], mode=t.RolloutMode.TRAIN) == []
+        assert await store.dequeue("w", rollout_ids=[]) == []
+        rest = await store.dequeue("w", limit=10)  # the others are still queued, in order
+        assert [c.rollout.rollout_id for c in rest] == ["r0", "r3", "v0"]
+
     async def test_dequeue_rejects_bad_arguments(self, store: Store) -> None:
         with pytest.raises(UserError):
             await store.dequeue("w", limit=0)
