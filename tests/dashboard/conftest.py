@@ -3,7 +3,7 @@ by the dashboard's browser and CLI tests, and the dashboard serving it."""
 
 from __future__ import annotations
 
-import sqlite3
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dashboard_helpers import DashboardThread, train_tiny_runs
+
+from agentbolt.testing.requirements import require
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -34,12 +36,6 @@ def store_db(tiny_store: str) -> Path:
     return Path(tiny_store.removeprefix("sqlite:///"))
 
 
-def sql(db: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of a query on the store's SQLite file (read-only checks of what the pages show)."""
-    with sqlite3.connect(db) as conn:
-        return conn.execute(query, args).fetchall()
-
-
 @pytest.fixture(scope="session")
 def dashboard(tiny_store: str) -> Iterator[DashboardThread]:
     with DashboardThread(tiny_store) as dash:
@@ -51,9 +47,10 @@ def browser() -> Iterator[Any]:
     """Debian's Chromium driven by Playwright (never a downloaded browser). Module-scoped:
     Playwright's sync API keeps an event loop running on the main thread while it is open,
     which later async tests of the session must not inherit."""
-    if not CHROMIUM.exists():
-        pytest.skip("/usr/bin/chromium not found (apt-get install chromium); browser tests skipped")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    require(CHROMIUM.exists(), str(CHROMIUM), "apt-get install chromium")
+    require(importlib.util.find_spec("playwright") is not None, "playwright", "uv sync installs it: ./dev setup")
+    from playwright import sync_api
+
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox", "--disable-gpu"]

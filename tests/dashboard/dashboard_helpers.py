@@ -1,9 +1,11 @@
-"""Fill a store with real runs: ``torch-grpo`` on the tiny random model through the Trainer
-(runner, gateway, policy server, LightningRL, updates). The browser tests and
-``scripts/dashboard_screenshots.py`` use it."""
+"""Helpers of the dashboard tests (imported by name, never through ``conftest``): fill a store with
+real runs (``torch-grpo`` on the tiny random model through the Trainer: runner, gateway, policy
+server, LightningRL, updates), serve the dashboard (``DashboardThread``), and read the store's
+SQLite file in assertions (``sql``). ``scripts/dashboard_screenshots.py`` uses them too."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +103,9 @@ class DashboardThread:
         self._thread.stop(10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # any loop of this thread may be busy
             pool.submit(asyncio.run, self._store.close()).result()
+
+
+def sql(db: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of a query on the store's SQLite file (read-only checks of what the pages show)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute(query, args).fetchall()

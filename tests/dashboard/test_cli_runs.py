@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import sql
+from dashboard_helpers import sql
 from typer.testing import CliRunner
 
 from agentbolt.cli import app

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import sql
-from dashboard_helpers import DashboardThread
+from dashboard_helpers import DashboardThread, sql
 
 from agentbolt.store import RunSpec, open_store
 

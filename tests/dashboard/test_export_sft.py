@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import sql
+from dashboard_helpers import sql
 from typer.testing import CliRunner
 
 from agentbolt.cli import app

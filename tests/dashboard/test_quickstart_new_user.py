@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sql
-from dashboard_helpers import DashboardThread
+from dashboard_helpers import DashboardThread, sql
 from typer.testing import CliRunner
 
 from agentbolt.cli import app

@@ -5,9 +5,10 @@ must not run here carries, on the line before it, an HTML comment (invisible on 
 the mark and the reason, e.g. ``<!--pytest.mark.skip(reason="long run: trains SmolLM2 for 10 minutes")-->``.
 Every skip must say why. The rest run:
 
-- ``python`` blocks execute in a fresh namespace whose ``__name__`` is not ``"__main__"`` (so an
-  ``if __name__ == "__main__":`` training run is defined, imported and checked, not started);
-  top-level ``await`` runs on an event loop;
+- ``python`` blocks execute in a Python process of their own (what they set up, e.g. an
+  instrumentor, never leaks into the test session), in a namespace whose ``__name__`` is not
+  ``"__main__"`` (so an ``if __name__ == "__main__":`` training run is defined, imported and
+  checked, not started); top-level ``await`` runs on an event loop;
 - ``bash`` / ``sh`` blocks run with ``bash -euo pipefail`` and this environment's ``agentbolt``
   on ``PATH``;
 - ``toml`` blocks must parse;
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import inspect
 import itertools
 import os
 import shutil
@@ -56,6 +56,20 @@ DOCS = sorted(
 RUNNABLE = {"python", "bash", "sh", "toml"}
 NOT_CODE = {"", "text", "console", "output", "markdown"}
 BLOCK_TIMEOUT_S = 600  # generous: a loaded or AVX2-only CI machine runs each CLI start slowly
+RUN_PYTHON_BLOCK = """
+import ast, asyncio, inspect, sys
+
+path = sys.argv[1]
+with open(path) as f:
+    code = compile(f.read(), path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+namespace = {"__name__": "__docs__", "__file__": path}
+if code.co_flags & inspect.CO_COROUTINE:
+    asyncio.run(eval(code, namespace))
+else:
+    exec(code, namespace)
+"""
+"""Runs one python block (``python -c RUN_PYTHON_BLOCK FILE``): top-level ``await`` allowed, and
+``__name__`` is not ``"__main__"``."""
 
 
 # -- the store the blocks read as sqlite:///runs.db -------------------------------------------------
@@ -152,29 +166,25 @@ def test_code_block(path: Path, block: Any, tmp_path: Path, docs_store: Path, mo
     if block.syntax == "toml":
         tomllib.loads(block.code)
     elif block.syntax == "python":
-        monkeypatch.syspath_prepend(str(tmp_path))
-        code = _compile(block.code, where)
-        namespace = {"__name__": "__docs__"}
-        if code.co_flags & inspect.CO_COROUTINE:
-            asyncio.run(eval(code, namespace))
-        else:
-            exec(code, namespace)
+        source = tmp_path / "code_block.py"  # a file, so inspect.getsource works (smolagents' @tool reads it)
+        source.write_text(block.code)
+        _check(where, block.code, [sys.executable, "-c", RUN_PYTHON_BLOCK, str(source)], tmp_path)
     else:
-        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        env.pop("AGENTBOLT_STORE", None)
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.code],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BLOCK_TIMEOUT_S,
-            check=False,
-        )
-        assert done.returncode == 0, (
-            f"{where} exited {done.returncode}:\n{block.code}\n--- stdout\n{done.stdout[-3000:]}\n"
-            f"--- stderr\n{done.stderr[-3000:]}"
-        )
+        _check(where, block.code, ["bash", "-euo", "pipefail", "-c", block.code], tmp_path)
+
+
+def _check(where: str, code: str, command: list[str], cwd: Path) -> None:
+    """Run one block in its own process (what a block sets up, e.g. an instrumentor or a tracer
+    provider, never leaks into the test session) with this environment's ``agentbolt`` on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("AGENTBOLT_STORE", None)
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False
+    )
+    assert done.returncode == 0, (
+        f"{where} exited {done.returncode}:\n{code}\n--- stdout\n{done.stdout[-3000:]}\n"
+        f"--- stderr\n{done.stderr[-3000:]}"
+    )
 
 
 def _compile(source: str, where: str) -> Any:

@@ -8,6 +8,8 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,20 @@ async def parity_agent(task: dict[str, Any], resources: Resources) -> float:
     return float(len(reply.choices[0].message.content or "") % 2)
 
 
+def alternating_agent() -> Callable[[dict[str, Any], Resources], Awaitable[float]]:
+    """Asks the policy once, then rewards its task's rollouts 0, 1, 0, 1, ... in the order they
+    finish: every group of an even size has reward variance (so a gradient) whatever the random
+    model samples."""
+    finished: Counter[str] = Counter()
+
+    async def agent(task: dict[str, Any], resources: Resources) -> float:
+        await parity_agent(task, resources)
+        finished[task["task_id"]] += 1
+        return float(finished[task["task_id"]] % 2)
+
+    return agent
+
+
 def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(6)]
     algorithm = TorchGRPO(
@@ -54,7 +70,7 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         update={"lr": 1e-2},
     )
     trainer = Trainer(
-        parity_agent,
+        alternating_agent(),
         algorithm,
         store=f"sqlite:///{tmp_path}/runs.db",
         runners=RunnerOptions(n=0, concurrency=8),
@@ -71,7 +87,7 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         assert math.isfinite(r["update/loss"]) and r["update/n_transitions"] == 8 and r["train/transitions"] == 8
         assert r["lightningrl/trained_calls"] == 8  # every call recorded with exact token ids
         assert abs(r["update/logprob_mismatch"]) < 0.05  # served logprobs are the trained policy's
-    assert any(r["update/grad_norm"] > 0 for r in updates), "no gradient: rewards had no variance"
+    assert all(r["update/grad_norm"] > 0 for r in updates), "no gradient although every group's rewards vary"
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
     assert Path(result.curve_png).read_bytes()[:4] == b"\x89PNG"
 
@@ -170,3 +186,25 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
     assert run.steps == 1 and "update/loss" in run.latest and "val/reward" in run.latest
     assert [m.step for m in metrics] == [0, 1, 1]  # held-out before, the training step, held-out after
     assert page.total == 4 and all(r.run_id == run.run_id and r.step == 1 for r in page.items)
+
+
+def test_val_before_false_skips_the_first_held_out_pass(tmp_path: Path) -> None:
+    """A stage after another (RL after SFT) need not re-measure the weights it starts from."""
+    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
+    algorithm = TorchGRPO(
+        "tiny",
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        max_tokens=8,
+        val_every=None,
+        val_before=False,
+        out_dir=tmp_path / "out",
+        engine={"batch_window_s": 0.01},
+    )
+    result = Trainer(parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False).fit(
+        tasks[:2], tasks[2:]
+    )
+    assert result.accuracy_before is None and result.accuracy_after is not None
+    records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
+    assert [r["step"] for r in records if "val/accuracy" in r] == [1]

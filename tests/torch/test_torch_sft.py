@@ -39,18 +39,25 @@ def _sft(tmp_path: Path, **options: Any) -> TorchSFT:
     )
 
 
+async def all_but_q3_agent(task: dict[str, Any], resources: t.Resources) -> float:
+    """Asks the policy once; reward 1.0 for every task but ``q3`` whatever the reply (so what
+    passes the threshold does not depend on what the random model samples)."""
+    await parity_agent(task, resources)
+    return 0.0 if task["task_id"] == "q3" else 1.0
+
+
 def test_trains_on_passing_rollouts_only(tmp_path: Path) -> None:
     trainer = Trainer(
-        parity_agent, _sft(tmp_path, threshold=1.0), store="memory://", runners=RunnerOptions(n=0), progress=False
+        all_but_q3_agent, _sft(tmp_path, threshold=1.0), store="memory://", runners=RunnerOptions(n=0), progress=False
     )
     result = trainer.fit(TASKS[:4], TASKS[4:])
 
     records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
     trained = [r for r in records if "update/loss" in r]
-    assert trained, records
+    # two steps of two tasks x four samples: one step holds q3 (its 4 rollouts fail the threshold)
+    assert sorted(r["train/kept_rollouts"] for r in trained) == [4, 8], records
     for r in trained:
-        # parity reward: about half the rollouts pass; only theirs are trained on
-        assert 0 < r["train/kept_rollouts"] <= 8 and r["update/n_transitions"] == r["train/kept_rollouts"]
+        assert r["update/n_transitions"] == r["train/kept_rollouts"]  # one call per rollout, only passing ones
         assert r["update/loss"] > 0  # NLL of sampled tokens is positive
     initial, _ = tiny_model(seed=0)
     weights = load_file(Path(result.checkpoint) / "model" / "model.safetensors")

@@ -6,6 +6,8 @@
   :mod:`~agentbolt.testing.adapter_conformance`, :mod:`~agentbolt.testing.algorithm_conformance`:
   the suites store backends, adapters and algorithms pass (need pytest).
 - :mod:`agentbolt.testing.postgres`: a throwaway PostgreSQL server.
+- :mod:`agentbolt.testing.requirements`: a test's missing PostgreSQL or browser skips it, or
+  fails it in CI (``CI=true``).
 - :mod:`agentbolt.testing.outbound`: refuse and record connections that would leave the machine.
 
 APO's scripted optimizer LLM is in agentbolt-apo (:mod:`agentbolt_apo.testing`). Submodules
