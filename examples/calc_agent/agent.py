@@ -1,10 +1,12 @@
 """The calculator agent: an AutoGen AgentChat ``AssistantAgent`` with a ``calculator`` tool.
 
 Plain AutoGen code: the agent reads only ``resources.llm`` (base URL, model name, key) and returns
-the reward. The model decides whether to call the calculator; with ``reflect_on_tool_use`` a tool
-call is followed by a second model call that writes the answer from the tool's result. A few
-worked examples open the model context (one of them through the calculator): a 135M model calls
-a tool only when it has seen one called.
+the reward. The model decides whether to call the calculator; after a tool result it is called
+again (with the tool still offered) and either calls the calculator again -- a chain of up to
+``MAX_TOOL_ITERATIONS`` steps -- or writes the answer. Should it still be calling the tool after
+the last iteration, ``reflect_on_tool_use`` asks it once more, without tools, for the answer.
+There are no worked examples in the prompt: a 135M model given only the tool's schema rarely
+calls it, and that is what SFT on demonstrations, then RL, teach (``train.py``).
 """
 
 from __future__ import annotations
@@ -12,22 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 from autogen_agentchat.agents import AssistantAgent
-from autogen_core import FunctionCall
-from autogen_core.model_context import UnboundedChatCompletionContext
-from autogen_core.models import (
-    AssistantMessage,
-    FunctionExecutionResult,
-    FunctionExecutionResultMessage,
-    LLMMessage,
-    ModelInfo,
-    UserMessage,
-)
+from autogen_core.models import ModelInfo
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from calculator import evaluate, format_number
-from data import parse_number
+from scoring import reward
 
-SYSTEM = "Solve the math word problem. Give the final answer as a number inside <answer>...</answer>."
+SYSTEM = (
+    "Solve the math word problem. You can use the calculator tool for arithmetic. "
+    "Give the final answer as a number inside <answer>...</answer>."
+)
+
+MAX_TOOL_ITERATIONS = 4
+"""Calculator calls one question may chain (each followed by a model call that sees the result)."""
 
 MODEL_INFO = ModelInfo(
     vision=False, function_calling=True, json_output=False, family="unknown", structured_output=False
@@ -42,49 +41,6 @@ def calculator(expression: str) -> str:
 CALCULATOR = FunctionTool(calculator, name="calculator", description="Evaluate arithmetic, e.g. 4 * 6")
 
 
-def few_shot() -> list[LLMMessage]:
-    """Three worked examples: two through the calculator, then one answered directly.
-
-    A direct example comes last: a 135M model imitates the turn just before the question, and
-    ending on a tool example makes it write the tool's results itself.
-    """
-
-    def solved_with_tool(i: int, question: str, expression: str, result: str) -> list[LLMMessage]:
-        call = FunctionCall(id=f"call_{i}", name="calculator", arguments=f'{{"expression": "{expression}"}}')
-        return [
-            UserMessage(content=question, source="user"),
-            AssistantMessage(content=[call], source="solver"),
-            FunctionExecutionResultMessage(
-                content=[FunctionExecutionResult(content=result, name="calculator", call_id=call.id, is_error=False)]
-            ),
-            AssistantMessage(content=f"{expression} = {result}. <answer>{result}</answer>", source="solver"),
-        ]
-
-    return [
-        *solved_with_tool(0, "Bob buys 4 bags with 6 nuts in each bag. How many nuts is that?", "4 * 6", "24"),
-        *solved_with_tool(1, "Kim had 23 cups and gave 9 of them away. How many cups are left?", "23 - 9", "14"),
-        UserMessage(content="Ann has 3 pens. Ann gets 5 more. How many pens does Ann have now?", source="user"),
-        AssistantMessage(content="3 + 5 = 8. <answer>8</answer>", source="solver"),
-    ]
-
-
-def final_answer(text: str) -> float | None:
-    """The number inside the last ``<answer>...</answer>`` of a reply, or None."""
-    start = text.rfind("<answer>")
-    end = text.find("</answer>", start)
-    if start < 0 or end < 0:
-        return None
-    return parse_number(text[start + len("<answer>") : end])
-
-
-def reward(text: str, gold: float) -> float:
-    """1.0 for the right number in ``<answer>`` tags (relative tolerance 1e-4), 0.1 for a wrong one, else 0."""
-    value = final_answer(text)
-    if value is None:
-        return 0.0
-    return 1.0 if abs(value - gold) <= 1e-6 + 1e-4 * abs(gold) else 0.1
-
-
 async def calc_agent(task: dict[str, Any], resources: Any) -> float:
     """Answer ``task["question"]`` with an AssistantAgent; the reward checks ``task["answer"]``."""
     llm = resources.llm
@@ -96,8 +52,8 @@ async def calc_agent(task: dict[str, Any], resources: Any) -> float:
         model_client=client,
         tools=[CALCULATOR],
         reflect_on_tool_use=True,
+        max_tool_iterations=MAX_TOOL_ITERATIONS,
         system_message=SYSTEM,
-        model_context=UnboundedChatCompletionContext(initial_messages=few_shot()),
     )
     try:
         result = await solver.run(task=task["question"])

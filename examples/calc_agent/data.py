@@ -1,4 +1,4 @@
-"""Calc-X data for the calculator agent: a bundled generator and the loader of the real files.
+"""Calc-X data for the calculator agent: the loader of the real files and of the bundled set.
 
 Calc-X (MU-NLPC, https://huggingface.co/datasets/MU-NLPC/Calc-X) holds arithmetic word problems
 as records ``{"id", "question", "chain", "result", "source_ds"}``: ``chain`` is the worked
@@ -7,117 +7,44 @@ the answer as a string (``"42"``, ``"3/4"``, ``"2.5"``). The release is parquet
 (``data/train-*.parquet``, ``data/validation-*.parquet``, ``data/test-*.parquet``); the same
 records as JSON lines (``train.jsonl``...) load too.
 
-The bundled set is written in that format by :func:`write_bundled` (deterministic, small
-numbers, one or two operations) into ``~/.cache/agentbolt/examples/calc_agent/`` and read back
-by :func:`load_split` -- the same code path as ``--data PATH`` with the real files.
+Held-out *tiers*: a held-out file named ``test_<tier>`` (or ``validation_<tier>``) is the tier
+``<tier>``; other held-out files make one tier named after their split (``test``). The bundled
+set (:mod:`bundled`, written on first use into ``~/.cache/agentbolt/examples/calc_agent/``) has
+the tiers ``small`` and ``large``. :func:`load` drops every held-out problem that shares a
+calculation step with a training problem (:mod:`chains`; none in the bundled set, by
+construction) and says how many it dropped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
+import re
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from bundled import write_bundled
+from chains import drop_overlap
+
 log = logging.getLogger(__name__)
 
 CALC_X_URL = "https://huggingface.co/datasets/MU-NLPC/Calc-X"
 CACHE = Path.home() / ".cache" / "agentbolt" / "examples" / "calc_agent"
-BUNDLED_VERSION = "v3"
+BUNDLED_VERSION = "v4"
 REQUIRED = ("id", "question", "result")
 SPLIT_NAMES = {"train": ("train",), "heldout": ("test", "validation")}
-
-NAMES = ["Tom", "Anna", "Ben", "Lily", "Sam", "Mia", "Max", "Zoe", "Leo", "Eva", "Tim", "Ada"]
-ITEMS = ["apples", "pencils", "stickers", "cookies", "marbles", "books", "cards", "stamps", "shells", "coins"]
+_TIER_FILE = re.compile(r"^(?:test|validation)_([A-Za-z]+)$")
 
 
 class DataError(ValueError):
     """A Calc-X file is missing or holds a malformed record (the message names file and line)."""
 
 
-# -- the bundled set ------------------------------------------------------------------------------
-
-
-def _chain(steps: list[tuple[str, int]], result: int) -> str:
-    """A Calc-X ``chain``: calculator gadget calls with their outputs, then the result."""
-    parts = [f'<gadget id="calculator">{expr}</gadget>\n<output>{value}</output>' for expr, value in steps]
-    return "\n\n".join([*parts, f"Final result is <result>{result}</result>"])
-
-
-def _problem(rng: random.Random) -> tuple[str, list[tuple[str, int]], int]:
-    """One word problem with small numbers: its text, calculator steps and integer answer.
-
-    Mostly one operation on numbers below 20; one problem in eight takes two.
-    """
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    kind = rng.choices(["add", "sub", "mul", "div", "add_sub"], weights=[2, 2, 2, 1, 1])[0]
-    if kind == "add":
-        a, b = rng.randint(2, 12), rng.randint(2, 9)
-        q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
-        return q, [(f"{a} + {b}", a + b)], a + b
-    if kind == "sub":
-        a = rng.randint(6, 19)
-        b = rng.randint(2, a - 1)
-        q = f"{name} had {a} {item} and gave {b} of them away. How many {item} are left?"
-        return q, [(f"{a} - {b}", a - b)], a - b
-    if kind == "mul":
-        a, b = rng.randint(2, 5), rng.randint(2, 5)
-        q = f"{name} buys {a} bags with {b} {item} in each bag. How many {item} is that?"
-        return q, [(f"{a} * {b}", a * b)], a * b
-    if kind == "div":
-        b, each = rng.randint(2, 4), rng.randint(2, 5)
-        q = f"{name} shares {b * each} {item} equally among {b} friends. How many {item} does each friend get?"
-        return q, [(f"{b * each} / {b}", each)], each
-    a, b = rng.randint(3, 9), rng.randint(2, 6)
-    c = rng.randint(1, a + b - 1)
-    q = f"{name} has {a} {item}, finds {b} more and then loses {c}. How many {item} does {name} have now?"
-    return q, [(f"{a} + {b}", a + b), (f"{a + b} - {c}", a + b - c)], a + b - c
-
-
-def generate(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
-    """``n`` Calc-X records with distinct questions, reproducible for a seed."""
-    rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    while len(records) < n:
-        question, steps, result = _problem(rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        records.append(
-            {
-                "id": f"bundled-{split}-{len(records):04d}",
-                "question": question,
-                "chain": _chain(steps, result),
-                "result": str(result),
-                "source_ds": "agentbolt-bundled",
-            }
-        )
-    return records
-
-
-def write_bundled(
-    folder: Path = CACHE / f"bundled-{BUNDLED_VERSION}", *, n_train: int = 400, n_test: int = 200
-) -> Path:
-    """Write the bundled set (``train.jsonl``, ``test.jsonl``) once; returns the folder.
-
-    The held-out questions never occur in the training file.
-    """
-    folder = Path(folder)
-    if (folder / "train.jsonl").exists() and (folder / "test.jsonl").exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    test = generate(n_test, seed=2, split="test")
-    test_questions = {r["question"] for r in test}
-    train = [r for r in generate(n_train + n_test, seed=1, split="train") if r["question"] not in test_questions]
-    for name, records in (("train", train[:n_train]), ("test", test)):
-        tmp = folder / f"{name}.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        tmp.replace(folder / f"{name}.jsonl")
-    return folder
+def bundled_folder() -> Path:
+    """The bundled set's folder (written on first use)."""
+    return write_bundled(CACHE / f"bundled-{BUNDLED_VERSION}")
 
 
 # -- the loader -----------------------------------------------------------------------------------
@@ -150,6 +77,7 @@ def _task(record: Any, where: str) -> dict[str, Any] | None:
         "question": record["question"].strip(),
         "answer": answer,
         "source": str(record.get("source_ds", "")),
+        "chain": str(record.get("chain") or ""),
     }
 
 
@@ -227,9 +155,47 @@ def load_split(folder: Path, split: str, limit: int | None = None) -> list[dict[
     return tasks[:limit] if limit is not None else tasks
 
 
+def tier_of(path: Path) -> str:
+    """The held-out tier of a file: ``test_large.jsonl`` -> ``large``, ``test-00000-of-00001.parquet`` -> ``test``."""
+    stem = path.name.split(".")[0]
+    match = _TIER_FILE.match(stem)
+    return match.group(1) if match else stem.split("-")[0].split("_")[0]
+
+
+def load_tiers(folder: Path, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The held-out tiers of ``folder``: ``{tier: tasks}`` (first ``limit`` of each if given)."""
+    tiers: dict[str, list[dict[str, Any]]] = {}
+    for path in split_files(folder, "heldout"):
+        tiers.setdefault(tier_of(path), []).extend(read_records(path))
+    for tier, tasks in tiers.items():
+        if not tasks:
+            raise DataError(f"{folder}: the held-out tier {tier!r} holds no record with a numeric result")
+        for task in tasks:
+            task["tier"] = tier
+    return {tier: tasks[:limit] if limit is not None else tasks for tier, tasks in tiers.items()}
+
+
 def load(
     data: str | Path | None = None, *, n_val: int | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(train, held_out)`` from ``data`` (a Calc-X folder) or the bundled set."""
-    folder = Path(data) if data else write_bundled()
-    return load_split(folder, "train"), load_split(folder, "heldout", n_val)
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """``(train, {tier: held_out})`` from ``data`` (a Calc-X folder) or the bundled set.
+
+    Held-out problems sharing a calculation step with training are dropped (a warning says how
+    many); ``n_val`` then keeps the first ``n_val`` of each tier.
+    """
+    folder = Path(data) if data else bundled_folder()
+    train = load_split(folder, "train")
+    tiers: dict[str, list[dict[str, Any]]] = {}
+    for tier, tasks in load_tiers(folder).items():
+        kept, dropped = drop_overlap(train, tasks)
+        if dropped:
+            log.warning(
+                "held-out tier %r: dropped %d of %d problems that share a calculation step with training",
+                tier,
+                dropped,
+                len(tasks),
+            )
+        if not kept:
+            raise DataError(f"{folder}: every problem of the held-out tier {tier!r} shares a step with training")
+        tiers[tier] = kept[:n_val] if n_val is not None else kept
+    return train, tiers

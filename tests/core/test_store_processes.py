@@ -120,3 +120,57 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
     for c in claimed:
         await store.finish_attempt(c.attempt.attempt_id, t.AttemptStatus.SUCCEEDED)
     await store.close()
+
+
+def _count_elsewhere(db: Path) -> int:
+    """How many rollouts a new process sees in the file."""
+    code = f"import sqlite3; print(sqlite3.connect({str(db)!r}).execute('SELECT COUNT(*) FROM rollouts').fetchone()[0])"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+_HOLDER = """
+import asyncio, sys
+from agentbolt.store import open_store
+from agentbolt import types as t
+async def main():
+    store = open_store(sys.argv[1])
+    await store.enqueue([t.RolloutSpec(rollout_id=sys.argv[2])])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    await store.close()
+asyncio.run(main())
+"""
+
+
+async def test_a_store_reopened_in_the_same_process_writes_where_other_processes_read(tmp_path: Path) -> None:
+    """Two stores one after the other in one process, another process beside each (a Trainer run
+    after another, each with its runner process). The writer thread used to keep its connection
+    when it was stopped idle; the other process, closing last, then deleted the WAL that connection
+    still held, and the next store of this process wrote into the deleted file: its rollouts were
+    invisible to every other process (the second run's runners never saw them)."""
+    import fcntl
+
+    db = tmp_path / "reopened.db"
+    url = f"sqlite:///{db}"
+    for i in range(3):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, url, f"other{i}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready"
+        store = open_store(url)
+        # Hold the cross-process write lock a moment, as a busy writer would: the enqueue then
+        # goes through the writer thread (and its connection) instead of running inline.
+        fd = os.open(f"{db}-agentbolt-lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        pending = asyncio.ensure_future(store.enqueue([t.RolloutSpec(rollout_id=f"r{i}")]))
+        await asyncio.sleep(0.2)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        await pending
+        await asyncio.sleep(0.05)  # the writer thread is idle when close() stops it
+        await store.close()
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert await asyncio.to_thread(holder.wait, 60) == 0
+        assert await asyncio.to_thread(_count_elsewhere, db) == 2 * (i + 1)

@@ -1,5 +1,7 @@
-"""examples/calc_agent: the AutoGen calculator agent end to end (tiny model, runner processes,
-SQLite), its Calc-X loader on fixture files, and its safe calculator.
+"""examples/calc_agent: the demonstrations -> SFT -> GRPO pipeline end to end (tiny model, runner
+processes, SQLite; chain demonstrations and a scripted --teacher), the agent's tool path, its
+Calc-X loader on fixture files, and its safe calculator (the data's held-out guarantees:
+test_calc_agent_data.py).
 
 The example's modules (agent.py, data.py, ...) share names with the other examples', so the
 end-to-end runs happen in subprocesses and the loader/calculator are imported under unique names.
@@ -10,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import textwrap
-from collections import defaultdict
 from pathlib import Path
 from types import ModuleType
 
@@ -39,7 +41,8 @@ def load_module(name: str) -> ModuleType:
     return module
 
 
-data = load_module("data")
+baselines = load_module("baselines")
+data = baselines.load_siblings()["data"]  # data.py imports its siblings (bundled, chains)
 calculator = load_module("calculator")
 
 
@@ -56,56 +59,126 @@ async def _store_contents(url: str) -> tuple[list[t.Rollout], dict[str, list[t.S
     return rollouts, spans
 
 
-def test_train_script_runs_two_steps_and_every_call_is_accounted_for(tmp_path: Path) -> None:
-    db = tmp_path / "calc.db"
-    proc = subprocess.run(
+def _train(tmp_path: Path, *args: str, timeout: float = 840) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             sys.executable,
             str(EXAMPLE / "train.py"),
-            *("--model", "tiny", "--steps", "2", "--val", "6", "--batch-size", "2", "--no-progress"),
-            *("--store", f"sqlite:///{db}", "--out", str(tmp_path / "out")),
+            *("--model", "tiny", "--no-progress", "--batch-size", "2", "--group-size", "2", "--max-tokens", "32"),
+            *("--store", f"sqlite:///{tmp_path / 'calc.db'}", "--out", str(tmp_path / "out")),
+            *args,
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "held-out accuracy" in proc.stdout and "calculator called in" in proc.stdout
-    assert "LLMCall" not in proc.stderr  # AutoGen's per-call event log stays off the console
-    result = json.loads((tmp_path / "out/result.json").read_text())
-    assert result["example"] == "calc_agent" and result["steps"] == 2 and result["n_val"] == 6
-    for key in (
-        "metric_before",
-        "metric_after",
-        "metric_stderr_before",
-        "tool_call_rate_before",
-        "tool_call_rate_after",
-    ):
-        assert isinstance(result[key], float), key
-    assert result["exact_token_id_share"] == 1.0 and result["calls_per_rollout"] >= 1.0
-    assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/metrics.jsonl").exists()
 
-    rollouts, spans = asyncio.run(_store_contents(f"sqlite:///{db}"))
-    by_step: dict[str, list[t.Rollout]] = defaultdict(list)
-    for r in rollouts:
-        if r.mode is t.RolloutMode.TRAIN:
-            by_step[r.group_id.split(":")[1]].append(r)
-    assert sorted(by_step) == ["step1", "step2"] and all(len(rs) == 2 * 4 for rs in by_step.values())
-    for step, step_rollouts in by_step.items():
-        assert all(r.status is t.RolloutStatus.SUCCEEDED for r in step_rollouts), step
-        step_spans = {r.rollout_id: spans[r.rollout_id] for r in step_rollouts}
-        llm_calls = sum(semconv.TOKEN_SOURCE in s.attributes for ss in step_spans.values() for s in ss)
-        batch = LightningRL(credit="final", advantage="grpo", allow_empty=True).process(step_rollouts, step_spans)
-        report = batch.report
-        # every LLM call the gateway recorded became a transition or an exclusion with a reason
-        assert llm_calls == report.calls >= len(step_rollouts)
-        assert report.trained_calls + sum(report.excluded.values()) == report.calls, report.summary()
-        assert all(reason for reason in report.excluded)
-        assert batch.transitions
-        for tr in batch.transitions:
-            assert tr.token_source == "exact" and tr.prompt_ids and tr.response_ids
-            assert tr.agent_name == "solver"
+
+@pytest.mark.timeout(900)  # three tiny-model stages in runner processes; slow on a busy 2-core machine
+def test_pipeline_demonstrations_sft_rl_writes_the_run_record(tmp_path: Path) -> None:
+    proc = _train(
+        tmp_path,
+        *("--demos", "6", "--sft-steps", "2", "--sft-batch-size", "3", "--rl-steps", "1", "--val", "3"),
+        *("--record", str(tmp_path / "record")),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "demonstrations: 6 of 6 problems solved" in proc.stdout
+    assert "LLMCall" not in proc.stderr  # AutoGen's per-call event log stays off the console
+    for name in ("result.json", "metrics.jsonl", "curve.png"):
+        assert (tmp_path / "record" / name).read_bytes() == (tmp_path / "out" / name).read_bytes()
+    result = json.loads((tmp_path / "out/result.json").read_text())
+    # the examples' shared record format (RECORDS.md)
+    assert result["example"] == "calc_agent" and result["headline"] == "large/accuracy" and result["steps"] == 3
+    assert result["command"].startswith("uv run python examples/calc_agent/train.py --model tiny")
+    assert {"commit", "date", "machine", "model", "wall_s", "s_per_step"} <= set(result)
+    assert set(result["heldout"]) == {"small", "large"}
+    for entry in result["heldout"].values():
+        assert entry["metric"] == "accuracy" and entry["n"] == 3 and list(entry["stages"]) == ["base", "sft", "rl"]
+        assert entry["before"] == entry["stages"]["base"]["score"] and entry["after"] == entry["stages"]["rl"]["score"]
+        for figures in entry["stages"].values():
+            assert set(figures) == {"score", "se", "tool_call_rate"} and 0 <= figures["tool_call_rate"] <= 1
+            assert figures["se"] == pytest.approx(math.sqrt(figures["score"] * (1 - figures["score"]) / 3))
+    demos = result["extra"]["demonstrations"]
+    assert demos["teacher"] == "calc-x-chains" and demos["solved"] == 6 and demos["tool_calls"] >= 6
+    records = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
+    sft = [r for r in records if r.get("stage") == "sft" and "update/loss" in r]
+    # every demonstrated call renders for the tiny model's tokenizer: nothing skipped
+    assert len(sft) == 2 and all(r["train/episodes"] == 3 and r["train/skipped_calls"] == 0 for r in sft)
+    assert [r for r in records if r.get("stage") == "rl" and "train/reward" in r]
+    heldout = [(r["stage"], r["tier"]) for r in records if r.get("kind") == "heldout"]
+    assert heldout == [(s, t) for s in ("base", "sft", "rl") for t in ("large", "small")]
+    # one step axis over the stages (the docs/runs contract): SFT steps 1-2, RL step 3
+    assert set(range(1, result["steps"] + 1)) <= {r["step"] for r in records}
+    assert [r["step"] for r in records if r.get("kind") == "heldout"] == [0, 0, 2, 2, 3, 3]
+    assert [(r["step"], r["stage_step"]) for r in records if r.get("stage") == "rl" and "train/reward" in r] == [(3, 1)]
+
+    # the RL run's rollouts: every LLM call the gateway recorded became a transition or an exclusion
+    rollouts, spans = asyncio.run(_store_contents(f"sqlite:///{tmp_path / 'calc.db'}"))
+    train = [r for r in rollouts if r.mode is t.RolloutMode.TRAIN]
+    assert len(train) == 2 * 2 and all(r.status is t.RolloutStatus.SUCCEEDED for r in train)
+    step_spans = {r.rollout_id: spans[r.rollout_id] for r in train}
+    llm_calls = sum(semconv.TOKEN_SOURCE in s.attributes for ss in step_spans.values() for s in ss)
+    report = LightningRL(credit="final", advantage="grpo", allow_empty=True).process(train, step_spans).report
+    assert llm_calls == report.calls >= len(train)
+    assert report.trained_calls + sum(report.excluded.values()) == report.calls, report.summary()
+
+
+TEACHER = """
+import json, sys, time
+sys.path.insert(0, {example!r})
+from data import load
+from chains import chain_steps
+from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
+
+train, _ = load()
+one_step = {{t["question"]: chain_steps(t["chain"])[0].expression for t in train[:6] if len(chain_steps(t["chain"])) == 1}}
+wrong = next(iter(one_step))  # the scripted teacher gets this one wrong: its rollout is not kept
+
+def question(r):
+    return [m for m in r.messages if m["role"] == "user"][-1]["content"]
+
+backend = FakeLLM(rules=[
+    Rule(match=lambda r: r.messages[-1]["role"] == "tool",
+         reply=lambda r: "<answer>" + r.messages[-1]["content"] + ("1" if question(r) == wrong else "") + "</answer>"),
+    Rule(match=lambda r: question(r) in one_step,
+         reply=lambda r: ToolCalls([ToolCall("calculator", {{"expression": one_step[question(r)]}})])),
+    Rule(reply="I do not know."),
+])
+with FakeLLMServer(backend) as server:
+    print(json.dumps({{"url": server.base_url, "solvable": len(one_step) - 1}}), flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.timeout(900)  # a scripted teacher and a tiny-model SFT stage; slow on a busy 2-core machine
+def test_teacher_demonstrations_come_from_its_successful_rollouts(tmp_path: Path) -> None:
+    """``--teacher URL``: a scripted OpenAI-compatible teacher (standing for a stronger model) answers
+    with calculator calls; only the rollouts it got right become demonstrations."""
+    teacher = subprocess.Popen(
+        [sys.executable, "-c", TEACHER.format(example=str(EXAMPLE))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert teacher.stdout is not None
+        info = json.loads(teacher.stdout.readline())
+        proc = _train(
+            tmp_path,
+            *("--teacher", info["url"], "--teacher-model", "fake-model", "--demos", "6"),
+            *("--sft-steps", "1", "--rl-steps", "0", "--val", "2"),
+        )
+    finally:
+        teacher.kill()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out/result.json").read_text())
+    demos = result["extra"]["demonstrations"]
+    assert demos["teacher"] == info["url"] and demos["problems"] == 6
+    # the one-step problems it answers right, two calls each (the calculator call, then the answer)
+    assert demos["solved"] == info["solvable"] >= 1 and demos["calls"] == 2 * demos["solved"]
+    assert demos["tool_calls"] == demos["solved"]
+    assert all(list(entry["stages"]) == ["base", "sft"] for entry in result["heldout"].values())
 
 
 FAKE_RUN = """
@@ -172,9 +245,9 @@ def test_loader_reads_calc_x_jsonl_and_skips_non_numeric_results() -> None:
 
 
 def test_loader_finds_the_splits_of_a_folder(tmp_path: Path) -> None:
-    train, held_out = data.load(FIXTURES)
-    assert len(train) == 3 and [r["answer"] for r in held_out] == [51.0, 9.0]
-    assert len(data.load(FIXTURES, n_val=1)[1]) == 1
+    train, tiers = data.load(FIXTURES)  # test.jsonl: one tier, "test"
+    assert len(train) == 3 and [r["answer"] for r in tiers["test"]] == [51.0, 9.0] and list(tiers) == ["test"]
+    assert len(data.load(FIXTURES, n_val=1)[1]["test"]) == 1
 
 
 def test_loader_reads_the_parquet_release_layout(tmp_path: Path) -> None:
@@ -185,8 +258,9 @@ def test_loader_reads_the_parquet_release_layout(tmp_path: Path) -> None:
     for split in ("train", "validation"):
         rows = [json.loads(line) for line in (FIXTURES / "train.jsonl").read_text().splitlines()]
         pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / f"{split}-00000-of-00001-abc.parquet")
-    train, held_out = data.load(tmp_path)  # no test split: validation is the held-out one
-    assert [r["answer"] for r in train] == [r["answer"] for r in held_out] == [72.0, 0.375, 11.5]
+    train = data.load_split(tmp_path, "train")
+    held_out = data.load_tiers(tmp_path)  # no test split: validation is the held-out one (same rows here)
+    assert [r["answer"] for r in train] == [r["answer"] for r in held_out["validation"]] == [72.0, 0.375, 11.5]
 
 
 def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -209,20 +283,16 @@ def test_loader_errors_name_file_and_line(tmp_path: Path) -> None:
         data.read_records(tmp_path / "x.parquet")
 
 
-def test_bundled_set_is_calc_x_deterministic_and_split(tmp_path: Path) -> None:
+def test_bundled_set_is_calc_x_and_its_chains_compute(tmp_path: Path) -> None:
     folder = data.write_bundled(tmp_path / "bundled")
-    again = data.write_bundled(tmp_path / "again")
-    assert (folder / "train.jsonl").read_bytes() == (again / "train.jsonl").read_bytes()
-    records = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
-    assert set(records[0]) == {"id", "question", "chain", "result", "source_ds"}
-    assert '<gadget id="calculator">' in records[0]["chain"] and "<result>" in records[0]["chain"]
-    train, held_out = data.load(folder)
-    assert len(train) >= 200 and len(held_out) >= 100
-    assert not {r["question"] for r in train} & {r["question"] for r in held_out}
-    for record in records:  # the chain's last calculator step gives the result
-        steps = re.findall(r'<gadget id="calculator">(.*?)</gadget>', record["chain"])
-        assert 1 <= len(steps) <= 2
-        assert calculator.evaluate(steps[-1]) == float(record["result"]) >= 0
+    for name in ("train.jsonl", "test_small.jsonl", "test_large.jsonl"):
+        records = [json.loads(line) for line in (folder / name).read_text().splitlines()]
+        assert set(records[0]) == {"id", "question", "chain", "result", "source_ds"}
+        for record in records:  # each step's output is what the calculator computes; the last is the result
+            steps = re.findall(r'<gadget id="calculator">(.*?)</gadget>\n<output>(.*?)</output>', record["chain"])
+            assert 1 <= len(steps) <= 2
+            assert all(calculator.evaluate(expr) == float(out) for expr, out in steps)
+            assert float(steps[-1][1]) == float(record["result"]) >= 0
 
 
 # -- the calculator -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ bench = _load(REPO / "benchmarks/examples.py", "benchmarks_examples_for_records"
 
 def test_the_published_runs_are_there() -> None:
     # the examples whose figures the READMEs publish; the others' READMEs say "no published run yet"
-    assert {"sql_agent"} <= set(RECORDS)
+    assert {"sql_agent", "calc_agent"} <= set(RECORDS)
 
 
 @pytest.mark.parametrize("name", RECORDS)
@@ -58,7 +58,7 @@ def test_the_readmes_show_what_the_records_say(tmp_path: Path) -> None:
     assert REPO / "README.md" in updates
     stale = [str(path.relative_to(REPO)) for path, text in updates.items() if path.read_text(encoding="utf-8") != text]
     assert not stale, f"README figures differ from docs/runs/: {stale}; run `benchmarks/examples.py --report`"
-    for name in ("sql_agent", "rag_agent"):  # each example README carries its generated block
+    for name in ("sql_agent", "rag_agent", "calc_agent"):  # each example README carries its generated block
         assert REPO / "examples" / name / "README.md" in updates
 
 

@@ -186,3 +186,25 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
     assert run.steps == 1 and "update/loss" in run.latest and "val/reward" in run.latest
     assert [m.step for m in metrics] == [0, 1, 1]  # held-out before, the training step, held-out after
     assert page.total == 4 and all(r.run_id == run.run_id and r.step == 1 for r in page.items)
+
+
+def test_val_before_false_skips_the_first_held_out_pass(tmp_path: Path) -> None:
+    """A stage after another (RL after SFT) need not re-measure the weights it starts from."""
+    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
+    algorithm = TorchGRPO(
+        "tiny",
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        max_tokens=8,
+        val_every=None,
+        val_before=False,
+        out_dir=tmp_path / "out",
+        engine={"batch_window_s": 0.01},
+    )
+    result = Trainer(parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False).fit(
+        tasks[:2], tasks[2:]
+    )
+    assert result.accuracy_before is None and result.accuracy_after is not None
+    records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
+    assert [r["step"] for r in records if "val/accuracy" in r] == [1]

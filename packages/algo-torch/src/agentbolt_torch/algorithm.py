@@ -74,6 +74,8 @@ class TorchGRPO(Algorithm):
         batch_size, group_size: tasks per step and rollouts per task (GRPO groups).
         temperature, max_tokens, top_p: sampling the gateway forces on every training call.
         val_every: evaluate on ``val`` every this many steps (and before and after training).
+        val_before: evaluate before the first step (``False``: skip it, e.g. when a previous
+            stage just measured these weights; ``accuracy_before`` is then ``None``).
         val_samples: rollouts per held-out task; ``val_temperature`` (default: ``temperature``).
         success_threshold: a rollout counts as correct when its final reward is at least this.
         lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
@@ -103,6 +105,7 @@ class TorchGRPO(Algorithm):
         max_tokens: int = 64,
         top_p: float = 1.0,
         val_every: int | None = 10,
+        val_before: bool = True,
         val_samples: int = 1,
         val_temperature: float | None = None,
         success_threshold: float = 1.0,
@@ -129,6 +132,7 @@ class TorchGRPO(Algorithm):
         self.group_size = group_size
         self.sampling = {"temperature": temperature, "max_tokens": max_tokens, "top_p": top_p}
         self.val_every = val_every
+        self.val_before = val_before
         self.val_samples = val_samples
         self.val_sampling = {
             **self.sampling,
@@ -155,7 +159,8 @@ class TorchGRPO(Algorithm):
 
         from .metrics import MetricsLogger, plot_curves
 
-        if not train and self.steps:
+        items = self._training_items(train)
+        if not items and self.steps:
             raise UserError(f"{self.name} needs training tasks (fit(train=...))")
         policy, updater = await asyncio.to_thread(self._load)
         await asyncio.to_thread(
@@ -171,55 +176,35 @@ class TorchGRPO(Algorithm):
             metrics.log(values, step=step)
             ctx.log_metrics(step, values)
 
-        accuracy_before, val_reward_before = await self._evaluate(ctx, policy, val, step=0, log_step=log_step)
+        accuracy_before, val_reward_before = (
+            await self._evaluate(ctx, policy, val, step=0, log_step=log_step) if self.val_before else (None, None)
+        )
         step_times: list[float] = []
         rewards: list[float] = []
-        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(train))))
-        for step, batch in enumerate(batches(train, self.batch_size, epochs=epochs, seed=self.seed), start=1):
+        epochs = max(1, math.ceil(self.steps * self.batch_size / max(1, len(items))))
+        for step, batch in enumerate(batches(items, self.batch_size, epochs=epochs, seed=self.seed), start=1):
             if step > self.steps:
                 break
             started = time.monotonic()
-            engine_before = self._engine.stats
-            await self._publish(ctx, policy, self.sampling)
-            rollouts = await ctx.run_rollouts(
-                batch,
-                group_size=self.group_size,
-                tag=f"{self._step_tag}{step}",
-                description=f"{self._step_label} {step}/{self.steps}",
-                step=step,
-            )
-            generated = time.monotonic()
-            engine = _engine_delta(engine_before, self._engine.stats)
-            reward = _mean_reward(rollouts)
-            spans = await ctx.spans(rollouts)
-            health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
             try:
-                chosen = self._transitions_to_train(
-                    step, rollouts, spans, lrl, first=not step_times, policy_version=policy.version
-                )
+                transitions, values = await self._step_transitions(ctx, policy, step, batch, lrl, first=not step_times)
             except BaseException:
                 metrics.close()
                 raise
-            if chosen is None:
-                log_step(step, {"train/reward": reward, "train/skipped": 1.0, **health})
+            if transitions is None:
+                log_step(step, {**values, "train/skipped": 1.0})
                 continue
-            transitions, extra = chosen
             update = await self._update(ctx, updater, transitions)
             elapsed = time.monotonic() - started
             step_times.append(elapsed)
-            rewards.append(reward)
+            if "train/reward" in values:
+                rewards.append(values["train/reward"])
             values = {
-                "train/reward": reward,
-                "train/accuracy": self._accuracy(rollouts),
-                "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
+                **values,
                 "train/transitions": float(len(transitions)),
                 "time/step_s": elapsed,
-                "time/rollouts_s": generated - started,
                 "time/update_s": update.seconds,
                 **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
-                **engine,
-                **health,
-                **extra,
             }
             log_step(step, values)
             if val and self.val_every and step % self.val_every == 0 and step < self.steps:
@@ -262,6 +247,46 @@ class TorchGRPO(Algorithm):
     """Rollout-id tag of a training step (``step3``)."""
     _step_label = "step"
     """What the progress line calls a training step."""
+
+    def _training_items(self, train: Sequence[t.Task]) -> Sequence[Any]:
+        """What the steps draw their batches from: the training tasks (:class:`TorchSFT` with
+        demonstrations: its demonstration episodes)."""
+        return train
+
+    async def _step_transitions(
+        self, ctx: AlgorithmContext, policy: Any, step: int, batch: Sequence[Any], lrl: Any, *, first: bool
+    ) -> tuple[list[Any] | None, dict[str, float]]:
+        """One step's training rows to train on (``None``: skip the update) and its metrics.
+
+        Runs the batch's rollouts on the current policy and chooses with
+        :meth:`_transitions_to_train`; raising stops the run.
+        """
+        started = time.monotonic()
+        engine_before = self._engine.stats
+        await self._publish(ctx, policy, self.sampling)
+        rollouts = await ctx.run_rollouts(
+            batch,
+            group_size=self.group_size,
+            tag=f"{self._step_tag}{step}",
+            description=f"{self._step_label} {step}/{self.steps}",
+            step=step,
+        )
+        generated = time.monotonic()
+        spans = await ctx.spans(rollouts)
+        health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
+        values = {
+            "train/reward": _mean_reward(rollouts),
+            "train/accuracy": self._accuracy(rollouts),
+            "train/failed": sum(r.status is not t.RolloutStatus.SUCCEEDED for r in rollouts) / len(rollouts),
+            "time/rollouts_s": generated - started,
+            **_engine_delta(engine_before, self._engine.stats),
+            **health,
+        }
+        chosen = self._transitions_to_train(step, rollouts, spans, lrl, first=first, policy_version=policy.version)
+        if chosen is None:
+            return None, {"train/reward": values["train/reward"], **health}
+        transitions, extra = chosen
+        return transitions, {**values, **extra}
 
     def _transitions_to_train(
         self,

@@ -33,12 +33,15 @@ from agentbolt.errors import UserError
 
 __all__ = [
     "ParsedOutput",
+    "RenderedPrompt",
     "TemplateCapabilities",
     "ToolCallStreamFilter",
     "forced_tool_call_prefix",
     "normalize_messages",
     "parse_tool_calls",
     "render_chat",
+    "render_request",
+    "reply_text",
     "template_capabilities",
     "tools_system_prompt",
 ]
@@ -268,6 +271,64 @@ def forced_tool_call_prefix(tool_choice: Any, tools: Sequence[Mapping[str, Any]]
             raise UserError(f"tool_choice names {name!r}, which is not one of the tools {names}")
         return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments":'
     raise UserError(f"unsupported tool_choice {tool_choice!r}: use 'auto', 'none', 'required' or a named function")
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat request rendered the way the policy server renders it."""
+
+    text: str
+    """The prompt text: the rendered chat, then ``forced``."""
+    forced: str
+    """The start of the reply that ``tool_choice`` forces (prompt text; ``""`` for ``auto``)."""
+    use_tools: bool
+    """Whether tools were offered (the reply is then parsed for ``<tool_call>`` blocks)."""
+
+
+def render_request(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: Any = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
+    """The prompt of a ``/v1/chat/completions`` request, exactly as the policy server builds it.
+
+    Tools are offered unless ``tool_choice`` is ``"none"``; a forcing ``tool_choice`` appends
+    :func:`forced_tool_call_prefix`. The server tokenizes ``text`` with
+    ``add_special_tokens=False``; anything that trains on what the server serves (e.g.
+    :mod:`agentbolt_torch.demonstrations`) renders through this function too.
+    """
+    tools = list(tools or [])
+    use_tools = bool(tools) and tool_choice != "none"
+    forced = forced_tool_call_prefix(tool_choice, tools) if use_tools else ""
+    text = render_chat(
+        tokenizer,
+        messages,
+        tools if use_tools else None,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    return RenderedPrompt(text=text + forced, forced=forced, use_tools=use_tools)
+
+
+def reply_text(message: Mapping[str, Any], forced: str = "") -> str:
+    """The text a policy generates for an assistant ``message`` (after the prompt's ``forced`` start).
+
+    Content, then each tool call as a ``<tool_call>`` block -- the form :func:`parse_tool_calls`
+    reads back into the same calls, and the form in which :func:`render_chat` shows the call in
+    later turns on templates without native tool calls. Raises :class:`UserError` when the reply
+    does not begin with ``forced``.
+    """
+    normalized = normalize_messages([{**message, "role": "assistant"}])[0]
+    text = _calls_as_text([normalized])[0]["content"] or ""
+    if not text.startswith(forced):
+        raise UserError(f"the reply does not begin with the forced tool-call start {forced!r}: {text[:80]!r}")
+    return text[len(forced) :]
 
 
 # --------------------------------------------------------------------------------------------

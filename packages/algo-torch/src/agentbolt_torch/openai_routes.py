@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentbolt.errors import UserError
 
-from .chat import ToolCallStreamFilter, forced_tool_call_prefix, parse_tool_calls, render_chat
+from .chat import ToolCallStreamFilter, parse_tool_calls, render_request
 from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
 from .token_text import TokenText
 
@@ -257,21 +257,18 @@ class PolicyRoutes:
         tools = body.get("tools") or None
         if tools is not None and not isinstance(tools, list):
             raise _HTTPError(400, "'tools' must be a list", "tools")
-        use_tools = bool(tools) and body.get("tool_choice") != "none"
         # tool_choice "required" / a named function: the reply's forced start goes on the prompt side
-        forced = forced_tool_call_prefix(body.get("tool_choice"), tools) if use_tools and tools else ""
-        prompt = (
-            render_chat(
-                self.tokenizer,
-                messages,
-                tools if use_tools else None,
-                add_generation_prompt=_get(body, "add_generation_prompt", bool, True),
-                continue_final_message=_get(body, "continue_final_message", bool, False),
-                chat_template_kwargs=_get(body, "chat_template_kwargs", dict, None),
-            )
-            + forced
+        rendered = render_request(
+            self.tokenizer,
+            messages,
+            tools,
+            body.get("tool_choice"),
+            add_generation_prompt=_get(body, "add_generation_prompt", bool, True),
+            continue_final_message=_get(body, "continue_final_message", bool, False),
+            chat_template_kwargs=_get(body, "chat_template_kwargs", dict, None),
         )
-        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        use_tools, forced = rendered.use_tools, rendered.forced
+        prompt_ids = self.tokenizer(rendered.text, add_special_tokens=False)["input_ids"]
         return_ids = _get(body, "return_token_ids", bool, False)
         want_logprobs = _get(body, "logprobs", bool, False)
         handle = self.submit(prompt_ids, params, n)

@@ -1,4 +1,4 @@
-"""``torch-sft``: rejection-sampling fine-tuning on the agent's own successful rollouts.
+"""``torch-sft``: fine-tuning on the agent's own successful rollouts, or on demonstrations.
 
 Per step: publish the policy (same server, gateway and store as ``torch-grpo``), run a batch of
 tasks ``group_size`` times each, turn the final attempts' spans into transitions with
@@ -10,6 +10,11 @@ nothing stops with a :class:`~agentbolt.errors.UserError` saying what to change.
 
     Trainer(agent, TorchSFT(model="smollm2", steps=5, threshold=1.0)).fit(train, val)
 
+With ``demonstrations=`` (:mod:`agentbolt_torch.demonstrations`: calls of a stronger model, or
+worked solutions played through the agent) nothing is sampled: each step trains on
+``batch_size`` demonstration episodes, rendered with the policy's own tokenizer through the policy
+server's chat rendering, so the policy learns exactly the sequences it will be served and parsed.
+
 SFT then RL: give ``torch-grpo`` the SFT checkpoint's model directory,
 ``TorchGRPO(model="runs/torch-sft/checkpoint-final/model")`` (``docs/sft.md``).
 """
@@ -18,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ from agentbolt import types as t
 from agentbolt.errors import UserError
 
 from .algorithm import TorchGRPO
+from .demonstrations import Demonstration, render_demonstrations
 
 __all__ = ["TorchSFT", "model_dir_of", "select_transitions"]
 
@@ -82,6 +89,12 @@ class TorchSFT(TorchGRPO):
         best_k: keep at most this many passing rollouts per task (``None``: all that pass).
         init_from: an agentbolt-torch checkpoint directory (or a Hugging Face model directory)
             whose weights start the run, e.g. a ``torch-grpo`` checkpoint; replaces ``model``.
+        demonstrations: train on these instead of sampling (offline SFT): each step takes
+            ``batch_size`` episodes (the calls sharing a :attr:`Demonstration.episode`), in
+            shuffled epochs; ``threshold``, ``best_k`` and ``group_size`` then play no part. Calls
+            that do not render (:func:`~agentbolt_torch.demonstrations.render_demonstration`)
+            are skipped and counted (``train/skipped_calls``); a first step with none left
+            stops the run with a :class:`~agentbolt.errors.UserError`.
     """
 
     name = "torch-sft"
@@ -93,12 +106,15 @@ class TorchSFT(TorchGRPO):
         threshold: float = 1.0,
         best_k: int | None = None,
         init_from: str | Path | None = None,
+        demonstrations: Sequence[Demonstration] | None = None,
         update: Any = None,
         out_dir: str | Path = "runs/torch-sft",
         **options: Any,
     ) -> None:
         if best_k is not None and best_k < 1:
             raise UserError("best_k must be >= 1 (or None to keep every passing rollout)")
+        if demonstrations is not None and not demonstrations:
+            raise UserError("demonstrations is empty: give at least one Demonstration (or None to sample rollouts)")
         if init_from is not None:
             model = model_dir_of(init_from)
         update = dict(update) if isinstance(update, Mapping) else update
@@ -111,9 +127,47 @@ class TorchSFT(TorchGRPO):
         super().__init__(model, update=update, out_dir=out_dir, **options)
         self.threshold = threshold
         self.best_k = best_k
+        self.demonstrations = list(demonstrations) if demonstrations is not None else None
 
     _step_tag = "sft"
     _step_label = "SFT step"
+
+    def _training_items(self, train: Sequence[t.Task]) -> Sequence[Any]:
+        """With demonstrations: their episodes (lists of calls in call order); else the tasks."""
+        if self.demonstrations is None:
+            return train
+        episodes: dict[str, list[Demonstration]] = defaultdict(list)
+        for demo in self.demonstrations:
+            episodes[demo.episode].append(demo)
+        return [sorted(calls, key=lambda d: d.index) for calls in episodes.values()]
+
+    async def _step_transitions(
+        self, ctx: Any, policy: Any, step: int, batch: Sequence[Any], lrl: Any, *, first: bool
+    ) -> tuple[list[t.Transition] | None, dict[str, float]]:
+        """With demonstrations: the batch's episodes rendered for this policy (nothing sampled)."""
+        if self.demonstrations is None:
+            return await super()._step_transitions(ctx, policy, step, batch, lrl, first=first)
+        started = time.monotonic()
+        calls = [demo for episode in batch for demo in episode]
+        transitions, skipped = render_demonstrations(
+            policy.tokenizer, calls, max_len=policy.max_model_len, eos_token_id=policy.eos_token_ids[0]
+        )
+        for reason, n in skipped.items():
+            log.warning("SFT step %d: skipped %d demonstration calls: %s", step, n, reason)
+        values = {
+            "train/episodes": float(len({tr.rollout_id for tr in transitions})),
+            "train/skipped_calls": float(sum(skipped.values())),
+            "train/response_tokens": float(sum(len(tr.response_ids) for tr in transitions)),
+            "time/render_s": time.monotonic() - started,
+        }
+        if not transitions:
+            reasons = "; ".join(f"{n} x {why}" for why, n in Counter(skipped).most_common())
+            message = f"torch-sft step {step}: none of {len(calls)} demonstration calls renders ({reasons})"
+            if first:
+                raise UserError(message + ". Nothing was updated.")
+            log.warning("%s; skipping this step's update", message)
+            return None, values
+        return transitions, values
 
     def _transitions_to_train(
         self,

@@ -89,7 +89,7 @@ class _GroupCommitWriter:
         while True:
             item = self._queue.get()
             if item is None:
-                return
+                break
             batch = [item]
             stop = False
             while len(batch) < _GROUP_COMMIT_MAX:
