@@ -373,7 +373,7 @@ class _EventFilter(logging.Filter):
 def _make_span_processor(hooks: AutogenHooks) -> Any:
     from opentelemetry.sdk.trace import SpanProcessor
 
-    class AutogenSpanProcessor(SpanProcessor):  # type: ignore[misc]
+    class AutogenSpanProcessor(SpanProcessor):
         """Marks AutoGen's agent and tool spans of rollouts (inert once uninstrumented)."""
 
         def on_start(self, span: Any, parent_context: Any = None) -> None:

@@ -416,11 +416,11 @@ def install_otel(provider: Any = None) -> Any:
 
 def _processor_of(provider: Any) -> AgentboltSpanProcessor:
     """The provider's agentbolt processor (added now if it has none)."""
-    processor = getattr(provider, "_agentbolt_processor", None)
+    processor: AgentboltSpanProcessor | None = getattr(provider, "_agentbolt_processor", None)
     if processor is None:
         processor = AgentboltSpanProcessor()
         _attach(provider, processor)
-    return processor  # type: ignore[no-any-return]
+    return processor
 
 
 def _attach(provider: Any, processor: AgentboltSpanProcessor) -> None:

@@ -289,7 +289,7 @@ def rollouts_show(
 
 
 async def _export(
-    store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], None], min_reward: float | None = None
+    store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], object], min_reward: float | None = None
 ) -> int:
     """Write the run's transitions (jsonl) or spans (OTLP JSON, one request per line); returns
     how many records were written."""

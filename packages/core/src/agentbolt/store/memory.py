@@ -363,19 +363,17 @@ class MemoryStore(MemoryRunsMixin):
     # -- spans --------------------------------------------------------------------------------
 
     async def add_spans(self, spans: Sequence[t.Span]) -> int:
-        check_span_batch(spans)
+        rollout_ids = check_span_batch(spans)
         with self._lock:
             self._check_open()
-            unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
+            unknown = sorted({rid for rid in rollout_ids if rid not in self._rollouts})
             if unknown:
                 raise NotFoundError("rollout", unknown)
-            for span in spans:
-                if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
-                    raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
+            for span, rid in zip(spans, rollout_ids, strict=True):
+                if span.attempt_id is not None and span.attempt_id not in self._attempts_of[rid]:
+                    raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
             added = 0
-            for span in spans:
-                rid = span.rollout_id
-                assert rid is not None
+            for span, rid in zip(spans, rollout_ids, strict=True):
                 stored = self._spans[rid]
                 if span.span_id in stored:
                     continue

@@ -94,7 +94,7 @@ class SqlSpansMixin:
                 bad = [f"{r}/{a}" for r, a in unchecked if (r, a) not in known]
                 if bad:
                     raise NotFoundError("attempt of rollout", bad)
-            rows = []
+            rows: list[tuple[Any, ...]] = []
             if self._q.pg:
                 for rid, rkey, last in found:
                     group = by_rollout[rid]
@@ -115,7 +115,7 @@ class SqlSpansMixin:
         if unchecked:  # attempts never change rollout; remember the pairs that checked out
             if len(self._known_attempts) > 100_000:
                 self._known_attempts.clear()
-            self._known_attempts.update(unchecked)  # type: ignore[arg-type]
+            self._known_attempts.update(unchecked)
         return added
 
     async def query_spans(
@@ -143,9 +143,9 @@ class SqlSpansMixin:
             if missing:
                 raise NotFoundError("rollout", missing)
             raw: dict[str, list[tuple[int, str | None, str]]] = {r: [] for r in ids}
-            for chunk in _chunks(sorted(keys)):
-                sql = f"SELECT rkey, seq, attempt_id, body FROM {{spans}} WHERE rkey IN ({_marks(len(chunk))})"
-                params: tuple[Any, ...] = tuple(chunk)
+            for key_chunk in _chunks(sorted(keys)):
+                sql = f"SELECT rkey, seq, attempt_id, body FROM {{spans}} WHERE rkey IN ({_marks(len(key_chunk))})"
+                params: tuple[Any, ...] = tuple(key_chunk)
                 if after_seq is not None:
                     sql += " AND seq > ?"
                     params += (after_seq,)

@@ -190,7 +190,8 @@ class AlgorithmConformance:
             pytest.skip("the algorithm does not claim to resume from a checkpoint")
         first, _ = await self._fit(tmp_path / "first")
         checkpoint = self.checkpoint_of(first)
-        assert checkpoint and await asyncio.to_thread(Path(checkpoint).exists), f"no checkpoint at {checkpoint!r}"
+        assert checkpoint, "checkpoint_of() returned no checkpoint"
+        assert await asyncio.to_thread(Path(checkpoint).exists), f"no checkpoint at {checkpoint!r}"
         resumed, store = await self._fit(tmp_path / "resumed", resume_from=checkpoint)
         (run,) = await store.list_runs()
         assert run.status is RunStatus.SUCCEEDED, run.error

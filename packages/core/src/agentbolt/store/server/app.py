@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
@@ -80,7 +80,7 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 class _GuardedRoute(APIRoute):
     """Turns every exception of a route (validation included) into a JSON error response."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:
@@ -200,7 +200,7 @@ def create_app(
 
 def _add_store_routes(app: FastAPI, store: Store, waits: _Waits, max_request_bytes: int) -> None:
     post, get = app.post, app.get
-    docs = {"responses": ERROR_DOCS}
+    docs: dict[str, Any] = {"responses": ERROR_DOCS}  # keyword arguments of every route decorator
 
     # -- rollouts ---------------------------------------------------------------------------------
 

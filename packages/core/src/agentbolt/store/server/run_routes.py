@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query
@@ -35,7 +36,7 @@ def _ok(model: BaseModel) -> Response:
 
 def add_run_routes(app: FastAPI, store: Store, docs: dict[str, Any]) -> None:
     """Add the routes above to the store server ``app``."""
-    tags = ["runs"]
+    tags: list[str | Enum] = ["runs"]
 
     @app.post("/v1/runs", response_model=Run, operation_id="start_run", tags=tags, **docs)
     async def start_run(body: RunSpec) -> Response:
