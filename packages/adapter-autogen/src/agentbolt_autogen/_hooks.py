@@ -126,7 +126,7 @@ class AutogenHooks(AdapterHooks):
         if getattr(provider, "_agentbolt_autogen_processor", None) is None:
             processor = _make_span_processor(self)
             provider.add_span_processor(processor)
-            provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]
+            provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]  # our marker: one processor per provider
 
     # -- AutoGen's OpenTelemetry spans ------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -33,6 +33,9 @@ from ..errors import StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..store.urls import check_store_url
 from .runs import register as _register_run_commands
+
+if TYPE_CHECKING:
+    from ..runs.doctor import DoctorReport
 
 app = typer.Typer(
     name="agentbolt",
@@ -362,7 +365,7 @@ def doctor(
     from ..runs.doctor import doctor as run_doctor
     from ..store import open_store
 
-    async def go() -> object:
+    async def go() -> DoctorReport:
         opened = open_store(store)
         try:
             since = time.time() - since_s if since_s is not None else None
@@ -371,8 +374,8 @@ def doctor(
             await opened.close()
 
     report = asyncio.run(go())
-    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
-    raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    raise typer.Exit(0 if report.ok else 1)
 
 
 _register_run_commands(app)  # runs, rollouts, export, dashboard

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel
@@ -35,9 +35,11 @@ def _path(run_id: str) -> str:
 class HttpRunsMixin:
     """Mixed into ``HttpStore``; each method is one HTTP call."""
 
-    async def _post(self, path: str, body: BaseModel, answer: type[M], **kwargs: Any) -> M: ...  # type: ignore[empty-body]
+    if TYPE_CHECKING:  # HttpStore's, for the type checker only
 
-    async def _get(self, path: str, answer: type[M], params: Any = None) -> M: ...  # type: ignore[empty-body]
+        async def _post(self, path: str, body: BaseModel, answer: type[M], **kwargs: Any) -> M: ...
+
+        async def _get(self, path: str, answer: type[M], params: Any = None) -> M: ...
 
     async def start_run(self, spec: RunSpec) -> Run:
         if spec.run_id is None:  # chosen here: a retry after a lost answer then conflicts instead of duplicating

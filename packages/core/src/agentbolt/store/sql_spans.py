@@ -34,24 +34,26 @@ class SqlSpansMixin:
     _known_attempts: set[tuple[str, str]]
     """(rollout, attempt) pairs already found valid (attempts never change rollout)."""
 
-    def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...  # type: ignore[empty-body]
+    if TYPE_CHECKING:  # SqlStore's, for the type checker only
 
-    def _now(self) -> float: ...  # type: ignore[empty-body]
+        def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...
+
+        def _now(self) -> float: ...
 
     # -- spans --------------------------------------------------------------------------------
 
     async def add_spans(self, batch: Sequence[t.Span]) -> int:
-        check_span_batch(batch)
+        rollout_ids = check_span_batch(batch)
         if not batch:
             return 0
         # Everything per span is prepared here, so the writer thread only assigns seq values.
         by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
         attempts_seen: set[tuple[str, str]] = set()
-        for span in batch:
-            rid, aid = span.rollout_id, span.attempt_id
-            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))  # type: ignore[arg-type]
+        for span, rid in zip(batch, rollout_ids, strict=True):
+            aid = span.attempt_id
+            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))
             if aid is not None:
-                attempts_seen.add((rid, aid))  # type: ignore[arg-type]
+                attempts_seen.add((rid, aid))
         rids = sorted(by_rollout)
         unchecked = sorted(attempts_seen - self._known_attempts)
         in_rids = f"rollout_id IN ({_marks(len(rids))})"

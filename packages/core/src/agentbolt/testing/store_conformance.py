@@ -207,7 +207,8 @@ class StoreConformance(RunStoreConformance):
         await store.sweep()
         (state,) = await store.heartbeat([claim.attempt.attempt_id], lease_s=30)
         assert state.status is t.AttemptStatus.RUNNING
-        assert state.heartbeat_at is not None and state.lease_expires_at > state.heartbeat_at  # type: ignore[operator]
+        assert state.heartbeat_at is not None and state.lease_expires_at is not None
+        assert state.lease_expires_at > state.heartbeat_at
 
     async def test_heartbeat_unknown_attempt(self, store: Store) -> None:
         with pytest.raises(NotFoundError):
@@ -385,7 +386,7 @@ class StoreConformance(RunStoreConformance):
         with pytest.raises(UserError):
             await store.query_rollouts(cursor="not-a-cursor")
         with pytest.raises(UserError):
-            await store.query_rollouts(status="bogus")  # type: ignore[arg-type]
+            await store.query_rollouts(status="bogus")  # type: ignore[arg-type]  # bad input on purpose
 
     # -- spans ----------------------------------------------------------------------------------
 
