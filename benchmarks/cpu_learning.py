@@ -49,11 +49,11 @@ BATCH, GROUP, MAX_NEW, LR, SEED = 8, 4, 40, 1e-5, 0
 
 
 def train_tasks() -> list[dict[str, Any]]:
-    return make_tasks(4000, seed=1, prefix="train-")
+    return make_tasks(4000, seed=1, prefix="train-", heldout=False)
 
 
 def val_tasks(n: int) -> list[dict[str, Any]]:
-    return make_tasks(n, seed=2, prefix="val-")
+    return make_tasks(n, seed=2, prefix="val-", heldout=True)
 
 
 def cpu_pressure() -> str:
@@ -214,6 +214,26 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
 # -- driver ---------------------------------------------------------------------------------------
 
 
+def describe(results: dict[str, dict[str, Any]]) -> str:
+    """The settings the arms' JSON files say they ran with: ``30 steps x 8x4 samples, 96 held-out questions``.
+
+    Arms that ran with different settings are each named; a file written before the settings
+    were recorded says so instead of guessing.
+    """
+    found = {name: r.get("settings") for name, r in results.items()}
+    if any(s is None for s in found.values()):
+        missing = ", ".join(name for name, s in found.items() if s is None)
+        return f"settings not recorded in the JSON of {missing} (written by an older version of this script)"
+
+    def text(s: dict[str, int]) -> str:
+        return f"{s['steps']} steps x {s['batch']}x{s['group']} samples, {s['val']} held-out questions"
+
+    texts = {name: text(s) for name, s in found.items()}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{name}: {t}" for name, t in texts.items())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30)
@@ -226,6 +246,8 @@ def main() -> int:
     if args.only:
         run = run_bare if args.only == "bare" else run_agentbolt
         result = run(args.steps, args.val, args.out)
+        # what the arm ran with, so --report describes the run it reads (not today's command line)
+        result["settings"] = {"steps": args.steps, "val": args.val, "batch": BATCH, "group": GROUP}
         (args.out / f"{args.only}.json").write_text(json.dumps(result, indent=1))
         return 0
 
@@ -244,7 +266,7 @@ def main() -> int:
 
     from agentbolt_torch.metrics import plot_curves, step_means
 
-    print(f"\nSmolLM2-135M, {args.steps} steps x {BATCH}x{GROUP} samples, {args.val} held-out questions at T=1.0")
+    print(f"\nSmolLM2-135M, {describe(results)} at T=1.0")
     print(
         f"{'pipeline':<10} {'acc before':>10} {'acc after':>10} {'gain':>7} {'s/step mean':>12} {'s/step median':>14}"
     )

@@ -1,22 +1,23 @@
-"""Run the paper's three examples on their CPU defaults and print one table (not part of CI).
+"""The examples' published figures: run them, publish their records, print and write the tables.
 
-    uv run python benchmarks/examples.py                      # sql_agent, rag_agent, calc_agent, one after the other
-    uv run python benchmarks/examples.py --only calc_agent    # a subset (repeat --only or give a comma list)
-    uv run python benchmarks/examples.py --report             # only the table, from runs/<name>/result.json
-    uv run python benchmarks/examples.py --only calc_agent -- --steps 4 --val 32   # extra train.py arguments
+    uv run python benchmarks/examples.py                         # run every example's train.py (its defaults), one after the other
+    uv run python benchmarks/examples.py --only sql_agent        # a subset (repeat --only or give a comma list)
+    uv run python benchmarks/examples.py --publish sql_agent     # runs/sql_agent/'s record into docs/runs/sql_agent/, with its curve
+    uv run python benchmarks/examples.py --report                # print the table from docs/runs/ and write the READMEs' figures
+    uv run python benchmarks/examples.py --report --check        # exit 1 when a README figure differs from its record (CI)
 
-Each example's ``examples/<name>/train.py`` runs as its own subprocess with its defaults (SQLite
-store ``runs/<name>.db``, results in ``runs/<name>/``); with the SmolLM2 defaults each takes up
-to about 40 minutes of training on a 2-core machine. Every train.py writes ``result.json`` with
-the same keys (see the examples' READMEs); the table reads them:
+An **example** is a folder ``examples/<name>/`` with a ``baselines.py`` (its trivial policies)
+or a published run record ``docs/runs/<name>/result.json`` (:class:`agentbolt.runs.evaluation.RunRecord`:
+the command, commit, date and machine of the run, and each held-out set's metric before and
+after training with standard errors). The table puts beside every held-out set the scores of
+the example's trivial policies on it (``trivial_scores()`` of its ``baselines.py``, run in a
+process of its own): a constant answer, the most frequent answer, format-only, ... -- what a
+policy that does not do the task gets.
 
-- held-out metric before -> after, each +- its standard error (sd / sqrt(n) over the held-out
-  tasks), and the gain in standard errors (gain / sqrt(se_before^2 + se_after^2));
-- seconds per training step, LLM calls and transitions per training rollout, the share of LLM
-  calls recorded with exact token ids, and the calculator-call rate (calc_agent, rag_agent's
-  search tool) of held-out rollouts before -> after.
-
-An example whose result.json is missing is reported as such on its own line.
+``--report`` regenerates the figures between marker comments in the READMEs:
+``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->`` in ``examples/NAME/README.md`` (the
+record's provenance, its held-out table, the trivial policies, the curve) and
+``<!-- figures:examples -->`` / ``<!-- figures:quickstart -->`` in the top README.
 """
 
 from __future__ import annotations
@@ -24,88 +25,289 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agentbolt.runs.evaluation import RunRecord
+
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ("sql_agent", "rag_agent", "calc_agent")
-COLUMNS = (
-    "example",
-    "metric",
-    "before -> after (+- se)",
-    "gain/se",
-    "s/step",
-    "calls/rollout",
-    "transitions/rollout",
-    "exact ids",
-    "tool calls before -> after",
-)
+RUNS = REPO / "docs" / "runs"
+README = REPO / "README.md"
+MAX_METRICS_BYTES = 256 * 1024
+"""A published metrics.jsonl larger than this is refused (records stay small)."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", action="append", default=[], help=f"examples to run (of {', '.join(EXAMPLES)})")
-    p.add_argument("--report", action="store_true", help="only print the table from existing result.json files")
-    p.add_argument("--runs", default=str(REPO / "runs"), help="folder holding <name>/result.json (default runs/)")
-    p.add_argument("extra", nargs="*", help="arguments passed to every train.py (after --)")
-    args = p.parse_args(argv)
-    names = [n for item in args.only for n in item.split(",") if n] or list(EXAMPLES)
-    unknown = sorted(set(names) - set(EXAMPLES))
-    if unknown:
-        p.error(f"unknown example(s) {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
-    args.names = names
-    return args
+# -- what there is ---------------------------------------------------------------------------------
 
 
-def _num(x: Any, digits: int = 3) -> str:
+def example_names(repo: Path = REPO) -> list[str]:
+    """Examples with a ``baselines.py`` or a published record, sorted (quickstart first)."""
+    with_baselines = {p.parent.name for p in (repo / "examples").glob("*/baselines.py")}
+    with_records = {p.parent.name for p in (repo / "docs" / "runs").glob("*/result.json")}
+    return sorted(with_baselines | with_records, key=lambda n: (n != "quickstart", n))
+
+
+def load_record(name: str, runs: Path = RUNS) -> RunRecord | None:
+    path = runs / name / "result.json"
+    return RunRecord.load(path) if path.is_file() else None
+
+
+_TRIVIAL_SNIPPET = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("baselines_under_test", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+data_dir = sys.argv[2] if len(sys.argv) > 2 else None
+print(json.dumps(module.trivial_scores(data_dir)))
+"""
+
+
+def trivial_scores(
+    name: str, repo: Path = REPO, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> list[dict[str, Any]]:
+    """``trivial_scores(data_dir)`` of ``examples/<name>/baselines.py`` (``[]`` without one), in a
+    process of its own: every example has its own ``data.py``/``agent.py``, kept apart that way."""
+    path = repo / "examples" / name / "baselines.py"
+    if not path.is_file():
+        return []
+    done = subprocess.run(
+        [sys.executable, "-c", _TRIVIAL_SNIPPET, str(path), *([str(data_dir)] if data_dir else [])],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{path}: trivial_scores() failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+
+def _f(x: float | None, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def row(name: str, result: dict[str, Any]) -> list[str]:
-    """One table row from an example's result.json."""
-    before, after = result.get("metric_before"), result.get("metric_after")
-    se_b, se_a = result.get("metric_stderr_before"), result.get("metric_stderr_after")
-    gain = "n/a"
-    if None not in (before, after, se_b, se_a):
-        se = math.sqrt(se_b**2 + se_a**2)
-        gain = f"{(after - before) / se:+.1f}" if se > 0 else "n/a"
-    tools = "n/a"
-    if result.get("tool_call_rate_before") is not None or result.get("tool_call_rate_after") is not None:
-        tools = f"{_num(result.get('tool_call_rate_before'), 2)} -> {_num(result.get('tool_call_rate_after'), 2)}"
-    return [
-        name,
-        str(result.get("metric", "?")),
-        f"{_num(before)} +- {_num(se_b)} -> {_num(after)} +- {_num(se_a)} (n={result.get('n_val', '?')})",
-        gain,
-        _num(result.get("seconds_per_step"), 1),
-        _num(result.get("calls_per_rollout"), 2),
-        _num(result.get("transitions_per_rollout"), 2),
-        _num(result.get("exact_token_id_share"), 3),
-        tools,
-    ]
+def _gain(record: RunRecord, name: str) -> str:
+    gain = record.heldout[name].gain_in_se
+    return "n/a" if math.isnan(gain) else f"{gain:+.1f} se"
 
 
-def table(names: list[str], runs: Path) -> str:
-    """The table for ``names``; a missing or unreadable result.json gets its own line below it."""
-    rows, missing = [], []
+def _label(key: str) -> str:
+    return {"tool_call_rate": "tool calls", "f1": "F1"}.get(key, key.replace("_", " "))
+
+
+def stage_notes(stages: dict[str, dict[str, float]]) -> str:
+    """The optional per-stage measurements of a held-out set, in words.
+
+    ``before``/``after`` stages (the main columns already hold their score) list their other
+    measurements (``F1 0.19 ± 0.03 → 0.38 ± 0.04``); other stages (``base``, ``sft``, ``rl``;
+    ``step 10``) are listed in order with their score and measurements.
+    """
+    if not stages:
+        return ""
+    keys = [k for s in stages.values() for k in s if k not in ("score", "se", "failed") and not k.endswith("_se")]
+    keys = list(dict.fromkeys(keys))
+    if set(stages) == {"before", "after"}:
+        parts = []
+        for key in keys:
+            values = [
+                _f(stages[s].get(key)) + (f" ± {_f(stages[s][key + '_se'])}" if key + "_se" in stages[s] else "")
+                for s in ("before", "after")
+            ]
+            parts.append(f"{_label(key)} {values[0]} → {values[1]}")
+        return "; ".join(parts)
+    chain = []
+    for stage, values in stages.items():
+        extra = ", ".join(f"{_label(k)} {_f(values[k], 2)}" for k in keys if k in values)
+        chain.append(f"{stage} {_f(values.get('score'))}" + (f" ({extra})" if extra else ""))
+    return " → ".join(chain)
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def best_trivial(trivial: list[dict[str, Any]], heldout: str, metric: str) -> str:
+    """The highest trivial-policy score on a set and metric: ``0.058 (most_frequent)``."""
+    rows = [r for r in trivial if r["heldout"] == heldout and r["metric"] == metric]
+    if not rows:
+        return "n/a"
+    best = max(rows, key=lambda r: r["score"])
+    return f"{_f(best['score'])} ({best['policy']})"
+
+
+def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
+    """The figures of one example README: provenance, held-out table, trivial policies, curve."""
+    lines: list[str] = []
+    if record is None:
+        lines.append(f"No published run record yet (`docs/runs/{name}/result.json`).")
+    else:
+        commit = record.commit[:12] + ("+dirty" if record.commit.endswith("+dirty") else "")
+        lines.append(
+            f"From the run record [`docs/runs/{name}/`](../../docs/runs/{name}/result.json): "
+            f"`{record.command}` at commit `{commit}` on {record.date} ({record.machine}); {record.model}, "
+            f"{record.steps} steps, {_f(record.s_per_step, 1)} s/step, {_f(record.wall_s / 60, 1)} min in all. "
+            f"Held-out metric before → after training, ± its standard error; headline: `{record.headline}`."
+        )
+        lines.append("")
+        rows = []
+        for set_name, score in record.heldout.items():
+            rows.append(
+                [
+                    f"**{set_name}**" if record.headline.startswith(f"{set_name}/") else set_name,
+                    score.metric.replace("_", " "),
+                    str(score.n),
+                    f"{_f(score.before)} ± {_f(score.before_se)}",
+                    f"{_f(score.after)} ± {_f(score.after_se)}",
+                    _gain(record, set_name),
+                    stage_notes(score.stages) or "—",
+                    best_trivial(trivial, set_name, score.metric),
+                ]
+            )
+        header = ["held-out set", "metric", "n", "before", "after", "gain", "more", "best trivial policy"]
+        lines += _table(header, rows)
+    if record is not None:
+        differs = []
+        for set_name, score in record.heldout.items():
+            sizes = {r["n"] for r in trivial if r["heldout"] == set_name}
+            if sizes and sizes != {score.n}:
+                shown = ", ".join(map(str, sorted(sizes)))
+                differs.append(f"{set_name} (the run: {score.n}, the trivial policies: {shown})")
+        if differs:
+            lines += ["", f"The run and the trivial policies saw different numbers of questions: {'; '.join(differs)}."]
+    if trivial:
+        lines += ["", f"Trivial policies (`examples/{name}/baselines.py`, scored by the example's own scoring):", ""]
+        lines += _table(
+            ["held-out set", "policy", "metric", "score", "n"],
+            ([r["heldout"], r["policy"], r["metric"].replace("_", " "), _f(r["score"]), str(r["n"])] for r in trivial),
+        )
+    if record is not None and (RUNS / name / "curve.png").is_file():
+        lines += ["", f"![training curve of the published run](../../docs/runs/{name}/curve.png)"]
+    return "\n".join(lines)
+
+
+def examples_table(names: list[str], records: dict[str, RunRecord | None], trivial: dict[str, list]) -> str:
+    """The top README's table: every example's held-out sets before → after, beside the best trivial policy."""
+    rows = []
     for name in names:
-        path = runs / name / "result.json"
-        try:
-            rows.append(row(name, json.loads(path.read_text())))
-        except FileNotFoundError:
-            missing.append(f"{name}: no result ({path} does not exist; run examples/{name}/train.py)")
-        except (json.JSONDecodeError, TypeError) as exc:
-            missing.append(f"{name}: unreadable result {path}: {exc}")
-    lines = []
-    if rows:
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-        lines.append("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
-        lines.append("  ".join("-" * w for w in widths))
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines + missing)
+        record = records.get(name)
+        if record is None:
+            continue
+        for set_name, score in record.heldout.items():
+            headline = record.headline.startswith(f"{set_name}/")
+            rows.append(
+                [
+                    f"[`{name}`](examples/{name})",
+                    f"**{set_name}**" if headline else set_name,
+                    f"{score.metric.replace('_', ' ')} (n = {score.n})",
+                    f"{_f(score.before)} ± {_f(score.before_se)} → {_f(score.after)} ± {_f(score.after_se)}",
+                    _gain(record, set_name),
+                    stage_notes(score.stages) or "—",
+                    best_trivial(trivial.get(name, []), set_name, score.metric),
+                    f"{record.steps} steps, {_f(record.wall_s / 60, 1)} min ({record.date}, `{record.commit[:7]}`)",
+                ]
+            )
+    header = ["example", "held-out set", "metric", "before → after (± se)", "gain", "more", "best trivial", "run"]
+    return "\n".join(_table(header, rows))
+
+
+def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
+    """The top README's paragraph on the quickstart's published run."""
+    if record is None:
+        return "No published quickstart run yet (`docs/runs/quickstart/result.json`)."
+    name = record.headline.partition("/")[0]
+    score = record.heldout[name]
+    notes = stage_notes(score.stages)
+    extra = record.extra
+    text = (
+        f"[`docs/runs/quickstart/`](docs/runs/quickstart/result.json): `{record.command}` at commit "
+        f"`{record.commit[:12]}` on {record.date} ({record.machine}), {record.model}. Held-out accuracy "
+        f"**{_f(score.before)} ± {_f(score.before_se)} → {_f(score.after)} ± {_f(score.after_se)}** "
+        f"(n = {score.n}, one sample each at T = 1.0; {_gain(record, name)}"
+        + (f"; {notes}" if notes else "")
+        + f") after {record.steps} steps, {_f(record.s_per_step, 1)} s per step, "
+        f"{_f(record.wall_s / 60, 1)} minutes in all"
+    )
+    if "time/rollouts_s" in extra and "time/update_s" in extra:
+        text += f" (per step: rollouts {_f(extra['time/rollouts_s'], 1)} s, update {_f(extra['time/update_s'], 1)} s"
+        if "engine/prompt_tokens" in extra and "engine/cached_prompt_tokens" in extra:
+            text += (
+                f"; {extra['engine/prompt_tokens']:,.0f} prompt tokens computed, "
+                f"{extra['engine/cached_prompt_tokens']:,.0f} served from the prompt cache"
+            )
+        text += ")"
+    return text + f". Best trivial policy: {best_trivial(trivial, name, score.metric)}."
+
+
+# -- the README blocks ----------------------------------------------------------------------------
+
+
+def replace_block(text: str, marker: str, body: str) -> str:
+    """``text`` with the lines between ``<!-- figures:MARKER -->`` and ``<!-- /figures:MARKER -->`` replaced."""
+    pattern = re.compile(rf"(<!-- figures:{re.escape(marker)} -->\n).*?(<!-- /figures:{re.escape(marker)} -->)", re.S)
+    if not pattern.search(text):
+        raise LookupError(f"no '<!-- figures:{marker} -->' ... '<!-- /figures:{marker} -->' block")
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1)
+
+
+def readme_updates(
+    repo: Path = REPO, env: dict[str, str] | None = None, trivial: dict[str, list[dict[str, Any]]] | None = None
+) -> dict[Path, str]:
+    """Every README whose figures come from records, with its blocks regenerated (path -> new text).
+
+    ``trivial``: the examples' trivial-policy rows when already computed (else each
+    ``baselines.py`` runs, with ``env`` added to its environment).
+    """
+    names = example_names(repo)
+    runs = repo / "docs" / "runs"
+    records = {name: load_record(name, runs) for name in names}
+    trivial = trivial if trivial is not None else {name: trivial_scores(name, repo, env) for name in names}
+    out: dict[Path, str] = {}
+    for name in names:
+        path = repo / "examples" / name / "README.md"
+        if path.is_file() and f"<!-- figures:{name} -->" in path.read_text(encoding="utf-8"):
+            out[path] = replace_block(
+                path.read_text(encoding="utf-8"), name, example_block(name, records[name], trivial[name])
+            )
+    top = (repo / "README.md").read_text(encoding="utf-8")
+    top = replace_block(top, "examples", examples_table([n for n in names if n != "quickstart"], records, trivial))
+    top = replace_block(top, "quickstart", quickstart_block(records.get("quickstart"), trivial.get("quickstart", [])))
+    out[repo / "README.md"] = top
+    return out
+
+
+def print_table(names: list[str], trivial: dict[str, list[dict[str, Any]]], runs: Path = RUNS) -> None:
+    """The console table: held-out sets before -> after, gains, and every trivial policy."""
+    for name in names:
+        record = load_record(name, runs)
+        print(f"== {name}")
+        if record is None:
+            print(f"   no record ({runs / name / 'result.json'})")
+        else:
+            print(f"   {record.command}  [{record.commit[:12]}, {record.date}, {record.machine}]")
+            for set_name, score in record.heldout.items():
+                print(
+                    f"   {set_name:<12} {score.metric:<20} {_f(score.before)} +- {_f(score.before_se)} -> "
+                    f"{_f(score.after)} +- {_f(score.after_se)} (n={score.n}, {_gain(record, set_name)})"
+                    + (f"  {stage_notes(score.stages)}" if score.stages else "")
+                )
+        for row in trivial.get(name, []):
+            print(f"   trivial  {row['heldout']:<12} {row['policy']:<15} {row['metric']:<20} {_f(row['score'])}")
+
+
+# -- running and publishing -----------------------------------------------------------------------
 
 
 def run_example(name: str, extra: list[str]) -> int:
@@ -117,21 +319,110 @@ def run_example(name: str, extra: list[str]) -> int:
     command = [sys.executable, str(script), "--no-progress", *extra]
     print(f"== {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()
-    status = subprocess.run(command, cwd=REPO).returncode
+    status = subprocess.run(command, cwd=REPO, check=False).returncode
     print(f"== {name}: exit {status} after {(time.monotonic() - started) / 60:.1f} min", flush=True)
     return status
 
 
+def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
+    """The published curve: training reward per step (from ``metrics.jsonl``) and every held-out
+    set's metric before and after (or at each stage), with standard-error bars (from the record)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rewards = []
+    if metrics is not None and metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if isinstance(row.get("train/reward"), int | float):
+                rewards.append((row["step"], row["train/reward"]))
+    if rewards:
+        steps, values = zip(*rewards, strict=True)
+        left.plot(steps, values, "o-", alpha=0.5, label="per step")
+        window = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
+        left.plot(steps, window, lw=2, label="moving average (5)")
+        left.legend(loc="lower right")
+    left.set(title="training reward", xlabel="step", ylabel="mean reward of the step's rollouts")
+    for name, score in record.heldout.items():
+        staged = [(k, v) for k, v in score.stages.items() if "score" in v and set(score.stages) != {"before", "after"}]
+        points = [(k, v["score"], v.get("se", 0.0)) for k, v in staged] or [
+            ("before", score.before, score.before_se),
+            ("after", score.after, score.after_se),
+        ]
+        labels, ys, errors = zip(*points, strict=True)
+        right.errorbar(range(len(ys)), ys, yerr=errors, marker="o", capsize=4, label=f"{name} (n={score.n})")
+        right.set_xticks(range(len(labels)), labels)
+    metric = next(iter(record.heldout.values())).metric.replace("_", " ")
+    right.set(title=f"held-out {metric} (± se)", ylim=(0, 1))
+    right.legend(loc="upper left")
+    fig.suptitle(f"{record.example}: {record.model}, {record.steps} steps ({record.date}, {record.commit[:7]})")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def publish(name: str, source: Path, runs: Path = RUNS) -> Path:
+    """Copy a run's record (validated) and metrics from ``source`` into ``runs/<name>/`` and draw
+    its curve there from them (:func:`plot_record`)."""
+    record = RunRecord.load(source / "result.json")
+    if record.example != name:
+        raise ValueError(f"{source / 'result.json'} is a record of {record.example!r}, not {name!r}")
+    metrics = source / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > MAX_METRICS_BYTES:
+        raise ValueError(f"{metrics} is {metrics.stat().st_size:,} bytes (> {MAX_METRICS_BYTES:,}); trim it first")
+    target = runs / name
+    target.mkdir(parents=True, exist_ok=True)
+    for file in ("result.json", "metrics.jsonl"):
+        if (source / file).is_file():
+            shutil.copyfile(source / file, target / file)
+    plot_record(record, target / "metrics.jsonl", target / "curve.png")
+    return target
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", action="append", default=[], help="examples to run or report (default: all)")
+    p.add_argument("--report", action="store_true", help="print the table from docs/runs/ and write the READMEs")
+    p.add_argument("--check", action="store_true", help="with --report: write nothing, exit 1 if a README differs")
+    p.add_argument("--publish", metavar="NAME", help="copy runs/NAME (or --source) into docs/runs/NAME")
+    p.add_argument("--source", type=Path, help="with --publish: the run's --out folder (default runs/NAME)")
+    p.add_argument("extra", nargs="*", help="arguments passed to every train.py (after --)")
+    args = p.parse_args(argv)
+    known = example_names()
+    args.names = [n for item in args.only for n in item.split(",") if n] or known
+    unknown = sorted(set(args.names) - set(known))
+    if unknown:
+        p.error(f"unknown example(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    failed = []
-    if not args.report:
-        for name in args.names:
-            if run_example(name, args.extra) != 0:
-                failed.append(name)
-    print(table(args.names, Path(args.runs)))
+    if args.publish:
+        target = publish(args.publish, args.source or REPO / "runs" / args.publish)
+        print(f"published {args.publish}: {', '.join(sorted(p.name for p in target.iterdir()))} in {target}")
+        return 0
+    if args.report:
+        trivial = {name: trivial_scores(name) for name in example_names()}
+        print_table(args.names, trivial)
+        stale = []
+        for path, text in readme_updates(trivial=trivial).items():
+            if path.read_text(encoding="utf-8") != text:
+                stale.append(path)
+                if not args.check:
+                    path.write_text(text, encoding="utf-8")
+        verb = "differ from their records" if args.check else "rewritten from the records"
+        print(f"READMEs {verb}: {', '.join(str(p.relative_to(REPO)) for p in stale) or 'none'}")
+        return 1 if args.check and stale else 0
+    failed = [name for name in args.names if run_example(name, args.extra) != 0]
+    print_table(args.names, {name: trivial_scores(name) for name in args.names}, REPO / "runs")
     if failed:
-        print(f"failed: {', '.join(failed)} (their rows, if any, are from an earlier run)")
+        print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0
 
 

@@ -46,7 +46,9 @@ def _fit(algorithm: Any, db: Path, n_val: int) -> Any:
         runners=RunnerOptions(n=1, concurrency=BATCH * GROUP),
         progress=False,
     )
-    return trainer.fit(make_tasks(4000, seed=1, prefix="train-"), make_tasks(n_val, seed=2, prefix="val-"))
+    return trainer.fit(
+        make_tasks(4000, seed=1, prefix="train-", heldout=False), make_tasks(n_val, seed=2, prefix="val-", heldout=True)
+    )
 
 
 def main() -> int:

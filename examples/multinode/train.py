@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         gateway=GatewayOptions(host=args.gateway_host, token=token),
         progress=False,
     )
-    result = trainer.fit(make_tasks(200, seed=1, prefix="train-"), make_tasks(args.val, seed=2, prefix="val-"))
+    result = trainer.fit(
+        make_tasks(200, seed=1, prefix="train-", heldout=False),
+        make_tasks(args.val, seed=2, prefix="val-", heldout=True),
+    )
     summary = result.to_dict()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))

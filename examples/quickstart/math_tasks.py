@@ -10,6 +10,7 @@ import ast
 import operator
 import random
 import re
+import zlib
 from typing import Any
 
 SYSTEM = "You are a helpful assistant. Always give the final answer as a number inside <answer>...</answer>."
@@ -62,16 +63,39 @@ def few_shot(with_tool: bool) -> list[dict[str, Any]]:
     return messages
 
 
-def make_tasks(n: int, seed: int, prefix: str) -> list[dict[str, Any]]:
-    """``n`` questions ``a + b`` / ``a - b`` (a <= 30, b <= 20), reproducible for a seed."""
+def is_heldout(a: int, op: str, b: int) -> bool:
+    """Whether the problem ``a op b`` belongs to the held-out problems (about 1 in 8, by a CRC of its text).
+
+    Training questions never ask a held-out problem and held-out questions never ask a training
+    one: the held-out accuracy measures arithmetic the model was not trained on.
+    """
+    return zlib.crc32(f"{a} {op} {b}".encode()) % 8 == 0
+
+
+N_HELDOUT_PROBLEMS = sum(is_heldout(a, op, b) for a in range(2, 31) for b in range(1, 21) for op in "+-")
+"""How many distinct held-out problems there are (144 of the 1,160)."""
+
+
+def make_tasks(n: int, seed: int, prefix: str, *, heldout: bool) -> list[dict[str, Any]]:
+    """``n`` questions ``a + b`` / ``a - b`` (a <= 30, b <= 20), reproducible for a seed.
+
+    ``heldout`` picks the side of the split (:func:`is_heldout`): the held-out problems or the
+    training ones; the two never share a problem. Held-out questions are distinct problems
+    (at most :data:`N_HELDOUT_PROBLEMS`); training questions may repeat.
+    """
+    if heldout and n > N_HELDOUT_PROBLEMS:
+        raise ValueError(f"there are {N_HELDOUT_PROBLEMS} held-out problems; asked for {n}")
     rng = random.Random(seed)
-    tasks = []
-    for i in range(n):
+    tasks: list[dict[str, Any]] = []
+    asked: set[tuple[int, str, int]] = set()
+    while len(tasks) < n:
         a, b = rng.randint(2, 30), rng.randint(1, 20)
         op = rng.choice("+-")
-        tasks.append(
-            {"task_id": f"{prefix}{i}", "question": f"What is {a} {op} {b}?", "answer": a + b if op == "+" else a - b}
-        )
+        if is_heldout(a, op, b) != heldout or (heldout and (a, op, b) in asked):
+            continue
+        asked.add((a, op, b))
+        answer = a + b if op == "+" else a - b
+        tasks.append({"task_id": f"{prefix}{len(tasks)}", "question": f"What is {a} {op} {b}?", "answer": answer})
     return tasks
 
 

@@ -10,16 +10,19 @@
 What runs: a SQLite store (``runs/quickstart.db``), the gateway, one runner process executing
 the agent of ``agent.py`` 32 rollouts at a time, and ``torch-grpo``, which serves the policy
 (exact token ids and logprobs), turns the recorded calls into transitions with LightningRL and
-updates the weights. Held-out accuracy (96 fixed questions, one sample each at T=1.0) is
-measured before and after; the reward/accuracy curve goes to ``runs/quickstart/curve.png``.
+updates the weights. Held-out accuracy (96 fixed questions, one sample each at T=1.0; problems
+no training question asks, see ``math_tasks.is_heldout``) is measured before, every
+``--val-every`` steps and after; the reward/accuracy curve goes to ``runs/quickstart/curve.png``
+and the run record to ``runs/quickstart/result.json`` (the ``docs/runs/`` shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from math_tasks import make_tasks  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
+from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import step_means  # noqa: E402
@@ -73,12 +77,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float) -> RunRecord | None:
+    """The run record: held-out accuracy before and after (each evaluation as a stage), with
+    standard errors; ``None`` without held-out questions."""
+    evaluations = sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})
+    tags = [f"val{step}" for step in evaluations]
+    if not tags:
+        return None
+    outcomes = asyncio.run(read_heldout(args.store, tags, spans=False))
+    correct = {tag: [float(o.score() >= 1.0) for o in found] for tag, found in outcomes.items()}
+    stages = {}
+    for tag in tags:
+        mean, se = mean_and_se(correct[tag])
+        stages[f"step {tag.removeprefix('val')}"] = {"score": mean, "se": se}
+    model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
+    return RunRecord(
+        example="quickstart",
+        **origin,
+        model=model,
+        steps=result.steps,
+        wall_s=round(wall_s, 1),
+        s_per_step=round(result.seconds_per_step, 1),
+        heldout={"heldout": set_score("accuracy", correct[tags[0]], correct[tags[-1]], **stages)},
+        headline="heldout/accuracy",
+        extra={
+            "algorithm": args.algorithm,
+            "tool": not args.no_tool,
+            "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
+            **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    origin = provenance([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    train = make_tasks(4000, seed=1, prefix="train-")
-    val = make_tasks(args.val, seed=2, prefix="val-")
+    train = make_tasks(4000, seed=1, prefix="train-", heldout=False)
+    val = make_tasks(args.val, seed=2, prefix="val-", heldout=True)
     options: dict[str, Any] = {
         "steps": args.steps,
         "batch_size": args.batch_size,
@@ -103,16 +140,21 @@ def main(argv: list[str] | None = None) -> int:
         runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=300.0),
         progress=not args.no_progress,
     )
+    started = time.time()
     result = trainer.fit(train, val)
-    summary = result.to_dict()
-    (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))
-
-    def fmt(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:.3f}"
-
+    wall_s = time.time() - started
+    record = run_record(args, origin, result, wall_s)
+    if record is not None:
+        record.write(Path(args.out) / "result.json")
+        score = record.heldout["heldout"]
+        print(
+            f"held-out accuracy {score.before:.3f} +- {score.before_se:.3f} -> {score.after:.3f} +- "
+            f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se)".replace("gain +nan se", "no gain"),
+            flush=True,
+        )
     print(
-        f"held-out accuracy {fmt(result.accuracy_before)} -> {fmt(result.accuracy_after)} over {result.steps} steps "
-        f"({result.seconds_per_step:.1f} s/step); curve: {result.curve_png}",
+        f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all); "
+        f"curve: {result.curve_png}",
         flush=True,
     )
     means = step_means(result.history)

@@ -1,8 +1,10 @@
 """The RAG agent: an OpenAI Agents SDK ``Agent`` with a ``search`` tool over a local BM25 index.
 
 Nothing in it knows about training: it reads the model's base URL and name from
-``resources``, answers ``task["question"]`` with the SDK's ``Runner`` and returns the reward
-(token F1 of the ``<answer>`` against ``task["answers"]`` plus a format term, ``reward.py``).
+``resources``, answers ``task["question"]`` with the SDK's ``Runner`` and reports how the
+``<answer>`` scores against ``task["answers"]`` (``reward.py``) with agentbolt's
+``emit_reward``: the reward that trains (token F1 plus a format term) and, as further
+dimensions of the same reward, the held-out metrics exact match and F1.
 ``task["index"]`` is the SQLite FTS5 file built by ``train.py`` (``retrieval.py``).
 
 The few-shot turns (passed as the run's input items, as any SDK user would) show two questions
@@ -28,7 +30,9 @@ from agents import (
 )
 from openai import AsyncOpenAI
 from retrieval import SearchIndex
-from reward import reward
+from reward import scores
+
+from agentbolt.capture.emit import emit_reward
 
 INSTRUCTIONS = "Answer the question. Search for facts you do not know. Give the answer inside <answer>...</answer>."
 MAX_TURNS = 3
@@ -71,7 +75,7 @@ FEW_SHOT: list[dict[str, Any]] = [
         "author of The Copper Kettle",
         "The Copper Kettle is a novel from 1954. Lina Dorwick wrote it.\n"
         "Lina Dorwick is the author of The Copper Kettle. Lina Dorwick was born in Harrowgate and studied at "
-        "Belmont University.",
+        "Belmonton.",
         "Harrowgate",
     ),
     *_search_example(
@@ -79,15 +83,26 @@ FEW_SHOT: list[dict[str, Any]] = [
         "Which university did the founder of Dalton Foods attend?",
         "founder of Dalton Foods",
         "Dalton Foods is a company from 1931. Ada Merrow founded it.\n"
-        "Ada Merrow is the founder of Dalton Foods. Ada Merrow was born in Kestrel Bay and studied at "
-        "Orland University.",
-        "Orland University",
+        "Ada Merrow is the founder of Dalton Foods. Ada Merrow was born in Kestrelby and studied at "
+        "Orlandford.",
+        "Orlandford",
     ),
 ]
 
 
-async def rag_agent(task: dict[str, Any], resources: Any) -> float:
-    """Answer ``task["question"]`` with search; the reward scores the ``<answer>`` against ``task["answers"]``."""
+def report(text: str | None, answers: list[str]) -> float:
+    """Emit the reply's ``reward`` (what trains), ``exact_match`` and ``f1`` as reward dimensions; return the reward."""
+    values = scores(text, answers)
+    emit_reward(values, primary="reward", final=True)
+    return values["reward"]
+
+
+async def rag_agent(task: dict[str, Any], resources: Any) -> None:
+    """Answer ``task["question"]`` with search; the reward scores the ``<answer>`` against ``task["answers"]``.
+
+    The reward and the held-out metrics (exact match, F1) are emitted as one final reward with
+    three dimensions; training uses ``reward``.
+    """
     assert resources.llm is not None, "publish an llm endpoint in the resources"
     async with AsyncOpenAI(
         base_url=resources.llm.base_url, api_key=resources.llm.api_key or "none", max_retries=0
@@ -105,7 +120,9 @@ async def rag_agent(task: dict[str, Any], resources: Any) -> float:
             run_config = RunConfig(model_provider=OpenAIProvider(openai_client=client))
             result = await Runner.run(agent, question, max_turns=MAX_TURNS, run_config=run_config)  # type: ignore[arg-type]
         except MaxTurnsExceeded:
-            return 0.0  # still searching after MAX_TURNS calls: no answer
+            report(None, task["answers"])  # still searching after MAX_TURNS calls: no answer
+            return
         except ModelBehaviorError:
-            return 0.0  # a reply cut at max_tokens: the Responses API calls it incomplete, no answer
-    return reward(str(result.final_output), task["answers"])
+            report(None, task["answers"])  # a reply cut at max_tokens: the Responses API calls it incomplete
+            return
+    report(str(result.final_output), task["answers"])

@@ -6,7 +6,11 @@ Two sources, one code path (:func:`load_split`):
   companies, cities and universities (so the model cannot know an answer without searching)
   and writes 2-hop questions in MuSiQue's own JSONL layout, ``musique_ans_v1.0_train.jsonl``
   (240 questions) and ``musique_ans_v1.0_dev.jsonl`` (120), into a cache folder. It is
-  deterministic: the same files on every machine.
+  deterministic: the same files on every machine. Held out by construction: the dev questions'
+  people, works, cities and universities occur nowhere in the training file (each split draws
+  its own entities and its distractor paragraphs from its own people), and every answer is one
+  invented word (a city like ``Norquilzal``, a university like ``Velmorton``): no answer or
+  alias holds a generic word such as "City" or "University" that a rule could score with.
 - **real**: ``--data PATH`` reads the same two files from the MuSiQue release a user
   downloaded (https://github.com/StonyBrookNLP/musique, ``data.zip``).
 
@@ -173,7 +177,37 @@ _SYLLABLES = [
     "yor",
     "zal",
 ]
-_CITY_PREFIX = ("Port", "New", "East", "Lake", "Fort")
+_UNIVERSITY_ENDINGS = ("ton", "ford", "ham", "wick", "bury", "mouth")
+"""Invented university names end like English place names (``Velmorton``): one word, nothing generic."""
+N_CITIES = {"train": 60, "dev": 30}
+N_UNIVERSITIES = {"train": 24, "dev": 12}
+GENERIC_WORDS = frozenset(
+    [
+        "city",
+        "town",
+        "university",
+        "college",
+        "institute",
+        "school",
+        "academy",
+        "port",
+        "new",
+        "east",
+        "west",
+        "north",
+        "south",
+        "lake",
+        "fort",
+        "river",
+        "company",
+        "film",
+        "novel",
+        "the",
+        "of",
+    ]
+)
+"""Words a trivial policy could answer without reading (the issue's "City"/"University" rule):
+no bundled answer or alias contains one (tested)."""
 _ADJECTIVES = [
     "Amber",
     "Silver",
@@ -239,15 +273,16 @@ def _unique(make: Any, taken: set[str]) -> str:
             return name
 
 
-def _world(seed: int, n_people: int) -> list[dict[str, str]]:
-    """``n_people`` fictional people, each with one work, a birth city and a university."""
-    rng = random.Random(seed)
-    taken: set[str] = set()
-    cities = [
-        _unique(lambda: f"{rng.choice(_CITY_PREFIX)} {_word(rng, 2)}" if rng.random() < 0.3 else _word(rng, 3), taken)
-        for _ in range(60)
+def _world(rng: random.Random, taken: set[str], n_people: int, split: str) -> list[dict[str, str]]:
+    """``n_people`` fictional people of one split, each with one work, a birth city and a university.
+
+    ``taken`` holds every name drawn so far (all splits): no person, work, city or university
+    is shared between the splits.
+    """
+    cities = [_unique(lambda: _word(rng, 3), taken) for _ in range(N_CITIES[split])]
+    universities = [
+        _unique(lambda: _word(rng, 2) + rng.choice(_UNIVERSITY_ENDINGS), taken) for _ in range(N_UNIVERSITIES[split])
     ]
-    universities = [_unique(lambda: f"{_word(rng, 2)} University", taken) for _ in range(25)]
     people = []
     for i in range(n_people):
         kind, role, what, verb = _KINDS[i % len(_KINDS)]
@@ -281,12 +316,6 @@ def _paragraphs(p: dict[str, str]) -> tuple[tuple[str, str], tuple[str, str]]:
         f"and studied at {p['university']}.",
     )
     return work, person
-
-
-def _aliases(kind: str, answer: str) -> list[str]:
-    if kind == "university":
-        return [f"University of {answer.removesuffix(' University')}"]
-    return [f"{answer} City"]
 
 
 def _question(p: dict[str, str], attribute: str, qid: str, rng: random.Random, pool: list[dict[str, str]]) -> dict:
@@ -325,21 +354,29 @@ def _question(p: dict[str, str], attribute: str, qid: str, rng: random.Random, p
             {"id": 2, "question": step2, "answer": answer, "paragraph_support_idx": hop2},
         ],
         "answer": answer,
-        "answer_aliases": _aliases(attribute, answer),
+        "answer_aliases": [],
         "answerable": True,
     }
 
 
 def bundled_records(seed: int = 11) -> dict[str, list[dict[str, Any]]]:
-    """The bundled questions as MuSiQue records: ``{"train": [...], "dev": [...]}`` (deterministic)."""
-    people = _world(seed, N_TRAIN + N_DEV)
-    rng = random.Random(seed + 1)
-    records = []
-    for i, p in enumerate(people):
-        attribute = "city" if i % 2 == 0 else "university"
-        records.append(_question(p, attribute, f"2hop__{seed}{i:04d}_{i:04d}", rng, people))
-    rng.shuffle(records)
-    return {"train": records[:N_TRAIN], "dev": records[N_TRAIN:]}
+    """The bundled questions as MuSiQue records: ``{"train": [...], "dev": [...]}`` (deterministic).
+
+    Each split has its own people (and so its own works), cities and universities; a question's
+    distractor paragraphs come from people of the same split.
+    """
+    rng = random.Random(seed)
+    taken: set[str] = set()
+    records: dict[str, list[dict[str, Any]]] = {}
+    for split, n in (("train", N_TRAIN), ("dev", N_DEV)):
+        people = _world(rng, taken, n, split)
+        questions = []
+        for i, p in enumerate(people):
+            attribute = "city" if i % 2 == 0 else "university"
+            questions.append(_question(p, attribute, f"2hop__{split}{seed}_{i:04d}", rng, people))
+        rng.shuffle(questions)
+        records[split] = questions
+    return records
 
 
 def _lines(records: Iterable[dict[str, Any]]) -> Iterator[str]:

@@ -149,3 +149,46 @@ class SearchIndex:
             ).fetchall()
         db.close()
         return [Hit(title, text, score) for title, text, score in rows]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print how often the question itself, as the query, retrieves the paragraph holding the answer.
+
+    ``python examples/rag_agent/retrieval.py [--data MUSIQUE_DIR]`` (default: the bundled set).
+    """
+    import argparse
+    import os
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from data import corpus, load_split, write_bundled
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--data", type=Path, help="a MuSiQue data folder (default: the bundled set)")
+    args = p.parse_args(argv)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentbolt/examples/rag_agent"
+    folder = args.data or write_bundled(cache / "data")
+    everything = [*load_split(folder, "train"), *load_split(folder, "dev")]
+    questions = [
+        q
+        for q in everything
+        if q.question_decomposition and q.question_decomposition[-1].paragraph_support_idx is not None
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        build_index(corpus(everything), Path(tmp) / "index.sqlite")
+        index = SearchIndex(Path(tmp) / "index.sqlite")
+        for k in (1, 2, 3):
+            found = 0
+            for q in questions:
+                support = q.question_decomposition[-1].paragraph_support_idx
+                answer_paragraph = q.paragraphs[support or 0].paragraph_text
+                found += answer_paragraph in [hit.text for hit in index.search(q.question, k=k)]
+            print(
+                f"top {k}: the answer's paragraph for {found} of {len(questions)} questions ({found / len(questions):.1%})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,8 @@
-"""The RAG example's reward: token F1 of the tagged answer (SQuAD/MuSiQue scoring) plus a format term.
+"""The RAG example's scoring: exact match and token F1 of the tagged answer (SQuAD/MuSiQue), and the reward.
+
+The held-out metric is **exact match** (:func:`exact_match`: the normalised answer equals the
+normalised gold answer or an alias), with F1 beside it. Training uses the denser
+
 
     reward = 0.1 * format + 0.9 * F1
 
@@ -10,6 +14,7 @@
 
 So a right answer scores 1.0, a well-formed wrong one 0.1, no tag 0; and F1 can be read back
 from a reward: ``F1 = (reward - 0.1) / 0.9`` when ``reward > 0``, else 0 (:func:`f1_from_reward`).
+:func:`scores` gives all three for one reply (what the agent emits as reward dimensions).
 """
 
 from __future__ import annotations
@@ -52,6 +57,24 @@ def extract_answer(text: str | None) -> str | None:
 def best_f1(prediction: str, answers: Sequence[str]) -> float:
     """The maximum token F1 of ``prediction`` over the gold answer and its aliases."""
     return max((token_f1(prediction, gold) for gold in answers), default=0.0)
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 when the normalised prediction equals the normalised answer or an alias (SQuAD's EM), else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(gold) for gold in answers))
+
+
+def scores(text: str | None, answers: Sequence[str]) -> dict[str, float]:
+    """``reward``, ``exact_match`` and ``f1`` of a final reply (0 for all without an ``<answer>``)."""
+    answer = extract_answer(text)
+    if answer is None:
+        return {"reward": 0.0, "exact_match": 0.0, "f1": 0.0}
+    return {
+        "reward": reward(text, answers),
+        "exact_match": exact_match(answer, answers),
+        "f1": best_f1(answer, answers),
+    }
 
 
 def reward(text: str | None, answers: Sequence[str]) -> float:

@@ -8,9 +8,11 @@ What runs: the bundled MuSiQue-format data set (generated once into ``--cache-di
 real one (``--data``), an SQLite FTS5 index over its paragraphs (built once, cached, rebuilt
 when the corpus changes), a SQLite store (``runs/rag_agent.db``), the gateway, runner
 processes executing the OpenAI Agents SDK agent of ``agent.py``, and ``torch-grpo`` (policy
-server with exact token ids, LightningRL, GRPO update). The held-out metric is the mean answer
-F1 (MuSiQue's, max over aliases) over the first ``--val`` dev questions, one sample each,
-before and after training, with its standard error.
+server with exact token ids, LightningRL, GRPO update). The held-out metric is exact match
+(SQuAD normalisation, any alias) over the dev questions (all, or the first ``--val``), one
+sample each, before and after training, with its standard error; answer F1 beside it. The
+training reward is ``0.1 * format + 0.9 * F1`` (``reward.py``). The run record goes to
+``--out``/result.json (the ``docs/runs/`` shape).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +34,8 @@ from data import corpus, load_split, to_tasks, write_bundled  # noqa: E402
 from figures import run_figures  # noqa: E402
 from retrieval import build_index  # noqa: E402
 
-from agentbolt.options import RunnerOptions  # noqa: E402
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
+from agentbolt.runs.evaluation import RunRecord, SetScore, provenance  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
@@ -48,10 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="smollm2",
         help="smollm2 (bundled) or a HF model dir (tiny's 1,024-token context is too short here)",
     )
-    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
     p.add_argument("--batch-size", type=int, default=6, help="questions per step (default 6)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
-    p.add_argument("--val", type=int, default=100, help="held-out questions (default 100)")
+    p.add_argument("--val", type=int, default=0, help="held-out questions, the first N of dev (default 0: all)")
     p.add_argument("--val-every", type=int, default=0, help="evaluate every N steps (default 0: before/after only)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per reply (default 48)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
@@ -71,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def model_name(model: str) -> str:
+    return {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(model, Path(model).name)
+
+
 def prepare(data: Path | None, cache_dir: Path, n_val: int) -> tuple[list[dict], list[dict], Path]:
     """Train and held-out tasks and the search index over the whole corpus (train + dev paragraphs)."""
     if data is None:
@@ -83,7 +90,7 @@ def prepare(data: Path | None, cache_dir: Path, n_val: int) -> tuple[list[dict],
     paragraphs = corpus([*train, *dev])
     if build_index(paragraphs, index_path):
         print(f"built the search index: {len(paragraphs):,} paragraphs -> {index_path}", flush=True)
-    return to_tasks(train, index_path), to_tasks(dev[:n_val], index_path), index_path
+    return to_tasks(train, index_path), to_tasks(dev[: n_val or None], index_path), index_path
 
 
 def export_tasks(folder: Path, train: list[dict], val: list[dict]) -> None:
@@ -97,6 +104,7 @@ def export_tasks(folder: Path, train: list[dict], val: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    origin = provenance([sys.argv[0], *(sys.argv[1:] if argv is None else argv)], device=args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,56 +134,75 @@ def main(argv: list[str] | None = None) -> int:
         algorithm,
         store=args.store,
         runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=args.timeout),
+        # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        gateway=GatewayOptions(upstream_timeout_s=args.timeout),
         progress=not args.no_progress,
     )
+    started = time.time()
     result = trainer.fit(train, val)
-    figures = asyncio.run(run_figures(args.store, result.steps))
+    wall_s = time.time() - started
+    figures = asyncio.run(run_figures(args.store, args.steps))
     counts = per_rollout(result.history)
-    calls, transitions = counts["calls_per_rollout"], counts["transitions_per_rollout"]
-    summary = {
-        **result.to_dict(),
-        "example": "rag_agent",
-        "metric": "held-out answer F1 (mean over tasks, max over aliases)",
-        "metric_before": figures["metric_before"],
-        "metric_after": figures["metric_after"],
-        "metric_stderr_before": figures["metric_stderr_before"],
-        "metric_stderr_after": figures["metric_stderr_after"],
-        "n_val": len(val),
-        "n_val_failed_before": figures["n_val_failed_before"],
-        "n_val_failed_after": figures["n_val_failed_after"],
-        "seconds_per_step": result.seconds_per_step,
-        "train_minutes": result.seconds_per_step * result.steps / 60,
-        "calls_per_rollout": calls,
-        "transitions_per_rollout": transitions,
-        "exact_token_id_share": figures["exact_token_id_share"],
-        "tool_call_rate_before": figures["tool_call_rate_before"],
-        "tool_call_rate_after": figures["tool_call_rate_after"],
-        # steps whose rollouts gave no transition (e.g. every rollout timed out): no update was made
-        "skipped_steps": [int(h["step"]) for h in result.history if h.get("train/skipped")],
-        "failed_train_rollouts": int(sum(h.get("train/failed", 0.0) for h in result.history)),
-    }
-    (out / "result.json").write_text(json.dumps(summary, indent=2))
+    stages = figures["stages"]
+    before, after = stages["before"], stages["after"]
+    record = RunRecord(
+        example="rag_agent",
+        **origin,
+        model=model_name(args.model),
+        steps=result.steps,
+        wall_s=round(wall_s, 1),
+        s_per_step=round(result.seconds_per_step, 1),
+        heldout={
+            "dev": SetScore(
+                metric="exact_match",
+                n=figures["n"],
+                before=before["score"],
+                before_se=before["se"],
+                after=after["score"],
+                after_se=after["se"],
+                stages=stages,
+            )
+        },
+        headline="dev/exact_match",
+        extra={
+            "reward": "0.1 * format + 0.9 * F1 (training); the held-out metric is exact match, F1 beside it",
+            "calls_per_rollout": counts["calls_per_rollout"],
+            "transitions_per_rollout": counts["transitions_per_rollout"],
+            "exact_token_id_share": figures["exact_token_id_share"],
+            # steps whose rollouts gave no transition (e.g. every rollout timed out): no update was made
+            "skipped_steps": [int(h["step"]) for h in result.history if h.get("train/skipped")],
+            "failed_train_rollouts": int(sum(h.get("train/failed", 0.0) for h in result.history)),
+            "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
+        },
+    )
+    record.write(out / "result.json")
 
     def fmt(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
+    score = record.heldout["dev"]
     print(
-        f"held-out answer F1 {fmt(summary['metric_before'])} ± {fmt(summary['metric_stderr_before'])} -> "
-        f"{fmt(summary['metric_after'])} ± {fmt(summary['metric_stderr_after'])} (n={len(val)}, failed rollouts "
-        f"{figures['n_val_failed_before']} / {figures['n_val_failed_after']}); exact match "
-        f"{fmt(result.accuracy_before)} -> {fmt(result.accuracy_after)}; over {result.steps} steps "
-        f"({result.seconds_per_step:.1f} s/step, {summary['train_minutes']:.1f} min); curve: {result.curve_png}",
+        f"held-out exact match {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
+        f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se); answer F1 {before['f1']:.3f} ± "
+        f"{before['f1_se']:.3f} -> {after['f1']:.3f} ± {after['f1_se']:.3f}; failed rollouts "
+        f"{before['failed']:.0f} / {after['failed']:.0f}".replace("gain +nan se", "no gain"),
         flush=True,
     )
     print(
-        f"search called in {fmt(summary['tool_call_rate_before'])} -> {fmt(summary['tool_call_rate_after'])} of "
-        f"held-out questions; per training rollout: {fmt(calls)} LLM calls, {fmt(transitions)} transitions; "
-        f"exact token ids on {fmt(summary['exact_token_id_share'])} of the calls",
+        f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all); "
+        f"record: {out / 'result.json'}; curve: {result.curve_png}",
         flush=True,
     )
     print(
-        f"steps without an update (no transition): {summary['skipped_steps'] or 'none'}; failed training "
-        f"rollouts: {summary['failed_train_rollouts']}",
+        f"search called in {fmt(before['tool_call_rate'])} -> {fmt(after['tool_call_rate'])} of held-out questions; "
+        f"per training rollout: {fmt(counts['calls_per_rollout'])} LLM calls, "
+        f"{fmt(counts['transitions_per_rollout'])} transitions; exact token ids on "
+        f"{fmt(figures['exact_token_id_share'])} of the calls",
+        flush=True,
+    )
+    print(
+        f"steps without an update (no transition): {record.extra['skipped_steps'] or 'none'}; failed training "
+        f"rollouts: {record.extra['failed_train_rollouts']}",
         flush=True,
     )
     means = step_means(result.history)

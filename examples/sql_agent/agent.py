@@ -110,34 +110,10 @@ def extract_sql(prefill: str, reply: str) -> str:
 # -- the prompts ---------------------------------------------------------------------------------
 
 
-def _generic_examples(schema: str) -> list[dict[str, str]]:
-    """Two examples from the schema alone (for databases without training questions)."""
-    for line in schema.splitlines():
-        m = re.match(r"CREATE TABLE (\w+) \((.*)\);", line)
-        if not m:
-            continue
-        cols = [c.strip().split(" ") for c in m.group(2).split(",")]
-        text = [c[0] for c in cols if len(c) > 1 and c[1] == "text"]
-        nums = [c[0] for c in cols if len(c) > 1 and c[1] == "number" and not c[0].lower().endswith("id")]
-        if text and nums:
-            t = m.group(1)
-            return [
-                {
-                    "question": f"How many {t} rows have {nums[0]} above 10?",
-                    "query": f"SELECT count(*) FROM {t} WHERE {nums[0]} > 10",
-                },
-                {
-                    "question": f"Show the {text[0]} of {t} rows whose {nums[0]} is 5.",
-                    "query": f"SELECT {text[0]} FROM {t} WHERE {nums[0]} = 5",
-                },
-            ]
-    return []
-
-
 def few_shot(task: dict[str, Any]) -> list[BaseMessage]:
-    """The schema and the worked examples on the task's own database (``task["examples"]``)."""
+    """The schema and the worked examples built from it (``task["examples"]``, see ``data.schema_examples``)."""
     messages: list[BaseMessage] = [SystemMessage(SYSTEM.format(schema=task["schema"]))]
-    for example in task.get("examples") or _generic_examples(task["schema"]):
+    for example in task.get("examples") or ():
         messages += [HumanMessage(example["question"]), AIMessage(f"<sql>{example['query']}</sql>")]
     return messages
 

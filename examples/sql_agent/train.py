@@ -10,15 +10,16 @@ graph of ``agent.py`` (the agentbolt-langchain adapter names every LLM call afte
 node), and ``torch-grpo``, which serves the policy, turns the calls of the selected nodes into
 transitions with LightningRL (``agent_match``: by default ``write_query`` and ``rewrite_query``;
 ``check_query`` calls are recorded but not trained) and updates the weights. The held-out metric
-is execution accuracy on ``dev.json`` (one sample per question), before and after training.
+is execution accuracy (one sample per question, before and after training) on each held-out set
+of ``dev.json``: ``seen_dbs`` (new questions on training databases) and ``unseen_dbs`` (databases
+with no training question). The run record goes to ``--out``/result.json (``docs/runs/`` shape).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,10 +28,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner processes
 
 from agent import sql_agent  # noqa: E402
-from data import SpiderDataError, ensure_bundled, load_split  # noqa: E402
+from data import HELDOUT_PER_SET, SpiderDataError, ensure_bundled, heldout_sets, load_split  # noqa: E402
 
 from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
-from agentbolt.options import RunnerOptions  # noqa: E402
+from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
+from agentbolt.runs.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
@@ -48,7 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
-    p.add_argument("--val", type=int, default=0, help="held-out questions, the first N of dev.json (default 0: all)")
+    p.add_argument(
+        "--val",
+        type=int,
+        default=HELDOUT_PER_SET,
+        help=f"held-out questions per held-out set, the first N (0: all; default {HELDOUT_PER_SET})",
+    )
     p.add_argument("--val-every", type=int, default=0, help="also evaluate every N steps (default 0: before/after)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and held-out")
@@ -62,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds per rollout attempt before it is stopped (default 1800)"
+    )
     p.add_argument("--store", default="sqlite:///runs/sql_agent.db", help="store URL")
     p.add_argument("--out", default="runs/sql_agent", help="metrics, curve and checkpoint directory")
     p.add_argument("--seed", type=int, default=0)
@@ -69,9 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def stderr(p: float | None, n: int) -> float | None:
-    """Standard error of a mean of ``n`` 0/1 outcomes (sd/sqrt(n), population sd)."""
-    return None if p is None or n == 0 else math.sqrt(p * (1 - p) / n)
+METRIC = "execution_accuracy"
+
+
+def model_name(model: str) -> str:
+    return {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(model, Path(model).name)
 
 
 def capture_figures(store_url: str, since: float, history: list[dict[str, float]]) -> dict[str, float | None]:
@@ -107,17 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    origin = provenance([sys.argv[0], *(sys.argv[1:] if argv is None else argv)], device=args.device)
     try:
         folder = Path(args.data) if args.data else ensure_bundled()
         train = load_split(folder, "train")
-        val = load_split(folder, "dev")
+        sets = {name: tasks[: args.val or None] for name, tasks in heldout_sets(folder).items()}
     except SpiderDataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.val:
-        val = val[: args.val]
+    val = [task for tasks in sets.values() for task in tasks]
     agent_match = AGENT_SETS.get(args.train_agents, args.train_agents)
-    print(f"data: {folder} ({len(train)} train, {len(val)} held-out); training nodes: {agent_match or 'all'}")
+    counts = ", ".join(f"{name} {len(tasks)}" for name, tasks in sets.items())
+    print(f"data: {folder} ({len(train)} train; held-out: {counts}); training nodes: {agent_match or 'all'}")
     algorithm = TorchGRPO(
         args.model,
         steps=args.steps,
@@ -138,41 +151,61 @@ def main(argv: list[str] | None = None) -> int:
         sql_agent,
         algorithm,
         store=args.store,
-        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=600.0),
+        runners=RunnerOptions(n=args.runners, concurrency=args.batch_size * args.group_size, timeout_s=args.timeout),
+        # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
+        gateway=GatewayOptions(upstream_timeout_s=args.timeout),
         progress=not args.no_progress,
     )
     started = time.time()
     result = trainer.fit(train, val)
-    n = len(val)
-    summary = {
-        **result.to_dict(),
-        "example": "sql_agent",
-        "metric": "execution accuracy (held-out, 1 sample per question)",
-        "metric_before": result.accuracy_before,
-        "metric_after": result.accuracy_after,
-        "metric_stderr_before": stderr(result.accuracy_before, n),
-        "metric_stderr_after": stderr(result.accuracy_after, n),
-        "n_val": n,
-        "train_minutes": result.seconds_per_step * result.steps / 60,
-        "trained_agents": agent_match or "all",
-        "tool_call_rate_before": None,
-        "tool_call_rate_after": None,
-        **capture_figures(args.store, started, result.history),
-    }
-    (Path(args.out) / "result.json").write_text(json.dumps(summary, indent=2))
+    wall_s = time.time() - started
+    last = f"val{args.steps}" if args.steps else "val0"
+    outcomes = asyncio.run(read_heldout(args.store, ["val0", last], spans=False))
+    heldout, failed = {}, {}
+    for name in sets:
+        before = [o for o in outcomes["val0"] if o.task_id.startswith(f"{name}-")]
+        after = [o for o in outcomes[last] if o.task_id.startswith(f"{name}-")]
+        heldout[name] = set_score(METRIC, [o.score() for o in before], [o.score() for o in after])
+        failed[name] = [sum(not o.succeeded for o in before), sum(not o.succeeded for o in after)]
+    capture = capture_figures(args.store, started, result.history)
+    record = RunRecord(
+        example="sql_agent",
+        **origin,
+        model=model_name(args.model),
+        steps=result.steps,
+        wall_s=round(wall_s, 1),
+        s_per_step=round(result.seconds_per_step, 1),
+        heldout=heldout,
+        headline=f"{'unseen_dbs' if 'unseen_dbs' in heldout else next(iter(heldout))}/{METRIC}",
+        extra={
+            "trained_agents": agent_match or "all",
+            "failed_heldout_rollouts_before_after": failed,
+            "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
+            **{k: v for k, v in capture.items() if v is not None},
+        },
+    )
+    record.write(Path(args.out) / "result.json")
+
+    for name, score in heldout.items():
+        print(
+            f"held-out execution accuracy, {name}: {score.before:.3f} +- {score.before_se:.3f} -> "
+            f"{score.after:.3f} +- {score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se)".replace(
+                "gain +nan se", "no gain"
+            ),
+            flush=True,
+        )
+    print(
+        f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all); "
+        f"record: {Path(args.out) / 'result.json'}; curve: {result.curve_png}",
+        flush=True,
+    )
 
     def fmt(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
     print(
-        f"held-out execution accuracy {fmt(summary['metric_before'])} +- {fmt(summary['metric_stderr_before'])} -> "
-        f"{fmt(summary['metric_after'])} +- {fmt(summary['metric_stderr_after'])} (n={n}) over {result.steps} steps "
-        f"({result.seconds_per_step:.1f} s/step, {summary['train_minutes']:.1f} min); curve: {result.curve_png}",
-        flush=True,
-    )
-    print(
-        f"capture: {fmt(summary['calls_per_rollout'])} LLM calls and {fmt(summary['transitions_per_rollout'])} "
-        f"transitions per training rollout; share of calls with exact token ids {fmt(summary['exact_token_id_share'])}",
+        f"capture: {fmt(capture['calls_per_rollout'])} LLM calls and {fmt(capture['transitions_per_rollout'])} "
+        f"transitions per training rollout; share of calls with exact token ids {fmt(capture['exact_token_id_share'])}",
         flush=True,
     )
     means = step_means(result.history)

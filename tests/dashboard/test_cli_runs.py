@@ -51,29 +51,58 @@ def test_rollouts_list_and_show(tiny_store: str, store_db: Path) -> None:
         run_id,
     )[0]
     span_id = json.loads(span_id)["span_id"]
-    code, out, _ = invoke("rollouts", "show", rollout_id, "--store", tiny_store)
+    code, out, _ = invoke("rollouts", "show", rollout_id, "--store", tiny_store, "--wide")
     assert code == 0
     assert "spans (latest attempt)" in out and "agentbolt.llm" in out and "reward" in out
     assert "transitions (LightningRL final credit, grpo advantage, group of 4)" in out
     assert span_id in out and "yes" in out and "exact" in out
 
 
-def test_export_transitions_and_otlp_spans(tiny_store: str, store_db: Path, tmp_path: Path) -> None:
+def _exact_calls(store_db: Path, run_id: str, mode: str) -> int:
+    return sql(
+        store_db,
+        "SELECT COUNT(*) FROM spans JOIN rollouts ON rollouts.id = spans.rkey WHERE run_id = ? AND mode = ? "
+        'AND body LIKE \'%"agentbolt.llm.token_source":"exact"%\'',
+        run_id,
+        mode,
+    )[0][0]
+
+
+def test_export_takes_training_rollouts_unless_asked(tiny_store: str, store_db: Path, tmp_path: Path) -> None:
+    """The held-out rollouts never leak into exported training data; --mode val|all takes them on request, and
+    the command says how many of each it wrote."""
     run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    rollouts = dict(sql(store_db, "SELECT mode, COUNT(*) FROM rollouts WHERE run_id = ? GROUP BY mode", run_id))
+    train_calls, val_calls = _exact_calls(store_db, run_id, "train"), _exact_calls(store_db, run_id, "val")
+    assert rollouts["val"] > 0 and val_calls > 0 and train_calls > 0
     out_file = tmp_path / "t.jsonl"
     code, _, err = invoke("export", "--run", run_id, "--format", "jsonl", "--store", tiny_store, "-o", str(out_file))
     assert code == 0
     transitions = [Transition.model_validate_json(line) for line in out_file.read_text().splitlines()]
-    (calls,) = sql(
-        store_db,
-        "SELECT COUNT(*) FROM spans JOIN rollouts ON rollouts.id = spans.rkey WHERE run_id = ? "
-        'AND body LIKE \'%"agentbolt.llm.token_source":"exact"%\'',
-        run_id,
-    )[0]
-    assert len(transitions) == calls and f"exported {calls} transitions" in err
+    assert len(transitions) == train_calls
+    assert (
+        f"exported {train_calls} transitions of {run_id} to {out_file}: {train_calls} from {rollouts['train']} " in err
+    )
+    assert f"({rollouts['val']} held-out (val) rollouts left out; --mode all includes them)" in err
+    val_ids = {r for (r,) in sql(store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? AND mode = 'val'", run_id)}
+    assert not {x.rollout_id for x in transitions} & val_ids
     assert all(x.prompt_ids and x.response_ids and x.response_logprobs and x.advantage is not None for x in transitions)
     assert {x.rollout_id.split(":")[0] for x in transitions} == {run_id}
-    code, out, err = invoke("export", "--run", run_id, "--format", "otlp", "--store", tiny_store)
+    for mode, expected in (("val", val_calls), ("all", train_calls + val_calls)):
+        code, out, err = invoke(
+            "export", "--run", run_id, "--format", "sft-jsonl", "--mode", mode, "--store", tiny_store
+        )
+        records = [json.loads(line) for line in out.splitlines()]
+        assert code == 0 and len(records) == expected and f"exported {expected} transitions" in err
+        assert ({r["rollout_id"] for r in records} <= val_ids) == (mode == "val")
+    code, _, err = invoke("export", "--run", run_id, "--format", "sft-jsonl", "--mode", "all", "--store", tiny_store)
+    assert (
+        f"{train_calls} from {rollouts['train']} training rollouts; {val_calls} from {rollouts['val']} held-out" in err
+    )
+    code, _, err = invoke("export", "--run", run_id, "--mode", "held-out", "--store", tiny_store)
+    assert code == 2 and "'train', 'val', 'all'" in err
+
+    code, out, err = invoke("export", "--run", run_id, "--format", "otlp", "--store", tiny_store, "--mode", "all")
     assert code == 0
     requests = [json.loads(line) for line in out.splitlines()]
     spans = [s for req in requests for rs in req["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
@@ -81,6 +110,29 @@ def test_export_transitions_and_otlp_spans(tiny_store: str, store_db: Path, tmp_
         store_db, "SELECT COUNT(*) FROM spans JOIN rollouts ON rollouts.id = spans.rkey WHERE run_id = ?", run_id
     )[0]
     assert len(spans) == n and all(len(s["spanId"]) == 16 for s in spans)
+
+
+def test_doctor_counts_training_groups_only_and_reports_training_health(tiny_store: str, store_db: Path) -> None:
+    """The held-out rollouts (groups of one) are never trained: no singleton-group finding for them."""
+    run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    (val_groups,) = sql(store_db, "SELECT COUNT(DISTINCT group_id) FROM rollouts WHERE mode = 'val'")[0]
+    assert val_groups > 0
+    _, out, _ = invoke("doctor", "--store", tiny_store, "--json")
+    report = json.loads(out)
+    assert "singleton_groups" not in {f["code"] for f in report["findings"]}
+    assert report["counts"]["singleton_groups"] == 0 and report["counts"]["groups_trained"]
+    health = {r["run_id"]: r for r in report["runs"]}
+    assert health[run_id]["first"]["rollouts"] == health[run_id]["last"]["rollouts"] == 8  # 2 tasks x 4 samples
+    assert health[run_id]["held_out"]["tasks"] == 2 and health[run_id]["held_out"]["paired"]
+    _, out, _ = invoke("doctor", "--store", tiny_store, "--run", run_id)
+    assert f"training health of {run_id}: steps 1 -> 2 (8 and 8 training rollouts)" in out
+    assert "held-out reward" in out and "tokens with p >= 0.99" in out
+
+
+def test_a_held_out_rollout_is_never_shown_as_trained(tiny_store: str, store_db: Path) -> None:
+    rollout_id = sql(store_db, "SELECT rollout_id FROM rollouts WHERE mode = 'val' AND status = 'succeeded' LIMIT 1")
+    code, out, _ = invoke("rollouts", "show", rollout_id[0][0], "--store", tiny_store)
+    assert code == 0 and "held-out: never trained" in out and " yes " not in out
 
 
 def test_bad_input_is_a_clear_error(tiny_store: str, tmp_path: Path) -> None:
@@ -145,3 +197,50 @@ def test_the_dashboard_command_serves_the_store(tiny_store: str) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _fits(out: str, width: int = 80) -> None:
+    assert "…" not in out, out  # nothing is cut
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= width, out
+
+
+def test_every_table_is_readable_at_80_columns(tiny_store: str, store_db: Path) -> None:
+    """At 80 columns the default tables fit, cut no id and keep their key columns; --wide shows every
+    column at its natural width."""
+
+    def narrow(*args: str) -> str:
+        result = runner.invoke(app, list(args), env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    run_ids = [r for (r,) in sql(store_db, "SELECT run_id FROM runs")]
+    out = narrow("runs", "list", "--store", tiny_store)
+    _fits(out)
+    header = next(line for line in out.splitlines() if " run " in f" {line} ")
+    assert header.split() == ["run", "name", "status", "steps", "reward", "held-out"]
+    assert all(run_id in out for run_id in run_ids) and "tiny-lr1e-2" in out
+    wide = narrow("runs", "list", "--store", tiny_store, "--wide")
+    assert {"algorithm", "model", "started", "loss"} <= set(wide.split()) and "torch-grpo" in wide
+    assert max(len(line.rstrip()) for line in wide.splitlines()) > 80  # natural width, not folded to fit
+
+    run_id = run_ids[0]
+    out = narrow("rollouts", "list", "--store", tiny_store, "--run", run_id, "--limit", "5")
+    _fits(out)
+    shown = [line.split()[0] for line in out.splitlines() if line.strip().startswith(f"{run_id}:")]
+    newest = [r for (r,) in sql(store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? ORDER BY id DESC", run_id)]
+    assert len(shown) == 5 and set(shown) <= set(newest)  # whole ids, ready to paste into `rollouts show`
+
+    (rollout_id,) = sql(
+        store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? AND mode = 'train' LIMIT 1", run_id
+    )[0]
+    out = narrow("rollouts", "show", rollout_id, "--store", tiny_store)
+    assert "…" not in out and rollout_id in out
+    table_lines = out[out.index("transitions (") :].splitlines()
+    _fits("\n".join(table_lines))
+    assert {"call", "prompt", "response", "reward", "advantage", "trained"} <= set(" ".join(table_lines).split())
+    assert "source" in narrow("rollouts", "show", rollout_id, "--store", tiny_store, "--wide")
+
+    _fits(narrow("runs", "show", run_id, "--store", tiny_store))
+    out = narrow("plugins")
+    _fits(out)
+    assert "agentbolt-openai-agents" in out and "agentbolt-torch" in out

@@ -112,6 +112,34 @@ def test_a_trajectory_shows_token_ids_and_transitions(dashboard: DashboardThread
     assert "You are a careful calculator" in page.locator(".chat").first.inner_text()
 
 
+def test_a_held_out_trajectory_is_never_marked_trained(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
+    run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    page.goto(f"{dashboard.url}/rollouts?run={run_id}&mode=val&status=succeeded")
+    page.locator("#rollouts-table tbody tr td a").first.click()
+    page.wait_for_selector("#transitions")
+    assert "held-out (validation) rollout" in page.locator("#held-out-note").inner_text()
+    rows = page.locator("#transitions table").first.locator("tbody tr")  # the calls (rewards follow)
+    assert rows.count() >= 1
+    for i in range(rows.count()):
+        cells = rows.nth(i).locator("td").all_inner_texts()
+        assert cells[-1] == "held-out: never trained" and cells[6] == "\u2013", cells  # no advantage either
+    assert page.locator("#transitions .ok").count() == 0
+
+
+def test_the_run_page_shows_training_health(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
+    run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
+    page.goto(f"{dashboard.url}/runs/{run_id}")
+    card = page.locator("#training-health")
+    head = page.locator("#health-table thead").inner_text()
+    assert "steps 1" in head and "steps 2" in head
+    text = card.inner_text()
+    assert "training reward" in text and "held-out reward (2 tasks paired, steps 0 and 2" in text
+    assert "sampled tokens with p ≥ 0.99" in text and "samples repeating one of their group" in text
+    shown = {x.get_attribute("data-code") for x in page.locator("#health-findings li").all()}
+    status = page.locator("#health-status").inner_text()
+    assert status == "ok" or (status.endswith(("warning", "warnings")) and shown)
+
+
 def test_two_runs_compare_on_one_chart(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
     names = [n for (n,) in sql(store_db, "SELECT name FROM runs")]
     page.goto(f"{dashboard.url}/runs")

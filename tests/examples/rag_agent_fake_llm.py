@@ -74,8 +74,15 @@ async def collect(store: MemoryStore) -> dict:
         for s in ss
         if s.attributes.get(semconv.SPAN_KIND_ATTR) == semconv.KIND_TOOL
     ]
+    dimensions = [
+        json.loads(s.attributes[semconv.REWARD_DIMENSIONS])
+        for ss in spans.values()
+        for s in ss
+        if s.name == semconv.SPAN_REWARD and s.attributes.get(semconv.REWARD_IS_FINAL)
+    ]
     return {
         "rewards": [r.final_reward for r in rollouts],
+        "dimensions": dimensions,
         "gateway_calls": sum(1 for ss in spans.values() for s in ss if semconv.TOKEN_SOURCE in s.attributes),
         "transitions": [
             {"agent": tr.agent_name, "source": tr.token_source.value, "response_ids": len(tr.response_ids)}

@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,34 @@ def test_bundled_data_is_deterministic_and_large_enough(tmp_path: Path) -> None:
         assert q.question_decomposition[1].answer == q.answer
 
 
+def test_bundled_heldout_entities_never_occur_in_training(tmp_path: Path) -> None:
+    """Every dev person, work, city and university is absent from the whole training file."""
+    folder = data.write_bundled(tmp_path / "data")
+    train_text = (folder / data.TRAIN_FILE).read_text(encoding="utf-8")
+    dev = data.load_split(folder, "dev")
+    entities = set()
+    for q in dev:
+        person = q.question_decomposition[0].answer
+        work = re.search(r" of (.+?) (?:born|attend)\?$", q.question).group(1)
+        entities |= {person, work, q.answer, *q.answer_aliases}
+        for p in q.paragraphs:  # distractors come from the same split
+            entities.add(p.title)
+    assert len(entities) > 250
+    leaked = sorted(e for e in entities if e in train_text)
+    assert leaked == []
+
+
+def test_bundled_answers_hold_no_generic_word(tmp_path: Path) -> None:
+    """No answer or alias holds a word a rule could answer without reading ("City", "University", ...)."""
+    folder = data.write_bundled(tmp_path / "data")
+    questions = [*data.load_split(folder, "train"), *data.load_split(folder, "dev")]
+    for q in questions:
+        for answer in (q.answer, *q.answer_aliases):
+            words = set(reward.normalize_answer(answer).split())
+            assert words and not words & data.GENERIC_WORDS, (q.id, answer)
+            assert answer.lower() not in q.question.lower()  # never in the question either
+
+
 # -- the index -------------------------------------------------------------------------------------
 
 
@@ -123,6 +152,16 @@ def test_index_on_the_real_format_fixtures(tmp_path: Path) -> None:
 # -- the reward --------------------------------------------------------------------------------------
 
 
+def test_exact_match_and_scores() -> None:
+    answers = ["River Sherbourne", "Sherbourne"]
+    assert reward.exact_match("the river sherbourne!", answers) == 1.0  # SQuAD normalisation, an alias
+    assert reward.exact_match("Sherbourne river", answers) == 0.0  # F1 1.0 against the gold, not exact
+    assert reward.scores("<answer>River Thames</answer>", answers) == pytest.approx(
+        {"reward": 0.1 + 0.9 * 0.5, "exact_match": 0.0, "f1": 0.5}
+    )
+    assert reward.scores("no tag", answers) == {"reward": 0.0, "exact_match": 0.0, "f1": 0.0}
+
+
 def test_reward_is_f1_over_aliases_plus_format() -> None:
     answers = ["River Sherbourne", "Sherbourne"]
     assert reward.reward("<answer>the River Sherbourne.</answer>", answers) == 1.0
@@ -150,6 +189,8 @@ def test_agent_searches_and_answers_through_the_gateway(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads(proc.stdout.strip().splitlines()[-1])
     assert run["rewards"] == [1.0] * 6  # the index returned the paragraph holding each answer
+    # one final reward per question, with the held-out metrics as dimensions beside the training reward
+    assert run["dimensions"] == [{"reward": 1.0, "exact_match": 1.0, "f1": 1.0}] * 6
     assert run["tools"] == ["search"] * 6
     assert run["gateway_calls"] == 12 and len(run["transitions"]) == 12 and run["excluded"] == {}
     assert {(tr["agent"], tr["source"]) for tr in run["transitions"]} == {("researcher", "exact")}
@@ -182,15 +223,17 @@ def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "held-out answer F1" in proc.stdout and "search called in" in proc.stdout
+    assert "held-out exact match" in proc.stdout and "answer F1" in proc.stdout and "search called in" in proc.stdout
     assert "steps without an update (no transition): none; failed training rollouts: 0" in proc.stdout
     result = json.loads((out / "result.json").read_text())
-    assert result["example"] == "rag_agent" and result["steps"] == 2 and result["policy_version"] == 2
-    assert result["n_val"] == 4 and result["exact_token_id_share"] == 1.0
-    assert result["skipped_steps"] == [] and result["failed_train_rollouts"] == 0
-    assert result["calls_per_rollout"] >= 1.0 and result["transitions_per_rollout"] == result["calls_per_rollout"]
-    for key in ("metric_before", "metric_after", "metric_stderr_before", "tool_call_rate_before"):
-        assert isinstance(result[key], float), key
+    assert result["example"] == "rag_agent" and result["steps"] == 2 and result["headline"] == "dev/exact_match"
+    dev = result["heldout"]["dev"]
+    assert dev["n"] == 4 and dev["metric"] == "exact_match"
+    for stage in ("before", "after"):
+        assert {"score", "se", "f1", "f1_se", "tool_call_rate", "failed"} <= dev["stages"][stage].keys()
+    extra = result["extra"]
+    assert extra["exact_token_id_share"] == 1.0 and extra["skipped_steps"] == [] and extra["failed_train_rollouts"] == 0
+    assert extra["calls_per_rollout"] >= 1.0 and extra["transitions_per_rollout"] == extra["calls_per_rollout"]
     assert (out / "curve.png").is_file() and (out / "metrics.jsonl").is_file()
 
     async def check() -> None:

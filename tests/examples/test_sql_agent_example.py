@@ -26,7 +26,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures/sql_agent"
 
 
 def _load(name: str) -> ModuleType:
-    """The example's module under a unique name (other examples also have data.py / agent.py)."""
+    """The example's module under a unique name (other examples also have data.py / agent.py);
+    ``bundled`` (imported by data.py) has a name of its own."""
+    if str(EXAMPLE) not in sys.path:
+        sys.path.append(str(EXAMPLE))
     spec = importlib.util.spec_from_file_location(f"sql_agent_example_{name}", EXAMPLE / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -50,14 +53,13 @@ def spider(tmp_path: Path) -> Path:
 def test_loads_spider_format_fixtures() -> None:
     train = data.load_split(FIXTURES, "train")
     dev = data.load_split(FIXTURES, "dev")
-    # worked examples come from train_spider.json (same database) and are no training tasks themselves
-    assert [e["question"] for e in dev[0]["examples"]] == [
-        "How many singers do we have?",
-        "What are the names of singers from France?",
-        "What is the name of the oldest singer?",
+    # the worked examples are built from the schema alone, the same for every question on a database
+    assert [e["query"] for e in dev[0]["examples"]] == [
+        "SELECT count(*) FROM stadium WHERE Capacity >= 10",
+        "SELECT Location FROM stadium WHERE Capacity <= 10",
+        "SELECT Location FROM stadium ORDER BY Capacity DESC",
     ]
-    assert [t["question"] for t in train] == ["What is the total capacity of all stadiums?"]
-    assert train[0]["examples"] == dev[0]["examples"]
+    assert len(train) == 4 and train[0]["examples"] == dev[0]["examples"]
     assert len(dev) == 2 and dev[1]["query"] == "SELECT Name , Capacity FROM stadium"
     task = dev[0]
     assert task["db_id"] == "concert_singer" and Path(task["db_path"]).is_file()
@@ -68,6 +70,8 @@ def test_loads_spider_format_fixtures() -> None:
         "Age number, Is_male others);",
     ]
     json.dumps(train + dev)  # task inputs travel through the store as JSON
+    # the fixture's dev questions are on a database with training questions: all "seen_dbs"
+    assert set(data.heldout_sets(FIXTURES)) == {"seen_dbs"}
 
 
 def test_missing_database_names_the_row_and_the_file(spider: Path) -> None:
@@ -106,15 +110,51 @@ def test_bundled_set_is_deterministic_spider_format_and_split(tmp_path: Path) ->
     a, b = data.ensure_bundled(tmp_path / "a"), data.ensure_bundled(tmp_path / "b")
     for name in ("train_spider.json", "dev.json", "tables.json"):
         assert (a / name).read_text() == (b / name).read_text()
-    train, dev = data.load_split(a, "train"), data.load_split(a, "dev")
-    assert len(train) >= 200 and len(dev) >= 100
-    assert not {t["query"] for t in train} & {t["query"] for t in dev}
-    assert {t["db_id"] for t in dev} == {t["db_id"] for t in train}  # held-out: same databases, new questions
+    train, sets = data.load_split(a, "train"), data.heldout_sets(a)
+    assert len(train) >= 300 and len(sets["seen_dbs"]) >= 100 and len(sets["unseen_dbs"]) >= 100
     row = json.loads((a / "dev.json").read_text())[0]
     assert {"db_id", "query", "query_toks", "query_toks_no_value", "question", "question_toks"} <= row.keys()
     agent = _load("agent")
-    for task in train + dev:  # every gold query runs and is its own perfect answer
+    for task in train + sets["seen_dbs"] + sets["unseen_dbs"]:  # every gold query runs and is its own perfect answer
         assert agent.execution_accuracy(task["db_path"], task["query"], task["query"]) == 1.0
+
+
+def test_bundled_heldout_shares_nothing_with_training(tmp_path: Path) -> None:
+    """The claims of the README, checked on the data: held-out databases absent from training,
+    no held-out gold query equal to a training one once literals are masked, no held-out
+    question asked in training, no gold query of the shape of a prompt example."""
+    folder = data.ensure_bundled(tmp_path / "spider")
+    bundled = sys.modules["bundled"]
+    train, sets = data.load_split(folder, "train"), data.heldout_sets(folder)
+    tables = {t["db_id"]: t for t in json.loads((folder / "tables.json").read_text())}
+    train_dbs = {t["db_id"] for t in train}
+    unseen_dbs = {t["db_id"] for t in sets["unseen_dbs"]}
+    assert unseen_dbs == set(bundled.HELDOUT_DBS) and len(unseen_dbs) >= 2 and not unseen_dbs & train_dbs
+    train_tables = {n.lower() for db in train_dbs for n in tables[db]["table_names_original"]}
+    assert not {n.lower() for db in unseen_dbs for n in tables[db]["table_names_original"]} & train_tables
+    assert {t["db_id"] for t in sets["seen_dbs"]} == train_dbs  # new questions on every training database
+
+    train_masked = {bundled.masked(t["query"]) for t in train}
+    train_questions = {t["question"] for t in train}
+    raw = {(r["question"], r["query"]): r for r in json.loads((folder / "dev.json").read_text())}
+    for name, tasks in sets.items():
+        for task in tasks:
+            assert bundled.masked(task["query"]) not in train_masked, (name, task["query"])
+            assert task["question"] not in train_questions
+            # the Spider field agrees with the masking the test relies on
+            assert tuple(raw[(task["question"], task["query"])]["query_toks_no_value"]) == bundled.masked(task["query"])
+    for task in train + sets["seen_dbs"] + sets["unseen_dbs"]:
+        shots = {bundled.masked(e["query"]) for e in task["examples"]}
+        assert len(shots) == 3 and bundled.masked(task["query"]) not in shots
+
+
+def test_masking_hides_literals_only() -> None:
+    bundled = sys.modules["bundled"]
+    assert bundled.masked("SELECT count(*) FROM t WHERE a > 40 AND b = 'x y'") == bundled.masked(
+        "select COUNT(*) from T where A > 7 and B = 'z'"
+    )
+    assert bundled.masked("SELECT max(a) FROM t") != bundled.masked("SELECT max(b) FROM t")
+    assert bundled.masked("SELECT a FROM t WHERE b > 1.5") == ("select", "a", "from", "t", "where", "b", ">", "value")
 
 
 # -- the reward ------------------------------------------------------------------------------------
@@ -148,7 +188,7 @@ def test_two_training_steps_on_the_tiny_model(tmp_path: Path) -> None:
         [
             sys.executable,
             str(EXAMPLE / "train.py"),
-            *("--model", "tiny", "--steps", "2", "--val", "4", "--batch-size", "2", "--group-size", "2"),
+            *("--model", "tiny", "--steps", "2", "--val", "2", "--batch-size", "2", "--group-size", "2"),
             *("--no-progress", "--store", store_url, "--out", str(tmp_path / "out")),
         ],
         capture_output=True,
@@ -159,8 +199,10 @@ def test_two_training_steps_on_the_tiny_model(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out execution accuracy" in proc.stdout and "capture:" in proc.stdout
     result = json.loads((tmp_path / "out/result.json").read_text())
-    assert result["example"] == "sql_agent" and result["steps"] == 2 and result["n_val"] == 4
-    assert result["exact_token_id_share"] == 1.0 and result["calls_per_rollout"] >= 2
+    assert result["example"] == "sql_agent" and result["steps"] == 2
+    assert {name: s["n"] for name, s in result["heldout"].items()} == {"seen_dbs": 2, "unseen_dbs": 2}
+    assert result["headline"] == "unseen_dbs/execution_accuracy" and "train.py --model tiny" in result["command"]
+    assert result["extra"]["exact_token_id_share"] == 1.0 and result["extra"]["calls_per_rollout"] >= 2
     assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/metrics.jsonl").exists()
 
     async def read() -> tuple[list, dict]:
@@ -228,18 +270,24 @@ def test_jsonl_export_is_agentbolt_tasks(tmp_path: Path) -> None:
     assert tasks[0].input["question"] == "What is the average age of all singers from France?"
 
 
-def test_prompt_uses_same_db_examples_or_generic_ones_from_the_schema() -> None:
+def test_prompt_shows_the_schema_and_worked_examples_built_from_it() -> None:
     agent = _load("agent")
     task = data.load_split(FIXTURES, "dev")[0]
     messages = agent.few_shot(task)
     assert "CREATE TABLE singer" in messages[0].content
-    assert messages[2].content == "<sql>SELECT count(*) FROM singer</sql>"
-    unseen = {**task, "examples": []}  # a Spider dev database has no training questions
-    generic = agent.few_shot(unseen)
-    assert [m.content for m in generic[1:3]] == [
-        "How many stadium rows have Capacity above 10?",
-        "<sql>SELECT count(*) FROM stadium WHERE Capacity > 10</sql>",
+    assert [m.content for m in messages[1:3]] == [
+        "How many stadium rows have Capacity at least 10?",
+        "<sql>SELECT count(*) FROM stadium WHERE Capacity >= 10</sql>",
     ]
+    assert len(messages) == 7  # the system prompt and three worked examples
+    no_examples = data.schema_examples(
+        {
+            "table_names_original": ["t"],
+            "column_names_original": [[-1, "*"], [0, "x"]],
+            "column_types": ["text", "text"],
+        }
+    )
+    assert no_examples == [] and len(agent.few_shot({**task, "examples": no_examples})) == 1
 
 
 # -- the graph's routing, against the fake OpenAI backend ------------------------------------------

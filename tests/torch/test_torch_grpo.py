@@ -132,8 +132,11 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy" in proc.stdout
-    result = json.loads((tmp_path / "out/result.json").read_text())
-    assert result["steps"] == 2 and result["policy_version"] == 2
+    result = json.loads((tmp_path / "out/result.json").read_text())  # the run record (docs/runs/ shape)
+    assert result["example"] == "quickstart" and result["steps"] == 2 and result["headline"] == "heldout/accuracy"
+    heldout = result["heldout"]["heldout"]
+    assert heldout["n"] == 8 and set(heldout["stages"]) == {"step 0", "step 2"}
+    assert heldout["stages"]["step 2"]["score"] == heldout["after"]
     assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/checkpoint-final").is_dir()
 
 

@@ -14,7 +14,7 @@ from server_doubles import FaultyTransport, specs
 
 from agentbolt import types as t
 from agentbolt.errors import StaleAttemptError, StoreUnavailableError, UserError
-from agentbolt.store import open_store
+from agentbolt.store import AttemptReport, open_store
 from agentbolt.store.http import HttpStore
 from agentbolt.store.memory import MemoryStore
 from agentbolt.store.server import ServerThread
@@ -133,6 +133,22 @@ async def test_a_recognised_failure_report_returns_the_requeued_rollout(
     assert rollout.status is t.RolloutStatus.QUEUED and rollout.error == error
     (attempt,) = await backend.get_attempts("r0")
     assert attempt.status is t.AttemptStatus.FAILED and attempt.error == error
+
+
+async def test_a_batch_of_reports_survives_a_lost_answer(
+    store: HttpStore, backend: MemoryStore, transport: FaultyTransport
+) -> None:
+    await backend.enqueue(specs(2))
+    c0, c1 = await backend.dequeue("w", limit=2)
+    transport.fail("/v1/attempts/finish-batch", "lost_answer")
+    reports = [
+        AttemptReport(attempt_id=c0.attempt.attempt_id, status=t.AttemptStatus.SUCCEEDED, reward=1.0),
+        AttemptReport(attempt_id=c1.attempt.attempt_id, status=t.AttemptStatus.SUCCEEDED, reward=0.0),
+    ]
+    span = t.Span.create("s", rollout_id="r0", attempt_id=c0.attempt.attempt_id)
+    out = await store.finish_attempts(reports, spans=[span])  # the retry is refused as stale, then recognised
+    assert [(r.rollout_id, r.final_reward) for r in out] == [("r0", 1.0), ("r1", 0.0)]
+    assert [s.span_id for s in (await backend.query_spans(["r0"]))["r0"]] == [span.span_id]
 
 
 async def test_a_retried_report_the_store_did_not_take_stays_stale(

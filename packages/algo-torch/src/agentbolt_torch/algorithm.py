@@ -5,7 +5,9 @@ batch of tasks ``group_size`` times each through the runners, turn the spans of 
 attempts into transitions with LightningRL (credit and advantages), pause the gateway and the
 generation engine, update the policy (clipped policy gradient, per-rollout normalised), bump
 its version, resume. Held-out accuracy is measured before training, every ``val_every`` steps
-and at the end; metrics go to ``out_dir/metrics.jsonl`` and a PNG curve.
+and at the end; metrics (with each step's sampling health, ``health/*``: see
+:func:`agentbolt.runs.health.step_metrics`) go to ``out_dir/metrics.jsonl``, the run in the
+store and a PNG curve.
 
     Trainer(agent, TorchGRPO(model="smollm2", steps=30, batch_size=8, group_size=4)).fit(train, val)
 """
@@ -28,6 +30,7 @@ from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.runs.health import step_metrics
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -188,15 +191,17 @@ class TorchGRPO(Algorithm):
             generated = time.monotonic()
             engine = _engine_delta(engine_before, self._engine.stats)
             reward = _mean_reward(rollouts)
+            spans = await ctx.spans(rollouts)
+            health = step_metrics(rollouts, spans)  # sampling health: near-certain tokens, duplicates, tool calls
             try:
                 chosen = self._transitions_to_train(
-                    step, rollouts, await ctx.spans(rollouts), lrl, first=not step_times, policy_version=policy.version
+                    step, rollouts, spans, lrl, first=not step_times, policy_version=policy.version
                 )
             except BaseException:
                 metrics.close()
                 raise
             if chosen is None:
-                log_step(step, {"train/reward": reward, "train/skipped": 1.0})
+                log_step(step, {"train/reward": reward, "train/skipped": 1.0, **health})
                 continue
             transitions, extra = chosen
             update = await self._update(ctx, updater, transitions)
@@ -213,6 +218,7 @@ class TorchGRPO(Algorithm):
                 "time/update_s": update.seconds,
                 **{f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")},
                 **engine,
+                **health,
                 **extra,
             }
             log_step(step, values)

@@ -5,7 +5,7 @@ compact JSON body as stores keep it. Re-exported by :mod:`agentbolt.types`."""
 from __future__ import annotations
 
 import enum
-import os
+import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -26,6 +26,7 @@ __all__ = [
     "SpanStatus",
     "StatusCode",
     "TraceId",
+    "random_id",
     "rollout_route",
     "span_body_json",
 ]
@@ -85,6 +86,9 @@ class SpanLink(BaseModel):
     attributes: Attributes = Field(default_factory=dict)
     """Link attributes."""
 
+
+_UNSET_STATUS = SpanStatus()
+"""The status of a span that sets none (shared: statuses are frozen)."""
 
 TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 """A trace id: 32 lowercase hex characters (checked by pydantic-core, in Rust)."""
@@ -161,14 +165,14 @@ class Span(BaseModel):
         return cls(
             rollout_id=rollout_id,
             attempt_id=attempt_id,
-            trace_id=trace_id or os.urandom(16).hex(),
-            span_id=span_id or os.urandom(8).hex(),
+            trace_id=trace_id or random_id(128),
+            span_id=span_id or random_id(64),
             parent_span_id=parent_span_id,
             name=name,
             kind=kind,
             start_time_ns=start,
             end_time_ns=start if end_time_ns is None else end_time_ns,
-            status=status or SpanStatus(),
+            status=status or _UNSET_STATUS,
             attributes=dict(attributes or {}),
             events=list(events),
         )
@@ -231,6 +235,17 @@ class Span(BaseModel):
     def duration_s(self) -> float | None:
         """End minus start in seconds, or ``None`` for an open span."""
         return None if self.end_time_ns is None else (self.end_time_ns - self.start_time_ns) / 1e9
+
+
+def random_id(bits: int) -> str:
+    """A random non-zero id of ``bits`` bits in lowercase hex, as OpenTelemetry's
+    ``RandomIdGenerator`` makes them. ``random``, not ``os.urandom``: span ids need to be unique,
+    not secret, and the system call behind ``os.urandom`` releases the GIL, so an agent thread
+    beside the runner's busy event loop could wait a whole switch interval to get it back."""
+    while True:
+        value = random.getrandbits(bits)
+        if value:
+            return f"{value:0{bits // 4}x}"
 
 
 def span_body_json(span: Span) -> str:

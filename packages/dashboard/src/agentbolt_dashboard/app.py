@@ -1,6 +1,7 @@
 """The dashboard as an ASGI app: server-rendered pages (Starlette + Jinja2) over any store.
 
-Pages: ``/runs`` (live; compare runs' curves), ``/runs/{id}`` (a run's curves and steps, live),
+Pages: ``/runs`` (live; compare runs' curves), ``/runs/{id}`` (a run's curves and steps, live,
+and its training health: :mod:`agentbolt.runs.health`),
 ``/runs/{id}/rewards`` (reward debugger), ``/rollouts`` (filterable, paginated),
 ``/rollouts/{id}`` (trajectory replay), ``/health``. JSON for the live parts: ``/api/runs`` and
 ``/api/runs/{id}/metrics?after_seq=``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
@@ -33,6 +34,7 @@ from agentbolt import __version__
 from agentbolt import types as t
 from agentbolt.errors import NotFoundError, UserError
 from agentbolt.runs import views
+from agentbolt.runs.health import run_health
 from agentbolt.store import RolloutSearch
 from agentbolt.store.base import Store
 
@@ -151,8 +153,15 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
     async def run_page(request: Request) -> Response:
         run = await store.get_run(request.path_params["run_id"])
         counts = await store.search_rollouts(RolloutSearch(run_id=run.run_id, limit=1))
+        health = await run_health(store, run.run_id)
         return page(
-            "run.html", request, run=run, metrics=views.metric_names(run.latest), rollouts=counts.total, nav="runs"
+            "run.html",
+            request,
+            run=run,
+            metrics=views.metric_names(run.latest),
+            rollouts=counts.total,
+            health=health,
+            nav="runs",
         )
 
     async def rewards_page(request: Request) -> Response:

@@ -76,14 +76,17 @@ def _emit(
     status: t.SpanStatus | None = None,
 ) -> t.Span:
     trace_id, parent = _parent()
+    ctx = current_rollout()
     span = t.Span.create(
         name,
         trace_id=trace_id,
         parent_span_id=parent,
         status=status,
         attributes={semconv.SPAN_KIND_ATTR: kind, **attributes, **(extra or {})},
+        # made with the rollout's ids, so recording it needs no copy
+        rollout_id=None if ctx is None else ctx.rollout_id,
+        attempt_id=None if ctx is None else ctx.attempt_id,
     )
-    ctx = current_rollout()
     if ctx is None:
         warnings.warn(
             f"{name} emitted outside a rollout: not recorded (agentbolt runners set the rollout for you)",

@@ -219,37 +219,46 @@ class SpanSink:
     async def _run(self) -> None:
         assert self._wakeup is not None and self._written_event is not None and self._urgent is not None
         while True:
-            if not self._queue:
+            if not self._queue and not self._awaited():
                 await self._wakeup.wait()
                 self._wakeup.clear()
-            if self.interval_s > 0 and not self._urgent.is_set():  # let a batch build up
+            if self.interval_s > 0 and not self._urgent.is_set() and not self._awaited():  # let a batch build up
                 try:
                     await asyncio.wait_for(self._urgent.wait(), self.interval_s)
                 except TimeoutError:
                     pass
             self._urgent.clear()
             raw = self._take()
-            if not raw:
+            if not raw and not self._awaited():
                 continue
             spans = [s for s in map(_as_span, raw) if s is not None]
-            dropped = len(raw) - len(spans)
-            backoff = 0.5
-            while spans:  # the batch is held and retried; new spans queue up behind it
-                try:
-                    await self.store.add_spans(spans)
-                    break
-                except NotFoundError as exc:
-                    log.warning("dropping %d spans for unknown rollouts: %s", len(spans), exc)
-                    dropped += len(spans)
-                    break
-                except Exception as exc:
-                    self.errors += 1
-                    log.warning("writing %d spans failed (%s); retrying in %.1f s", len(spans), exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
-            self.dropped += dropped
+            self.dropped += len(raw) - len(spans) + await self._write(spans, self._done + len(raw))
             self._done += len(raw)
             self._written_event.set()
+
+    def _awaited(self) -> bool:
+        """Whether something besides queued spans is waited for (for subclasses): the writer then
+        runs without the batching delay, even with no spans queued."""
+        return False
+
+    async def _write(self, spans: list[t.Span], upto: int) -> int:
+        """Store a batch (``upto``: how many spans were queued up to its last one), retrying
+        while the store fails; the batch is held and new spans queue up behind it. Returns how
+        many spans were dropped (those of unknown rollouts)."""
+        backoff = 0.5
+        while spans:
+            try:
+                await self.store.add_spans(spans)
+                return 0
+            except NotFoundError as exc:
+                log.warning("dropping %d spans for unknown rollouts: %s", len(spans), exc)
+                return len(spans)
+            except Exception as exc:
+                self.errors += 1
+                log.warning("writing %d spans failed (%s); retrying in %.1f s", len(spans), exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+        return 0
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -23,16 +23,17 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .. import __version__
 from .. import types as t
 from ..capture.roles import AgentRoles
-from ..errors import StoreUnavailableError, UserError
+from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..store.urls import check_store_url
+from .runs import open_existing_store
 from .runs import register as _register_run_commands
+from .tables import Column, show, table
+from .tables import console as make_console
 
 if TYPE_CHECKING:
     from ..runs.doctor import DoctorReport
@@ -74,6 +75,7 @@ def main_callback(
 @app.command()
 def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")] = False,
 ) -> None:
     """List each plugin, its distribution and version, and what it registered."""
 
@@ -95,15 +97,25 @@ def plugins(
             )
         )
         return
-    table = Table(title="agentbolt plugins")
-    for column in ("plugin", "distribution", "version", "registered", "status"):
-        table.add_column(column)
-    for i in infos:
-        registered = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(i.registered.items()))
-        status = "ok" if i.ok else "[red]failed (see below)[/red]"
-        table.add_row(i.name, i.distribution or "-", i.version or "-", registered or "-", status)
-    console = Console()
-    console.print(table)
+    columns = [
+        Column("plugin", ident=True),
+        Column("distribution", ident=True),
+        Column("version", wide=True),
+        Column("registered"),
+        Column("status"),
+    ]
+    rows = [
+        [
+            i.name,
+            i.distribution or "-",
+            i.version or "-",
+            "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(i.registered.items())) or "-",
+            "ok" if i.ok else "[red]failed (see below)[/red]",
+        ]
+        for i in infos
+    ]
+    console = make_console()
+    show(table("agentbolt plugins", columns, rows, wide=wide, keep=("registered", "status")), wide=wide, to=console)
     failed = [i.error for i in infos if i.error is not None]
     for error in failed:  # in full, below the table, so nothing is cut by the terminal width
         console.print(f"[red]error:[/red] {error}", soft_wrap=True)
@@ -360,20 +372,25 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
-    template rewrites, adapters, agent names, group sizes) and what to fix. Exit 1 if not ok."""
+    template rewrites, adapters, agent names, group sizes), each run's training health (reward
+    without held-out gain, entropy collapse, identical samples, tool calls) and what to fix.
+    Exit 1 if anything is wrong, 2 if the store cannot be read."""
 
     from ..runs.doctor import doctor as run_doctor
-    from ..store import open_store
 
     async def go() -> DoctorReport:
-        opened = open_store(store)
+        opened = open_existing_store(store)  # a reader never creates a store
         try:
             since = time.time() - since_s if since_s is not None else None
             return await run_doctor(opened, run=run, rollout_ids=rollout or None, since=since)
         finally:
             await opened.close()
 
-    report = asyncio.run(go())
+    try:
+        report = asyncio.run(go())
+    except (AgentboltError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
     raise typer.Exit(0 if report.ok else 1)
 

@@ -1,9 +1,9 @@
 """Commands to inspect runs and rollouts, export them, and serve the dashboard.
 
-agentbolt runs list|show RUN                       --store URL
-agentbolt rollouts list --run RUN [--status ...]   --store URL
+agentbolt runs list [-q] [--wide]|show RUN          --store URL
+agentbolt rollouts list --run RUN [--status ...] [--mode train|val] [-q] [--wide]   --store URL
 agentbolt rollouts show ROLLOUT                    --store URL
-agentbolt export --run RUN --format jsonl|otlp     --store URL [--output FILE]
+agentbolt export --run RUN --format jsonl|otlp|sft-jsonl [--mode train|val|all] --store URL [--output FILE]
 agentbolt dashboard --store URL [--host 127.0.0.1 --port 4780] [--token T]
 
 Each command imports what it runs inside its body (see :mod:`agentbolt.cli.app`). Every command
@@ -17,8 +17,10 @@ import asyncio
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -26,14 +28,14 @@ from urllib.parse import urlsplit
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 from rich.tree import Tree
 
 from .. import types as t
 from ..errors import AgentboltError, UserError
 from ..plugins.registry import default_plugins
 from ..store.run_records import RolloutSearch
+from .tables import Column, show, table
+from .tables import console as make_console
 
 __all__ = ["open_existing_store", "register"]
 
@@ -121,24 +123,44 @@ def _num(x: Any) -> str:
 # -- runs ------------------------------------------------------------------------------------------
 
 
+WideOption = Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the ids, one per line.")]
+
+
 @runs_app.command("list")
 def runs_list(
     store: StoreOption,
     limit: Annotated[int, typer.Option(help="Most runs shown (newest first).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    wide: WideOption = False,
+    quiet: QuietOption = False,
     store_token: TokenOption = None,
 ) -> None:
-    """List runs, newest first, with their latest reward and loss."""
+    """List runs, newest first, with their latest reward, held-out reward and loss
+    (``RUN=$(agentbolt runs list -q --limit 1)``: the newest run's id)."""
     runs = _run(store, store_token, lambda s: s.list_runs(limit=limit))
+    if quiet:
+        for run in runs:
+            typer.echo(run.run_id)
+        return
     if as_json:
         for run in runs:
             typer.echo(run.model_dump_json())
         return
-    table = Table(title=f"runs in {store}")
-    for col in ("run", "name", "algorithm", "model", "status", "started", "steps", "reward", "held-out", "loss"):
-        table.add_column(col, justify="right" if col in ("steps", "reward", "held-out", "loss") else "left")
-    for r in runs:
-        table.add_row(
+    columns = [
+        Column("run", ident=True),
+        Column("name"),
+        Column("algorithm", wide=True),
+        Column("model", wide=True),
+        Column("status"),
+        Column("started", wide=True),
+        Column("steps", number=True),
+        Column("reward", number=True),
+        Column("held-out", number=True),
+        Column("loss", number=True, wide=True),
+    ]
+    rows = [
+        [
             r.run_id,
             r.name or "",
             r.algorithm,
@@ -149,8 +171,10 @@ def runs_list(
             _num(r.latest.get("train/reward")),
             _num(r.latest.get("val/reward")),
             _num(r.latest.get("update/loss")),
-        )
-    Console().print(table)
+        ]
+        for r in runs
+    ]
+    show(table(f"runs in {store}", columns, rows, wide=wide, keep=("status", "steps", "reward", "held-out")), wide=wide)
 
 
 @runs_app.command("show")
@@ -172,19 +196,15 @@ def runs_show(
         )
 
     run, metrics, n_rollouts, summary = _run(store, store_token, work)
-    console = Console()
+    console = make_console()
     console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]")
     console.print(f"algorithm {run.algorithm}  model {run.model or '-'}  steps {run.steps}  rollouts {n_rollouts}")
     console.print(f"started {_time(run.started_at)}  ended {_time(run.ended_at) or '-'}")
     if run.error:
         console.print(f"[red]error: {run.error}[/red]")
     console.print_json(orjson.dumps(run.config).decode())
-    table = Table(title="metrics per step")
-    table.add_column("step", justify="right")
-    table.add_column("metrics")
-    for m in metrics:
-        table.add_row(str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items()))
-    console.print(table)
+    rows = [[str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items())] for m in metrics]
+    show(table("metrics per step", [Column("step", number=True), Column("metrics")], rows), to=console)
     if summary is not None:
         console.print(summary)
 
@@ -210,18 +230,34 @@ def rollouts_list(
     run: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
     status: Annotated[list[t.RolloutStatus] | None, typer.Option("--status", help="Any of these statuses.")] = None,
     step: Annotated[int | None, typer.Option(help="Only this step.")] = None,
+    mode: Annotated[
+        t.RolloutMode | None, typer.Option(help="Only training (train) or held-out (val) rollouts.")
+    ] = None,
     limit: Annotated[int, typer.Option(help="Most rollouts shown (newest first).")] = 50,
+    wide: WideOption = False,
+    quiet: QuietOption = False,
     store_token: TokenOption = None,
 ) -> None:
     """List rollouts, newest first."""
 
-    query = RolloutSearch(run_id=run, status=status or None, step=step, limit=limit)
+    query = RolloutSearch(run_id=run, status=status or None, step=step, mode=mode, limit=limit)
     page = _run(store, store_token, lambda s: s.search_rollouts(query))
-    table = Table(title=f"{page.total} rollouts" + (f" of {run}" if run else ""))
-    for col in ("rollout", "task", "step", "mode", "status", "reward", "attempts", "failure"):
-        table.add_column(col)
-    for r in page.items:
-        table.add_row(
+    if quiet:
+        for r in page.items:
+            typer.echo(r.rollout_id)
+        return
+    columns = [
+        Column("rollout", ident=True),
+        Column("task", wide=True),
+        Column("step", number=True, wide=True),
+        Column("mode"),
+        Column("status"),
+        Column("reward", number=True),
+        Column("attempts", number=True, wide=True),
+        Column("failure"),
+    ]
+    rows = [
+        [
             r.rollout_id,
             r.task_id or "",
             "" if r.step is None else str(r.step),
@@ -230,14 +266,18 @@ def rollouts_list(
             _num(r.final_reward),
             str(r.attempt_count),
             f"{r.error.kind.value}: {r.error.type}" if r.error else "",
-        )
-    Console().print(table)
+        ]
+        for r in page.items
+    ]
+    title = f"{page.total} rollouts" + (f" of {run}" if run else "")
+    show(table(title, columns, rows, wide=wide, keep=("mode", "status", "reward")), wide=wide)
 
 
 @rollouts_app.command("show")
 def rollouts_show(
     rollout_id: Annotated[str, typer.Argument(help="The rollout id.")],
     store: StoreOption,
+    wide: WideOption = False,
     store_token: TokenOption = None,
 ) -> None:
     """One rollout: its span tree and the transitions LightningRL makes from it."""
@@ -245,7 +285,7 @@ def rollouts_show(
 
     v = _run(store, store_token, lambda s: trajectory(s, rollout_id))
     r = v.rollout
-    console = Console()
+    console = make_console()
     console.print(
         f"[bold]{r.rollout_id}[/bold] [{r.status.value}] task {r.task_id} run {r.run_id or '-'} step "
         f"{'-' if r.step is None else r.step} reward {_num(v.final_reward)}"
@@ -261,26 +301,42 @@ def rollouts_show(
         node = stack[-1][1].add(f"[cyan]{row.kind}[/cyan] {row.span.name} [dim]{row.summary} · {dur}[/dim]")
         stack.append((row.depth, node))
     console.print(tree)
-    table = Table(
-        title=f"transitions (LightningRL {v.settings['credit']} credit, {v.settings['advantage']} advantage, "
-        f"group of {v.group_size})"
-    )
-    for col in ("call", "agent", "span", "prompt", "response", "reward", "advantage", "source", "trained"):
-        table.add_column(col)
-    for c in v.calls:
-        x = c.transition
-        table.add_row(
+    columns = [
+        Column("call", number=True),
+        Column("agent"),
+        Column("span", ident=True, wide=True),
+        Column("prompt", number=True),
+        Column("response", number=True),
+        Column("reward", number=True),
+        Column("advantage", number=True),
+        Column("source", wide=True),
+        Column("trained"),
+    ]
+    rows = [
+        [
             "-" if c.index is None else str(c.index),
             c.agent_name or "-",
             c.span.span_id,
             str(len(c.prompt_ids)),
             str(len(c.tokens)),
-            _num(x.reward) if x else "-",
-            _num(x.advantage) if x else "-",
+            _num(c.transition.reward) if c.transition else "-",
+            _num(c.transition.advantage) if c.transition and not v.held_out else "-",
             c.token_source,
-            "yes" if x else f"excluded: {c.exclusion}" if c.exclusion else "-",
-        )
-    console.print(table)
+            "held-out: never trained"
+            if v.held_out
+            else "yes"
+            if c.transition
+            else f"excluded: {c.exclusion}"
+            if c.exclusion
+            else "-",
+        ]
+        for c in v.calls
+    ]
+    title = (
+        f"transitions (LightningRL {v.settings['credit']} credit, {v.settings['advantage']} advantage, "
+        f"group of {v.group_size})"
+    )
+    show(table(title, columns, rows, wide=wide, keep=("call", "prompt", "response", "trained")), wide=wide, to=console)
     if v.lightningrl_error:
         console.print(f"[red]LightningRL: {v.lightningrl_error}[/red]")
 
@@ -288,29 +344,68 @@ def rollouts_show(
 # -- export ----------------------------------------------------------------------------------------
 
 
+class ExportMode(StrEnum):
+    train = "train"
+    val = "val"
+    all = "all"
+
+
+@dataclass
+class ExportCounts:
+    """What :func:`_export` wrote, per rollout mode."""
+
+    rollouts: Counter[str] = field(default_factory=Counter)
+    """Rollouts exported, by mode (``train`` / ``val``)."""
+    records: Counter[str] = field(default_factory=Counter)
+    """Records written (transitions or spans), by the mode of their rollout."""
+    left_out: Counter[str] = field(default_factory=Counter)
+    """Finished rollouts of the run that ``--mode`` left out, by mode."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.records.values())
+
+
+_MODE_NAMES = {"train": "training", "val": "held-out (val)"}
+
+
 async def _export(
-    store: Any, run_id: str, fmt: ExportFormat, write: Callable[[bytes], object], min_reward: float | None = None
-) -> int:
-    """Write the run's transitions (jsonl) or spans (OTLP JSON, one request per line); returns
-    how many records were written."""
+    store: Any,
+    run_id: str,
+    fmt: ExportFormat,
+    write: Callable[[bytes], object],
+    min_reward: float | None = None,
+    mode: ExportMode = ExportMode.train,
+) -> ExportCounts:
+    """Write the transitions (jsonl, sft-jsonl) or spans (OTLP JSON, one request per line) of the
+    run's finished rollouts of ``mode`` (training rollouts by default: held-out ones are never
+    trained on and must not leak into training data)."""
     from ..runs.views import lightningrl_for
     from ..store.server.otlp_json import spans_to_otlp_json
 
     run = await store.get_run(run_id)
+    counts = ExportCounts()
     rollouts: list[t.Rollout] = []
     offset = 0
     while True:
         page = await store.search_rollouts(RolloutSearch(run_id=run_id, limit=1000, offset=offset))
-        rollouts.extend(r for r in page.items if r.status.is_final)
+        for r in page.items:
+            if not r.status.is_final:
+                continue
+            if mode is ExportMode.all or r.mode.value == mode.value:
+                rollouts.append(r)
+                counts.rollouts[r.mode.value] += 1
+            else:
+                counts.left_out[r.mode.value] += 1
         offset += len(page.items)
         if not page.items or offset >= page.total:
             break
     rollouts.reverse()  # enqueue order
+    mode_of = {r.rollout_id: r.mode.value for r in rollouts}
     groups: dict[str, list[t.Rollout]] = {}
     for r in rollouts:
         groups.setdefault(r.group_id or r.rollout_id, []).append(r)
     lrl = lightningrl_for(run)
-    written = 0
     batch: list[t.Rollout] = []
     for members in [*groups.values(), []]:
         batch.extend(members)
@@ -323,19 +418,20 @@ async def _export(
             flat = [s for r in batch for s in spans[r.rollout_id]]
             if flat:
                 write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
-                written += len(flat)
+                for s in flat:
+                    counts.records[mode_of[s.rollout_id or ""]] += 1
         elif fmt is ExportFormat.sft_jsonl:
             from ..runs.export import sft_records
 
             for record in sft_records(lrl.process(batch, spans).transitions, spans, min_reward=min_reward):
                 write(orjson.dumps(record) + b"\n")
-                written += 1
+                counts.records[mode_of[record["rollout_id"]]] += 1
         else:
             for x in lrl.process(batch, spans).transitions:
                 write(x.model_dump_json().encode() + b"\n")
-                written += 1
+                counts.records[mode_of[x.rollout_id]] += 1
         batch = []
-    return written
+    return counts
 
 
 def export(
@@ -350,6 +446,14 @@ def export(
             "transition per line in TRL's conversational format (messages) with input_ids/labels/masks.",
         ),
     ] = ExportFormat.jsonl,
+    mode: Annotated[
+        ExportMode,
+        typer.Option(
+            "--mode",
+            help="Which rollouts: train (default: held-out rollouts never leak into training data), val (the "
+            "held-out ones) or all.",
+        ),
+    ] = ExportMode.train,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
     store_token: TokenOption = None,
     min_reward: Annotated[
@@ -357,17 +461,30 @@ def export(
         typer.Option("--min-reward", help="sft-jsonl: only transitions whose reward is at least this."),
     ] = None,
 ) -> None:
-    """Export a run's transitions (made by LightningRL with the run's settings) or its spans."""
+    """Export a run's transitions (made by LightningRL with the run's settings) or its spans, of
+    its training rollouts unless --mode says otherwise."""
     out = output.open("wb") if output is not None else sys.stdout.buffer
     try:
-        n = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward))
+        counts = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward, mode))
     finally:
         if output is not None:
             out.close()
         else:
             out.flush()
     what = "spans" if fmt is ExportFormat.otlp else "transitions"
-    typer.echo(f"exported {n} {what} of {run}" + (f" to {output}" if output else ""), err=True)
+    parts = [
+        f"{counts.records[m]} from {counts.rollouts[m]} {_MODE_NAMES[m]} rollouts"
+        for m in ("train", "val")
+        if counts.rollouts[m] or (mode.value == m)
+    ]
+    left = [f"{n} {_MODE_NAMES[m]} rollouts left out" for m, n in sorted(counts.left_out.items()) if n]
+    typer.echo(
+        f"exported {counts.total} {what} of {run}"
+        + (f" to {output}" if output else "")
+        + f": {'; '.join(parts)}"
+        + (f" ({', '.join(left)}; --mode all includes them)" if left else ""),
+        err=True,
+    )
 
 
 # -- dashboard -------------------------------------------------------------------------------------

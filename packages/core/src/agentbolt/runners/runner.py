@@ -18,7 +18,8 @@ runner processes, watches them and replaces one that dies. Per attempt the runne
 - on an exception records it (type, message, traceback, as the attempt's error and an exception
   span) and reports the attempt failed: an agent error is final, an infrastructure error
   (gateway/back-end failure) is retried by the store while attempts remain;
-- writes every span of the attempt before reporting it finished.
+- writes every span of the attempt with its end, in one transaction (:mod:`agentbolt.runners.reporter`:
+  the ends of attempts that finish together share it).
 
 On SIGTERM or Ctrl-C a runner stops claiming, lets running rollouts finish (``drain_timeout_s``),
 then hands the rest back to the store as infrastructure failures so they are retried.
@@ -42,9 +43,11 @@ from urllib.parse import quote
 from .. import types as t
 from ..capture.adapters import capture_span, instrument_adapters
 from ..capture.emit import emit_exception, emit_reward
-from ..capture.tracing import RolloutContext, SpanSink, install_otel, rollout_context
+from ..capture.tracing import RolloutContext, install_otel, rollout_context
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
 from ..store.base import Store
+from ..store.wire import DEFAULT_LEASE_S
+from .reporter import Reporter
 from .workers import AgentWorkers
 
 __all__ = [
@@ -113,6 +116,9 @@ def scope_resources(resources: t.Resources, rollout_id: str, attempt_id: str) ->
     return resources.model_copy(update={"llm": llm})
 
 
+_NO_RESOURCES = t.Resources()
+"""What an agent gets while no resources were published (shared: resources are frozen)."""
+
 _INFRA_ERROR_TYPES = {"agentbolt_upstream_error", "agentbolt_paused", "agentbolt_gateway_error"}
 _CONNECTION_ERRORS = {
     "APIConnectionError",
@@ -152,7 +158,7 @@ class RunnerConfig:
 
     concurrency: int = 8
     """Rollouts run at once in this process."""
-    lease_s: float = 30.0
+    lease_s: float = DEFAULT_LEASE_S
     """Lease length; renewed every ``lease_s / 3`` seconds."""
     dequeue_wait_s: float = 1.0
     """How long one claim request waits for queued work."""
@@ -224,7 +230,7 @@ class Runner:
         self._stop: asyncio.Event | None = None
         self._resources: dict[int | None, t.Resources | None] = {}
         self._workers: AgentWorkers | None = None
-        self._sink: SpanSink | None = None
+        self._sink: Reporter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.adapters: list[Any] = []
         self.adapter_failures: list[str] = []
@@ -248,7 +254,7 @@ class Runner:
         if self.config.adapters is None or self.config.adapters:
             self.adapter_failures = []
             self.adapters = instrument_adapters(self.config.adapters, failures=self.adapter_failures)
-        self._sink = SpanSink(self.store)
+        self._sink = Reporter(self.store)
         self._sink.start()
         self._workers = AgentWorkers(f"agentbolt-agent-{self.worker_id}", grace_s=self.config.cancel_grace_s)
         heartbeats = self._loop.create_task(self._heartbeat_loop(), name="agentbolt-heartbeats")
@@ -351,7 +357,7 @@ class Runner:
     async def _resources_for(self, version: int | None) -> t.Resources:
         if version not in self._resources:
             self._resources[version] = await self.store.get_resources(version)
-        return self._resources[version] or t.Resources()
+        return self._resources[version] or _NO_RESOURCES
 
     async def _call_agent(self, task: Any, resources: t.Resources) -> Any:
         assert self._workers is not None
@@ -375,8 +381,7 @@ class Runner:
                 reward = _as_reward(result)
                 if reward is not None:
                     emit_reward(reward, final=True)
-            await self._sink.flush()
-            await self.store.finish_attempt(aid, t.AttemptStatus.SUCCEEDED, reward=ctx.final_reward)
+            await self._sink.finish(aid, t.AttemptStatus.SUCCEEDED, reward=ctx.final_reward)  # with its spans
             self.stats.succeeded += 1
         except asyncio.CancelledError:
             running = self._running.get(aid)
@@ -399,11 +404,8 @@ class Runner:
             log.info("rollout %s attempt %s failed (%s): %r", rid, aid, kind.value, exc)
             with rollout_context(ctx):
                 emit_exception(exc)
-            await self._sink.flush()
             try:
-                await self.store.finish_attempt(
-                    aid, t.AttemptStatus.FAILED, error=t.ErrorInfo.from_exception(exc, kind)
-                )
+                await self._sink.finish(aid, t.AttemptStatus.FAILED, error=t.ErrorInfo.from_exception(exc, kind))
             except StaleAttemptError as stale:
                 log.info("%s", stale)
             except Exception as report_exc:

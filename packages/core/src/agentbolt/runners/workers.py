@@ -39,8 +39,37 @@ class _AgentLoop:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._starts: list[tuple[Callable[[], None], contextvars.Context]] = []
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
+
+    def submit(self, start: Callable[[], None], context: contextvars.Context) -> None:
+        """Run ``start()`` in ``context`` on this loop soon. Thread-safe.
+
+        Agents that start together (a claim brings several rollouts) share one wake-up of the
+        loop: each wake-up is a write to its self-pipe, a system call that releases the GIL, and
+        getting the GIL back beside a busy agent thread can take a whole switch interval.
+        """
+        with self._lock:
+            self._starts.append((start, context))
+            if len(self._starts) > 1:  # a wake-up is already on its way
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._run_starts)
+        except RuntimeError:  # the loop is closed: refuse this start, and let no later one wait behind it
+            with self._lock:
+                self._starts.clear()
+            raise
+
+    def _run_starts(self) -> None:
+        with self._lock:
+            starts, self._starts = self._starts, []
+        for start, context in starts:
+            try:
+                context.run(start)
+            except Exception:  # start() reports its own failures; this is a bug, never a lost agent
+                log.exception("starting an agent on the agent loop failed")
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -104,7 +133,7 @@ class AgentWorkers:
             else:
                 result.set_result(task.result())
 
-        def start() -> None:  # on the agent loop, in the caller's context (call_soon copies it)
+        def start() -> None:  # on the agent loop, in a copy of the caller's context
             try:
                 task = asyncio.ensure_future(fn(*args))
             except BaseException as exc:  # fn(*args) itself raised
@@ -114,7 +143,7 @@ class AgentWorkers:
             started.append(task)
             task.add_done_callback(lambda t: _call_soon(here, transfer, t))
 
-        worker.loop.call_soon_threadsafe(start, context=contextvars.copy_context())
+        worker.submit(start, contextvars.copy_context())
         try:
             return await result
         except asyncio.CancelledError:

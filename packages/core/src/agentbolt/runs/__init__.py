@@ -6,7 +6,12 @@
 - :mod:`~agentbolt.runs.views` — read models of a run's rollouts (trajectories, transitions,
   reward statistics) for the CLI and the dashboard;
 - :mod:`~agentbolt.runs.doctor` — checks what a run captured (``agentbolt doctor``);
-- :mod:`~agentbolt.runs.export` — supervised fine-tuning records from transitions.
+- :mod:`~agentbolt.runs.health` — training health of a run (reward without held-out gain,
+  entropy collapse, identical samples, tool calls), for the doctor and the dashboard;
+- :mod:`~agentbolt.runs.findings` — the :class:`~agentbolt.runs.findings.Finding` both report;
+- :mod:`~agentbolt.runs.export` — supervised fine-tuning records from transitions;
+- :mod:`~agentbolt.runs.evaluation` — a finished run's held-out scores read back from the store
+  (before/after, standard errors) and the published run record (``docs/runs/<example>/``).
 
 Names are imported on first use, so ``import agentbolt.runs`` stays cheap.
 """

@@ -16,7 +16,13 @@ stored spans of **every attempt** of the selected rollouts; each finding says wh
   reply ids: the chat template re-rendered history, so trajectories cannot merge;
 - ``adapter_failed``: adapters that failed to instrument in the runners (recorded per attempt);
 - ``unnamed_calls``: calls without an agent name (``agent_match`` cannot select them);
-- ``singleton_groups``: rollout groups of one, whose GRPO / RLOO advantages are all zero.
+- ``singleton_groups``: training rollout groups of one, whose GRPO / RLOO advantages are all zero
+  (held-out rollouts are never trained: they count only when nothing else is selected, as in
+  ``Trainer.dev``).
+
+Then, for each run among the selected rollouts, its training health
+(:mod:`agentbolt.runs.health`): reward rising while the held-out reward stays flat, entropy
+collapse, identical samples within groups, tools never called or dropped.
 """
 
 from __future__ import annotations
@@ -25,32 +31,17 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .. import semconv
 from .. import types as t
 from ..lightningrl.extraction import extract_episode
 from ..lightningrl.spans import is_gateway_call
 from ..store.base import Store
+from .findings import Finding, Severity
+from .health import RunHealth, diagnose_run
 
-__all__ = ["CaptureCounts", "DoctorReport", "Finding", "diagnose", "doctor"]
-
-Severity = Literal["error", "warning", "info"]
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem (or fact worth knowing) about what was captured."""
-
-    code: str
-    """Stable identifier, e.g. ``missing_token_ids``."""
-    severity: Severity
-    count: int
-    """How many calls, rollouts or groups it concerns."""
-    message: str
-    """What happened."""
-    fix: str
-    """What to do about it."""
+__all__ = ["CaptureCounts", "DoctorReport", "Finding", "Severity", "diagnose", "doctor"]
 
 
 @dataclass
@@ -80,7 +71,10 @@ class CaptureCounts:
     adapter_failures: dict[str, int] = field(default_factory=dict)
     """``"name: why"`` -> attempts."""
     groups: int = 0
+    """Rollout groups among the training rollouts (all rollouts when none is a training one)."""
     singleton_groups: int = 0
+    groups_trained: bool = True
+    """Whether :attr:`groups` counts training rollouts (False: only held-out ones were selected)."""
     upstream_forwarded: int | None = None
     """Calls the gateway sent upstream (only when the gateway's counters are known)."""
     spans_dropped: int | None = None
@@ -92,17 +86,31 @@ class DoctorReport:
 
     counts: CaptureCounts
     findings: list[Finding]
+    """Capture findings, then each run's training-health findings."""
+    runs: list[RunHealth] = field(default_factory=list)
+    """Training health of each run among the rollouts."""
+
+    @property
+    def capture_ok(self) -> bool:
+        """No capture error or warning."""
+        return not any(f.severity in ("error", "warning") for f in self.findings if f.run_id is None)
 
     @property
     def ok(self) -> bool:
-        """No error or warning."""
+        """No error or warning (capture or training health)."""
         return not any(f.severity in ("error", "warning") for f in self.findings)
 
     def finding(self, code: str) -> Finding | None:
         return next((f for f in self.findings if f.code == code), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "counts": asdict(self.counts), "findings": [asdict(f) for f in self.findings]}
+        return {
+            "ok": self.ok,
+            "capture_ok": self.capture_ok,
+            "counts": asdict(self.counts),
+            "findings": [asdict(f) for f in self.findings],
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
     def render(self) -> str:
         c = self.counts
@@ -118,8 +126,18 @@ class DoctorReport:
             active = ", ".join(sorted(c.adapters)) or "none"
             lines.append(f"adapters: {active}" + (f"; {len(c.adapter_failures)} failed" if c.adapter_failures else ""))
         for f in self.findings:
-            lines.append(f"{f.severity.upper()} {f.code} ({f.count}): {f.message}. Fix: {f.fix}")
-        lines.append("capture ok" if self.ok else "capture NOT ok: see the findings above")
+            if f.run_id is None:
+                lines.append(f"{f.severity.upper()} {f.code} ({f.count}): {f.message}. Fix: {f.fix}")
+        lines.append("capture ok" if self.capture_ok else "capture NOT ok: see the findings above")
+        for run in self.runs:
+            lines += run.lines()
+            for f in run.findings:
+                lines.append(f"{f.severity.upper()} {f.code} ({f.count}): {f.message}. Fix: {f.fix}")
+            warned = sum(f.severity != "info" for f in run.findings)
+            lines.append(
+                f"training health of {run.run_id}: "
+                + (f"{warned} warning{'s' if warned > 1 else ''}" if warned else "ok")
+            )
         return "\n".join(lines)
 
 
@@ -213,12 +231,24 @@ def diagnose(
                     c.named_calls += 1
                 else:
                     c.unnamed_calls += 1
-    groups = Counter(r.group_id or r.rollout_id for r in rollouts)
+    trained = [r for r in rollouts if r.mode is t.RolloutMode.TRAIN]
+    c.groups_trained = bool(trained) or not rollouts
+    groups = Counter(r.group_id or r.rollout_id for r in (trained or rollouts))
     c.groups, c.singleton_groups = len(groups), sum(1 for n in groups.values() if n == 1)
     if gateway_stats is not None:
         c.upstream_forwarded = int(gateway_stats.get("forwarded", 0))
         c.spans_dropped = int(gateway_stats.get("spans_dropped", 0))
-    return DoctorReport(c, _findings(c, no_calls))
+    by_run: dict[str, list[t.Rollout]] = {}
+    for r in rollouts:
+        if r.run_id is not None and r.step is not None:
+            by_run.setdefault(r.run_id, []).append(r)
+    runs = [
+        diagnose_run(run_id, members, spans)
+        for run_id, members in by_run.items()
+        if any(r.mode is t.RolloutMode.TRAIN for r in members)
+    ]
+    findings = _findings(c, no_calls) + [f for run in runs for f in run.findings]
+    return DoctorReport(c, findings, runs)
 
 
 def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
@@ -340,7 +370,11 @@ def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
                 "singleton_groups",
                 "info",
                 c.singleton_groups,
-                f"{c.singleton_groups} of {c.groups} rollout groups have one rollout: their GRPO/RLOO advantages are 0",
+                f"{c.singleton_groups} of {c.groups} training rollout groups have one rollout: their GRPO/RLOO "
+                "advantages are 0"
+                if c.groups_trained
+                else f"{c.singleton_groups} of {c.groups} rollout groups (held-out: never trained) have one rollout: "
+                "trained with GRPO/RLOO, their advantages would be 0",
                 "sample each task several times (group_size / n_samples >= 2) before training with group advantages",
             )
         )

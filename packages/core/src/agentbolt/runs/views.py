@@ -41,6 +41,10 @@ METRIC_PRESETS: tuple[tuple[str, str], ...] = (
     ("update/loss", "loss"),
     ("update/kl", "KL"),
     ("update/entropy", "entropy"),
+    ("health/near_certain_share", "tokens with p >= 0.99"),
+    ("health/surprisal", "-log p per sampled token"),
+    ("health/duplicate_share", "samples repeating their group"),
+    ("health/tool_call_rate", "rollouts calling a tool"),
     ("update/tokens_per_s", "tokens/s"),
     ("time/step_s", "s/step"),
 )
@@ -143,6 +147,12 @@ class TrajectoryView:
     lightningrl_error: str | None = None
     group_size: int = 0
     notes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def held_out(self) -> bool:
+        """A validation rollout: evaluated, never trained on (its calls are not transitions the
+        algorithm trained)."""
+        return self.rollout.mode is t.RolloutMode.VAL
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:

@@ -20,12 +20,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..plugins.registry import default_plugins
-from .base import Store
+from .base import AttemptReport, Store
 from .run_records import RolloutSearch, RolloutSearchPage, Run, RunMetrics, RunSpec, RunStatus, StoreHealth
 from .urls import check_store_url
 
 __all__ = [
     "DEFAULT_STORE_URL",
+    "AttemptReport",
     "RolloutSearch",
     "RolloutSearchPage",
     "Run",

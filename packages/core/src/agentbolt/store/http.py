@@ -1,11 +1,14 @@
 """``http://host:port`` and ``https://...``: a client of the store server (``agentbolt store serve``).
 
-Every :class:`~agentbolt.store.Store` method is one HTTP call (two for a recognised retry of
-``finish_attempt``), on a pooled ``httpx.AsyncClient`` per event loop, so one store object
-serves many coroutines, threads and successive ``asyncio.run`` calls. Store errors come back as
-the same exception class with the same message.
+Every :class:`~agentbolt.store.Store` operation is one HTTP call (two for a recognised retry of
+``finish_attempt``), derived from its declaration (:mod:`agentbolt.store.operations`): the
+arguments, validated here as every backend validates them, travel as the JSON body of a ``POST``
+or the query of a ``GET``. Calls go through a pooled ``httpx.AsyncClient`` per event loop, so
+one store object serves many coroutines, threads and successive ``asyncio.run`` calls. Store
+errors come back as the same exception class with the same message.
 
-Retries (``retries`` times, exponential backoff) happen only where they are safe:
+Retries (``retries`` times, exponential backoff) happen only where they are safe (each
+operation's declaration says whether it is idempotent):
 
 - A request that never reached the server (connection refused, connect timeout, no free
   pooled connection) is retried for every method.
@@ -14,30 +17,35 @@ Retries (``retries`` times, exponential backoff) happen only where they are safe
   ``cancel``, ``sweep``, ``add_spans`` (idempotent on span ids; the returned count then
   leaves out spans the lost try stored), and ``enqueue`` (made idempotent by generating the
   missing rollout ids here, before sending).
-- ``finish_attempt`` is retried too. If the lost try had already applied, the retry gets
-  ``StaleAttemptError``; the client then reads the attempt, and if it ended exactly as
-  reported, returns the rollout's current state instead of raising.
+- ``finish_attempt`` and ``finish_attempts`` are retried too. If the lost try had already
+  applied, the retry gets ``StaleAttemptError``; the client then reads the attempts, and if they
+  ended exactly as reported, returns the rollouts' current states instead of raising (the
+  operation's declared ``recover``).
 - ``dequeue`` is retried too. If the lost try had already claimed rollouts, those claims are
   orphaned: nobody heartbeats them, so their leases expire after ``lease_s`` and the store
   marks the attempts ``lost`` and requeues the rollouts (using one of their attempts). A
   warning is logged when this can have happened.
-- ``add_resources`` and ``purge`` are not retried once sent (a second try would store another
-  version / report a wrong count): they raise :class:`~agentbolt.errors.StoreUnavailableError`.
+- ``add_resources``, ``purge`` and the runs' writes are not retried once sent (a second try
+  would store another version / report a wrong count / a second metrics row): they raise
+  :class:`~agentbolt.errors.StoreUnavailableError`.
 
-Blocking calls (``dequeue(wait_s=...)``, ``wait_for_rollouts``) are split into requests of at
-most ``max_wait_s`` seconds, which the server also caps, until the caller's timeout.
+Waiting calls (``dequeue(wait_s=...)``, ``wait_for_rollouts``) are split into requests of at
+most ``max_wait_s`` seconds, which the server also caps, until the result ends the wait or the
+caller's time is up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 import random
+import re
 import ssl
 import threading
-from collections.abc import AsyncGenerator, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -45,7 +53,6 @@ import orjson
 from pydantic import BaseModel
 
 from .. import __version__, errors
-from .. import types as t
 from ..errors import (
     AgentboltError,
     AuthenticationError,
@@ -56,21 +63,16 @@ from ..errors import (
     StoreUnavailableError,
     UserError,
 )
-from . import lifecycle
 from . import wire as w
-from .base import check_span_batch, normalize_statuses
-from .run_http import HttpRunsMixin
+from .base import Store
+from .operations import Operation
 
 __all__ = ["HttpStore"]
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M", bound=BaseModel)
-
 _UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport failures that prove the request never reached the server."""
-_SERVER_KILLED_KINDS = frozenset({t.ErrorKind.CANCELLED, t.ErrorKind.TIMEOUT, t.ErrorKind.LOST})
-"""Error kinds the store itself gives attempts (a worker's own failure report has another)."""
 
 
 class _Call:
@@ -82,7 +84,7 @@ class _Call:
         self.repeated = False
 
 
-class HttpStore(HttpRunsMixin):
+class HttpStore(Store):
     """The store behind ``agentbolt store serve``. Open it with ``open_store("http://host:4747")``.
 
     Options (keyword arguments of :func:`~agentbolt.store.open_store`):
@@ -177,10 +179,12 @@ class HttpStore(HttpRunsMixin):
         read = self._timeout_s + wait_s
         return httpx.Timeout(read, connect=self._connect_timeout_s, pool=read + self._max_wait_s)
 
-    def _url(self, path: str) -> httpx.URL:
+    def _url(self, path: str, cache: bool) -> httpx.URL:
         url = self._urls.get(path)
         if url is None:  # parsed once: httpx would merge and re-parse a relative path per request
-            url = self._urls[path] = httpx.URL(self.url + path)
+            url = httpx.URL(self.url + path)
+            if cache:  # a fixed path, not one per id
+                self._urls[path] = url
         return url
 
     async def _call(
@@ -193,11 +197,12 @@ class HttpStore(HttpRunsMixin):
         idempotent: bool = True,
         wait_s: float = 0.0,
         call: _Call | None = None,
+        cache_url: bool = True,
     ) -> bytes:
         """Send one logical call, retrying where safe; returns the response body."""
         client = await self._client()
         content = body.model_dump_json() if isinstance(body, BaseModel) else body
-        url = self._url(path)
+        url = self._url(path, cache_url)
         timeout = self._timeout(wait_s)
         tries = 0
         while True:
@@ -224,12 +229,6 @@ class HttpStore(HttpRunsMixin):
                 await asyncio.sleep(self._backoff(tries))
                 continue
             raise error
-
-    async def _post(self, path: str, body: BaseModel, answer: type[M], **kwargs: Any) -> M:
-        return answer.model_validate_json(await self._call("POST", path, body, **kwargs))
-
-    async def _get(self, path: str, answer: type[M], params: Any = None) -> M:
-        return answer.model_validate_json(await self._call("GET", path, params=params))
 
     def _backoff(self, tries: int) -> float:
         return min(self._backoff_s * 2 ** (tries - 1), 2.0) * (0.5 + random.random() / 2)
@@ -282,163 +281,68 @@ class HttpStore(HttpRunsMixin):
             return UserError(f"{where} refused the request ({status}): {message}")
         return StoreError(f"{where} answered {status}: {message}")
 
-    # -- rollouts ---------------------------------------------------------------------------------
+    # -- operations -------------------------------------------------------------------------------
 
-    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
-        # Ids chosen here make a retried request idempotent.
-        specs = [s if s.rollout_id else s.model_copy(update={"rollout_id": t.new_id("ro-")}) for s in specs]
-        body = w.EnqueueRequest.model_construct(specs=specs)
-        return (await self._post("/v1/rollouts", body, w.RolloutsResponse)).rollouts
-
-    async def dequeue(
-        self,
-        worker_id: str,
-        *,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        mode: t.RolloutMode | None = None,
-        wait_s: float = 0.0,
-    ) -> list[t.Claim]:
-        lifecycle.check_claim_args(limit, lease_s)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(wait_s, 0.0)
-        while True:
-            chunk = min(max(deadline - loop.time(), 0.0), self._max_wait_s)
-            body = w.DequeueRequest.model_construct(
-                worker_id=worker_id, limit=limit, lease_s=lease_s, mode=mode, wait_s=chunk
-            )
-            call = _Call()
-            claims = (await self._post("/v1/rollouts/dequeue", body, w.ClaimsResponse, wait_s=chunk, call=call)).claims
-            if call.repeated:
-                log.warning(
-                    "dequeue by %s was retried after a lost answer: rollouts the lost try claimed, if any, "
-                    "return to the queue when their %s s leases expire",
-                    worker_id,
-                    lease_s,
-                )
-            if claims or deadline - loop.time() < 0.005:
-                return claims
-
-    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
-        lifecycle.check_lease(lease_s)
-        body = w.HeartbeatRequest.model_construct(attempt_ids=list(attempt_ids), lease_s=lease_s)
-        return (await self._post("/v1/attempts/heartbeat", body, w.AttemptsResponse)).attempts
-
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: t.AttemptStatus,
-        *,
-        reward: float | None = None,
-        error: t.ErrorInfo | None = None,
-    ) -> t.Rollout:
-        status = t.AttemptStatus(status)
-        lifecycle.check_reward(reward)
-        body = w.FinishRequest.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
+    async def _dispatch(self, op: Operation, request: BaseModel) -> Any:
+        """Send one operation (its validated arguments) to the server; returns its result."""
+        if op.waits is not None:
+            return await self._wait(op, request)
         call = _Call()
         try:
-            return (await self._post("/v1/attempts/finish", body, w.RolloutResponse, call=call)).rollout
+            return await self._send(op, request, call=call)
         except StaleAttemptError:
-            if not call.repeated:
+            if not call.repeated or op.recover is None:
                 raise
-            # A try whose answer was lost may have applied: then the attempt ended as reported.
-            (attempt,) = await self.heartbeat([attempt_id])  # renews nothing: the attempt has ended
-            if not _ended_as_reported(attempt, status, error):
+            # A try whose answer was lost may have applied: then the report was not stale.
+            result = await op.recover(self, request)
+            if result is None:
                 raise
-            log.info("finish_attempt(%s): an earlier try whose answer was lost had applied it", attempt_id)
-            (rollout,) = await self.get_rollouts([attempt.rollout_id])
-            return rollout
+            log.info("%s: an earlier try whose answer was lost had applied it", op.name)
+            return result
 
-    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
-        body = w.CancelRequest.model_construct(rollout_ids=list(rollout_ids), reason=reason)
-        return (await self._post("/v1/rollouts/cancel", body, w.RolloutsResponse)).rollouts
-
-    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
-        body = w.GetRolloutsRequest.model_construct(rollout_ids=list(rollout_ids))
-        return (await self._post("/v1/rollouts/get", body, w.RolloutsResponse)).rollouts
-
-    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
-        path = f"/v1/rollouts/{quote(rollout_id, safe='')}/attempts"
-        return (await self._get(path, w.AttemptsResponse)).attempts
-
-    async def query_rollouts(
-        self,
-        *,
-        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
-        mode: t.RolloutMode | None = None,
-        group_id: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> t.Page[t.Rollout]:
-        lifecycle.check_limit(limit)
-        params: list[tuple[str, str | int]] = [("status", s.value) for s in normalize_statuses(status) or ()]
-        if mode is not None:
-            params.append(("mode", t.RolloutMode(mode).value))
-        if group_id is not None:
-            params.append(("group_id", group_id))
-        if cursor is not None:
-            params.append(("cursor", cursor))
-        params.append(("limit", limit))
-        return await self._get("/v1/rollouts", t.Page[t.Rollout], params)
-
-    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
-        params = None if group_id is None else {"group_id": group_id}
-        return (await self._get("/v1/rollouts/counts", w.CountsResponse, params)).counts
-
-    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+    async def _wait(self, op: Operation, request: BaseModel) -> Any:
+        """A waiting call as requests of at most ``max_wait_s`` (the server caps each one too),
+        until the result ends the wait or the time is up."""
+        assert op.waits is not None and op.done is not None
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + max(timeout, 0.0)
-        ids = list(rollout_ids)
+        total = getattr(request, op.waits)
+        deadline = None if total is None else loop.time() + total
         while True:
             remaining = self._max_wait_s if deadline is None else max(deadline - loop.time(), 0.0)
             chunk = min(remaining, self._max_wait_s)
-            body = w.WaitRequest.model_construct(rollout_ids=ids, timeout=chunk)
-            answer = await self._post("/v1/rollouts/wait", body, w.WaitResponse, wait_s=chunk)
-            if answer.done or (deadline is not None and deadline - loop.time() < 0.005):
-                return answer.rollouts
+            result = await self._send(op, request.model_copy(update={op.waits: chunk}), wait_s=chunk)
+            if op.done(result) or (deadline is not None and deadline - loop.time() < 0.005):
+                return result
 
-    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        lifecycle.check_purge_args(rollout_ids, older_than_s)
-        ids = None if rollout_ids is None else list(rollout_ids)
-        body = w.PurgeRequest.model_construct(rollout_ids=ids, older_than_s=older_than_s)
-        return (await self._post("/v1/rollouts/purge", body, w.PurgeResponse, idempotent=False)).purged
-
-    # -- spans ------------------------------------------------------------------------------------
-
-    async def add_spans(self, spans: Sequence[t.Span]) -> int:
-        check_span_batch(spans)
-        if not spans:
-            return 0
-        body = w.AddSpansRequest.model_construct(spans=list(spans))
-        return (await self._post("/v1/spans", body, w.AddSpansResponse)).added
-
-    async def query_spans(
-        self,
-        rollout_ids: Sequence[str],
-        *,
-        latest_attempt_only: bool = False,
-        after_seq: int | None = None,
-    ) -> dict[str, list[t.Span]]:
-        body = w.QuerySpansRequest.model_construct(
-            rollout_ids=list(rollout_ids), latest_attempt_only=latest_attempt_only, after_seq=after_seq
+    async def _send(self, op: Operation, request: BaseModel, *, wait_s: float = 0.0, call: _Call | None = None) -> Any:
+        """One logical call of ``op`` (retried where safe); returns its result."""
+        path = op.path
+        for name in op.path_params:
+            path = _path_param(name).sub(quote(str(getattr(request, name)), safe=""), path)
+        body: str | None = None
+        params: list[tuple[str, Any]] | None = None
+        if op.body is not None:
+            body = getattr(request, op.body).model_dump_json()
+        elif op.wire_request is not None:
+            fields = [n for n in type(request).model_fields if n not in op.path_params]
+            if op.method == "POST":
+                body = request.model_dump_json(include=set(fields))
+            else:
+                params = _query(request, fields)
+        call = call or _Call()
+        content = await self._call(
+            op.method,
+            path,
+            body,
+            params=params,
+            idempotent=op.idempotent,
+            wait_s=wait_s,
+            call=call,
+            cache_url=not op.path_params,
         )
-        return (await self._post("/v1/spans/query", body, w.SpansResponse)).spans
-
-    # -- resources --------------------------------------------------------------------------------
-
-    async def add_resources(self, resources: t.Resources) -> t.Resources:
-        answer = await self._post("/v1/resources", resources, w.ResourcesResponse, idempotent=False)
-        assert answer.resources is not None
-        return answer.resources
-
-    async def get_resources(self, version: int | None = None) -> t.Resources | None:
-        params = None if version is None else {"version": version}
-        return (await self._get("/v1/resources", w.ResourcesResponse, params)).resources
-
-    # -- maintenance ------------------------------------------------------------------------------
-
-    async def sweep(self) -> int:
-        return (w.SweepResponse.model_validate_json(await self._call("POST", "/v1/sweep"))).ended
+        if call.repeated and op.lost_answer:
+            log.warning("%s was retried after a lost answer: %s", op.name, op.lost_answer)
+        return op.read_answer(content)
 
     async def close(self) -> None:
         if self._closed:
@@ -454,22 +358,27 @@ class HttpStore(HttpRunsMixin):
                 asyncio.run_coroutine_threadsafe(lifetime.aclose(), loop)
 
 
+def _path_param(name: str) -> re.Pattern[str]:
+    return re.compile(r"{" + name + r"(?::\w+)?}")
+
+
+def _query(request: BaseModel, fields: list[str]) -> list[tuple[str, Any]]:
+    """Query parameters of a ``GET``: the fields that are set, lists as repeated parameters."""
+    out: list[tuple[str, Any]] = []
+    for name in fields:
+        value = getattr(request, name)
+        if value is None:
+            continue
+        for item in value if isinstance(value, list | tuple) else [value]:
+            out.append((name, item.value if isinstance(item, enum.Enum) else item))
+    return out
+
+
 async def _lifetime(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
         await client.aclose()
-
-
-def _ended_as_reported(attempt: t.Attempt, status: t.AttemptStatus, error: t.ErrorInfo | None) -> bool:
-    """Whether an ended attempt is exactly what the worker's report would have made of it."""
-    if attempt.status is not status:
-        return False
-    if status is t.AttemptStatus.SUCCEEDED:
-        return True  # only the worker's report makes an attempt succeed
-    if error is not None:
-        return attempt.error == error
-    return attempt.error is not None and attempt.error.kind not in _SERVER_KILLED_KINDS
 
 
 def _rebuild(cls: type[AgentboltError], message: str, body: dict[str, Any] | None) -> AgentboltError:

@@ -25,6 +25,7 @@ from typing import Any
 from .. import types as t
 from ..errors import InvalidTransitionError, StaleAttemptError, UserError
 from ..fields import finite_number
+from .wire import MAX_LEASE_S, MAX_LIMIT
 
 __all__ = [
     "MAX_LEASE_S",
@@ -36,6 +37,7 @@ __all__ = [
     "check_purge_args",
     "check_reward",
     "claim",
+    "ended_as_reported",
     "expire",
     "expire_due",
     "finish",
@@ -45,6 +47,8 @@ __all__ = [
 
 RETRYABLE = frozenset({t.ErrorKind.INFRASTRUCTURE, t.ErrorKind.LOST})
 """Failure kinds that requeue a rollout while attempts remain."""
+_STORE_ENDED = frozenset({t.ErrorKind.CANCELLED, t.ErrorKind.TIMEOUT, t.ErrorKind.LOST})
+"""Error kinds the store itself gives attempts (a worker's own failure report has another)."""
 
 
 def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
@@ -65,12 +69,6 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
         run_id=spec.run_id,
         step=spec.step,
     )
-
-
-MAX_LIMIT = 100_000
-"""Largest page or claim size of one call."""
-MAX_LEASE_S = 7 * 24 * 3600.0
-"""Longest lease (a week): a longer one would keep a dead worker's rollout for ever."""
 
 
 def check_limit(limit: int) -> None:
@@ -262,3 +260,16 @@ def _end(
     else:
         update = {"status": t.RolloutStatus.FAILED, "error": error, "ended_at": now, "final_reward": reward}
     return rollout.model_copy(update={**update, "updated_at": now}), ended
+
+
+def ended_as_reported(attempt: t.Attempt, status: t.AttemptStatus, error: t.ErrorInfo | None) -> bool:
+    """Whether an ended attempt is exactly what a worker's report (``status``, ``error``) would
+    have made of it: a client that lost the answer to a report it repeated tells this way whether
+    the lost try had applied."""
+    if attempt.status is not status:
+        return False
+    if status is t.AttemptStatus.SUCCEEDED:
+        return True  # only the worker's report makes an attempt succeed
+    if error is not None:
+        return attempt.error == error
+    return attempt.error is not None and attempt.error.kind not in _STORE_ENDED

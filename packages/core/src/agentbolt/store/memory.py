@@ -1,6 +1,8 @@
 """``memory://``: an in-process store for tests and single-process experiments.
 
 Nothing survives the process. Safe to share between threads and event loops of one process.
+Each ``_<operation>`` method implements the operation declared on :class:`~agentbolt.store.Store`
+(arguments validated, defaults applied).
 """
 
 from __future__ import annotations
@@ -9,13 +11,13 @@ import asyncio
 import heapq
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .. import types as t
-from ..errors import ConflictError, InvalidTransitionError, NotFoundError, UserError
+from ..errors import ConflictError, InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
 from . import lifecycle
-from .base import Notifier, check_span_batch, normalize_statuses
+from .base import AttemptReport, Notifier, Store, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
 from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
@@ -25,7 +27,7 @@ __all__ = ["MemoryStore"]
 R = TypeVar("R")
 
 
-class MemoryStore(MemoryRunsMixin):
+class MemoryStore(MemoryRunsMixin, Store):
     """The in-memory backend. Options: ``sweep_interval_s`` (default 1.0), ``clock``."""
 
     def __init__(
@@ -104,7 +106,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- rollouts -----------------------------------------------------------------------------
 
-    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
+    async def _enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -114,7 +116,7 @@ class MemoryStore(MemoryRunsMixin):
             for spec in specs:
                 if spec.resources_version is not None and spec.resources_version not in known:
                     raise NotFoundError("resources version", spec.resources_version)
-                rid = spec.rollout_id or t.new_id("ro-")
+                rid = spec.rollout_id or t.new_id("ro-")  # Store.enqueue names every spec
                 existing = self._rollouts.get(rid) or planned.get(rid)
                 if existing is not None:
                     if not existing.matches_spec(spec):
@@ -137,17 +139,9 @@ class MemoryStore(MemoryRunsMixin):
             self._notifier.notify()
         return result
 
-    async def dequeue(
-        self,
-        worker_id: str,
-        *,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        mode: t.RolloutMode | None = None,
-        wait_s: float = 0.0,
+    async def _dequeue(
+        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
     ) -> list[t.Claim]:
-        lifecycle.check_claim_args(limit, lease_s)
-
         async def attempt() -> tuple[bool, list[t.Claim]]:
             claims = self._claim(worker_id, limit, lease_s, mode)
             return bool(claims), claims
@@ -183,8 +177,7 @@ class MemoryStore(MemoryRunsMixin):
                 claims.append(t.Claim(rollout=updated, attempt=attempt))
             return claims
 
-    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
-        lifecycle.check_lease(lease_s)
+    async def _heartbeat(self, attempt_ids: Sequence[str], lease_s: float) -> list[t.Attempt]:
         with self._lock:
             self._check_open()
             unknown = [a for a in attempt_ids if a not in self._attempts]
@@ -202,38 +195,55 @@ class MemoryStore(MemoryRunsMixin):
             self._notifier.notify()
         return out
 
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: t.AttemptStatus,
-        *,
-        reward: float | None = None,
-        error: t.ErrorInfo | None = None,
+    async def _finish_attempt(
+        self, attempt_id: str, status: t.AttemptStatus, reward: float | None, error: t.ErrorInfo | None
     ) -> t.Rollout:
-        with self._lock:
-            self._check_open()
-            if attempt_id not in self._attempts:
-                raise NotFoundError("attempt", attempt_id)
-            now = self._clock()
-            expired = self._expire_one(attempt_id, now)
-            attempt = self._attempts[attempt_id]
-            try:
-                rollout, attempt = lifecycle.finish(
-                    self._rollouts[attempt.rollout_id],
-                    attempt,
-                    t.AttemptStatus(status),
-                    now=now,
-                    reward=reward,
-                    error=error,
-                )
-            finally:
-                if expired:
-                    self._notifier.notify()
-            self._apply(rollout, attempt)
-        self._notifier.notify()
+        report = AttemptReport.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
+        (rollout,) = self._finish([report], (), keep_expiry=True)
         return rollout
 
-    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
+    async def _finish_attempts(self, reports: Sequence[AttemptReport], spans: Sequence[t.Span]) -> list[t.Rollout]:
+        return self._finish(reports, spans, keep_expiry=False)
+
+    def _finish(
+        self, reports: Sequence[AttemptReport], spans: Sequence[t.Span], *, keep_expiry: bool
+    ) -> list[t.Rollout]:
+        """Store ``spans`` and apply ``reports``, all or nothing; with ``keep_expiry`` a report
+        refused because its attempt's lease or deadline had passed still leaves it expired."""
+        with self._lock:
+            self._check_open()
+            self._check_spans(spans)
+            now = self._clock()
+            rollouts: dict[str, t.Rollout] = {}
+            attempts: dict[str, t.Attempt] = {}
+            out = []
+            for report in reports:
+                aid = report.attempt_id
+                attempt = attempts.get(aid) or self._attempts.get(aid)
+                if attempt is None:
+                    raise NotFoundError("attempt", aid)
+                rollout = rollouts.get(attempt.rollout_id) or self._rollouts[attempt.rollout_id]
+                expired = lifecycle.expire(rollout, attempt, now)
+                if expired is not None:
+                    rollout, attempt = expired
+                try:
+                    rollout, attempt = lifecycle.finish(
+                        rollout, attempt, report.status, now=now, reward=report.reward, error=report.error
+                    )
+                except StaleAttemptError:
+                    if keep_expiry and expired is not None:
+                        self._apply(*expired)
+                        self._notifier.notify()
+                    raise
+                rollouts[rollout.rollout_id], attempts[aid] = rollout, attempt
+                out.append(rollout)
+            self._store_spans(spans)
+            for attempt in attempts.values():
+                self._apply(rollouts[attempt.rollout_id], attempt)
+        self._notifier.notify()
+        return out
+
+    async def _cancel(self, rollout_ids: Sequence[str], reason: str) -> list[t.Rollout]:
         with self._lock:
             self._check_open()
             now = self._clock()
@@ -248,30 +258,28 @@ class MemoryStore(MemoryRunsMixin):
         self._notifier.notify()
         return out
 
-    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
+    async def _get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
         with self._lock:
             unknown = [r for r in rollout_ids if r not in self._rollouts]
             if unknown:
                 raise NotFoundError("rollout", unknown)
             return [self._rollouts[r] for r in rollout_ids]
 
-    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+    async def _get_attempts(self, rollout_id: str) -> list[t.Attempt]:
         with self._lock:
             self._rollout(rollout_id)
             return [self._attempts[a] for a in self._attempts_of[rollout_id]]
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
-        mode: t.RolloutMode | None = None,
-        group_id: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
+        status: t.RolloutStatus | Sequence[t.RolloutStatus] | None,
+        mode: t.RolloutMode | None,
+        group_id: str | None,
+        limit: int,
+        cursor: str | None,
     ) -> t.Page[t.Rollout]:
         statuses = normalize_statuses(status)
         after = _parse_cursor(cursor)
-        lifecycle.check_limit(limit)
         with self._lock:
             items: list[t.Rollout] = []
             last = None
@@ -291,7 +299,7 @@ class MemoryStore(MemoryRunsMixin):
                 last = q
             return t.Page(items=items, next_cursor=None)
 
-    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
+    async def _count_rollouts(self, group_id: str | None) -> dict[t.RolloutStatus, int]:
         with self._lock:
             counts = dict.fromkeys(t.RolloutStatus, 0)
             for rollout in self._rollouts.values():
@@ -299,7 +307,7 @@ class MemoryStore(MemoryRunsMixin):
                     counts[rollout.status] += 1
             return counts
 
-    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+    async def _wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None) -> list[t.Rollout]:
         pending = list(dict.fromkeys(rollout_ids))
 
         async def check() -> tuple[bool, None]:
@@ -328,8 +336,7 @@ class MemoryStore(MemoryRunsMixin):
             # Changes notify; the periodic wake-up only bounds a sweep that is due but not run.
             await self._notifier.wait(fut, 1.0 if remaining is None else min(remaining, 1.0))
 
-    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        lifecycle.check_purge_args(rollout_ids, older_than_s)
+    async def _purge(self, rollout_ids: Sequence[str] | None, older_than_s: float | None) -> int:
         with self._lock:
             now = self._clock()
             chosen: list[str] = []
@@ -362,32 +369,36 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- spans --------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[t.Span]) -> int:
-        rollout_ids = check_span_batch(spans)
+    async def _add_spans(self, spans: Sequence[t.Span]) -> int:
         with self._lock:
             self._check_open()
-            unknown = sorted({rid for rid in rollout_ids if rid not in self._rollouts})
-            if unknown:
-                raise NotFoundError("rollout", unknown)
-            for span, rid in zip(spans, rollout_ids, strict=True):
-                if span.attempt_id is not None and span.attempt_id not in self._attempts_of[rid]:
-                    raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
-            added = 0
-            for span, rid in zip(spans, rollout_ids, strict=True):
-                stored = self._spans[rid]
-                if span.span_id in stored:
-                    continue
-                self._span_seq[rid] += 1
-                stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})
-                added += 1
-            return added
+            self._check_spans(spans)
+            return self._store_spans(spans)
 
-    async def query_spans(
-        self,
-        rollout_ids: Sequence[str],
-        *,
-        latest_attempt_only: bool = False,
-        after_seq: int | None = None,
+    def _check_spans(self, spans: Sequence[t.Span]) -> None:
+        """``NotFoundError`` for spans of unknown rollouts or attempts (call with the lock held)."""
+        rollout_ids = check_span_batch(spans)
+        unknown = sorted({rid for rid in rollout_ids if rid not in self._rollouts})
+        if unknown:
+            raise NotFoundError("rollout", unknown)
+        for span, rid in zip(spans, rollout_ids, strict=True):
+            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[rid]:
+                raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
+
+    def _store_spans(self, spans: Sequence[t.Span]) -> int:
+        """Store checked spans (with the lock held); returns how many were new."""
+        added = 0
+        for span, rid in zip(spans, check_span_batch(spans), strict=True):
+            stored = self._spans[rid]
+            if span.span_id in stored:
+                continue
+            self._span_seq[rid] += 1
+            stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})
+            added += 1
+        return added
+
+    async def _query_spans(
+        self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None
     ) -> dict[str, list[t.Span]]:
         with self._lock:
             unknown = [r for r in rollout_ids if r not in self._rollouts]
@@ -406,7 +417,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- resources ----------------------------------------------------------------------------
 
-    async def add_resources(self, resources: t.Resources) -> t.Resources:
+    async def _add_resources(self, resources: t.Resources) -> t.Resources:
         with self._lock:
             self._check_open()
             version = (self._resources[-1].version or 0) + 1 if self._resources else 1
@@ -414,7 +425,7 @@ class MemoryStore(MemoryRunsMixin):
             self._resources.append(stored)
             return stored
 
-    async def get_resources(self, version: int | None = None) -> t.Resources | None:
+    async def _get_resources(self, version: int | None) -> t.Resources | None:
         with self._lock:
             if version is None:
                 return self._resources[-1] if self._resources else None
@@ -424,7 +435,7 @@ class MemoryStore(MemoryRunsMixin):
 
     # -- maintenance --------------------------------------------------------------------------
 
-    async def sweep(self) -> int:
+    async def _sweep(self) -> int:
         return self._sweep_now()
 
     async def close(self) -> None:

@@ -6,13 +6,9 @@ import orjson
 
 from .. import types as t
 from ..errors import InvalidTransitionError, UserError
-from .lifecycle import check_limit
 from .run_records import RolloutSearch, Run, RunSpec, RunStatus
 
 __all__ = [
-    "check_after_seq",
-    "check_list_limit",
-    "check_step",
     "error_kind_prefix",
     "finished_run",
     "matches_search",
@@ -44,26 +40,6 @@ def finished_run(run: Run, status: RunStatus | str, error: str | None, now: floa
     if run.status.is_final:
         raise InvalidTransitionError(f"run {run.run_id} already ended ({run.status.value})")
     return run.model_copy(update={"status": status, "error": error, "ended_at": now})
-
-
-def check_list_limit(limit: int) -> None:
-    """Validate ``list_runs(limit=...)``: an integer from 1 to :data:`~agentbolt.store.wire.MAX_LIMIT`."""
-
-    check_limit(limit)
-
-
-def check_step(step: int) -> None:
-    """Validate a metrics ``step``: a 64-bit integer."""
-    if isinstance(step, bool) or not isinstance(step, int) or not t.INT64_MIN <= step <= t.INT64_MAX:
-        raise UserError(f"step must be a 64-bit integer, got {step!r}")
-
-
-def check_after_seq(after_seq: int | None) -> None:
-    """Validate ``get_run_metrics(after_seq=...)``: ``None`` or a 64-bit integer."""
-    if after_seq is not None and (
-        isinstance(after_seq, bool) or not isinstance(after_seq, int) or not t.INT64_MIN <= after_seq <= t.INT64_MAX
-    ):
-        raise UserError(f"after_seq must be a 64-bit integer, got {after_seq!r}")
 
 
 def error_kind_prefix(kind: t.ErrorKind) -> str:

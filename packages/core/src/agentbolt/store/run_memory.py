@@ -18,7 +18,6 @@ from .run_records import (
     RunSpec,
     RunStatus,
     StoreHealth,
-    check_metric_values,
 )
 
 __all__ = ["MemoryRunsMixin"]
@@ -42,7 +41,7 @@ class MemoryRunsMixin:
         except KeyError:
             raise NotFoundError("run", run_id) from None
 
-    async def start_run(self, spec: RunSpec) -> Run:
+    async def _start_run(self, spec: RunSpec) -> Run:
         with self._lock:
             self._check_open()
             run = run_common.new_run(spec, self._clock())
@@ -52,25 +51,23 @@ class MemoryRunsMixin:
             self._run_metrics[run.run_id] = []
             return run
 
-    async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
+    async def _finish_run(self, run_id: str, status: RunStatus, error: str | None) -> Run:
         with self._lock:
             self._check_open()
             run = run_common.finished_run(self._run_of(run_id), status, error, self._clock())
             self._runs[run_id] = run
             return run
 
-    async def get_run(self, run_id: str) -> Run:
+    async def _get_run(self, run_id: str) -> Run:
         with self._lock:
             return self._run_of(run_id)
 
-    async def list_runs(self, *, limit: int = 100) -> list[Run]:
-        run_common.check_list_limit(limit)
+    async def _list_runs(self, limit: int) -> list[Run]:
         with self._lock:
             return list(reversed(self._runs.values()))[:limit]
 
-    async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
-        run_common.check_step(step)
-        clean = check_metric_values(values)
+    async def _add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
+        clean = dict(values)  # checked by RunStore.add_run_metrics
         with self._lock:
             self._check_open()
             run = self._run_of(run_id)
@@ -82,18 +79,17 @@ class MemoryRunsMixin:
             )
             return row
 
-    async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
-        run_common.check_after_seq(after_seq)
+    async def _get_run_metrics(self, run_id: str, after_seq: int | None) -> list[RunMetrics]:
         with self._lock:
             self._run_of(run_id)
             return [m for m in self._run_metrics[run_id] if after_seq is None or m.seq > after_seq]
 
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
+    async def _search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
         with self._lock:
             found = [r for r in reversed(self._rollouts.values()) if run_common.matches_search(query, r)]
         return RolloutSearchPage(items=found[query.offset : query.offset + query.limit], total=len(found))
 
-    async def store_health(self) -> StoreHealth:
+    async def _store_health(self) -> StoreHealth:
         with self._lock:
             now = self._clock()
             rollouts = Counter(r.status for r in self._rollouts.values())

@@ -19,7 +19,8 @@ listeners in :mod:`agentbolt.store.sql_engine`, spans and resources in
 :mod:`agentbolt.store.sql_spans`, runs in :mod:`agentbolt.store.sql_runs`. What stays here is
 the connection plumbing and the queue's operations (rollouts, attempts, leases), one
 transaction function each, kept in one class so the claim/lease/finish protocol reads in one
-place.
+place. Each ``_<operation>`` method implements the operation declared on
+:class:`~agentbolt.store.Store` (arguments validated, defaults applied).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -47,7 +48,7 @@ from ..errors import (
     UserError,
 )
 from . import lifecycle
-from .base import Notifier, normalize_statuses
+from .base import AttemptReport, Notifier, Store, normalize_statuses
 from .sql_engine import (
     _data_version,
     _GroupCommitWriter,
@@ -97,7 +98,7 @@ log = logging.getLogger(__name__)
 _R = TypeVar("_R")
 
 
-class SqlStore(SqlSpansMixin, SqlRunsMixin):
+class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
     """The SQLite / PostgreSQL backend. Open it through :func:`agentbolt.store.open_store`.
 
     Options (keyword arguments, or query parameters of the URL):
@@ -369,9 +370,9 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
     # -- rollouts -----------------------------------------------------------------------------
 
-    async def enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
+    async def _enqueue(self, specs: Sequence[t.RolloutSpec]) -> list[t.Rollout]:
         specs = list(specs)
-        ids = [s.rollout_id or t.new_id("ro-") for s in specs]
+        ids = [s.rollout_id or t.new_id("ro-") for s in specs]  # Store.enqueue names every spec
 
         def tx(conn: Connection) -> list[t.Rollout]:
             now = self._now()
@@ -412,16 +413,9 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
         self._notifier.notify()
         return out
 
-    async def dequeue(
-        self,
-        worker_id: str,
-        *,
-        limit: int = 1,
-        lease_s: float = 30.0,
-        mode: t.RolloutMode | None = None,
-        wait_s: float = 0.0,
+    async def _dequeue(
+        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
     ) -> list[t.Claim]:
-        lifecycle.check_claim_args(limit, lease_s)
         where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 
@@ -455,8 +449,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
         return await self._wait_until(attempt, wait_s)
 
-    async def heartbeat(self, attempt_ids: Sequence[str], *, lease_s: float = 30.0) -> list[t.Attempt]:
-        lifecycle.check_lease(lease_s)
+    async def _heartbeat(self, attempt_ids: Sequence[str], lease_s: float) -> list[t.Attempt]:
         ids = list(attempt_ids)
 
         def tx(conn: Connection) -> tuple[list[t.Attempt], bool]:
@@ -485,45 +478,69 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
             self._notifier.notify()
         return out
 
-    async def finish_attempt(
-        self,
-        attempt_id: str,
-        status: t.AttemptStatus,
-        *,
-        reward: float | None = None,
-        error: t.ErrorInfo | None = None,
+    async def _finish_attempt(
+        self, attempt_id: str, status: t.AttemptStatus, reward: float | None, error: t.ErrorInfo | None
     ) -> t.Rollout:
-        status = t.AttemptStatus(status)
+        report = AttemptReport.model_construct(attempt_id=attempt_id, status=status, reward=reward, error=error)
+        (rollout,) = await self._finish([report], (), keep_expiry=True)
+        return rollout
 
-        def tx(conn: Connection) -> tuple[t.Rollout | None, StaleAttemptError | None]:
+    async def _finish_attempts(self, reports: Sequence[AttemptReport], spans: Sequence[t.Span]) -> list[t.Rollout]:
+        return await self._finish(reports, spans, keep_expiry=False)
+
+    async def _finish(
+        self, reports: Sequence[AttemptReport], spans: Sequence[t.Span], *, keep_expiry: bool
+    ) -> list[t.Rollout]:
+        """Store ``spans`` and apply ``reports`` in one transaction, all or nothing; with
+        ``keep_expiry`` (one report, no spans) a report refused because its attempt's lease or
+        deadline had passed still commits that expiry."""
+        ids = [r.attempt_id for r in reports]
+        write = self._span_write(spans) if spans else None
+
+        def tx(conn: Connection) -> tuple[list[t.Rollout], StaleAttemptError | None]:
             now = self._now()
-            attempt = self._load_attempts(conn, [attempt_id])[attempt_id]
-            rollout = self._load_rollouts(conn, [attempt.rollout_id], lock=True)[attempt.rollout_id]
-            if self._q.pg:  # re-read under the rollout's row lock
-                attempt = self._load_attempts(conn, [attempt_id], lock=True)[attempt_id]
-            expired = lifecycle.expire(rollout, attempt, now)
-            if expired is not None:  # the deadline or lease passed: that is final, keep it
-                self._save(conn, [expired])
-                self._notify_final(conn)
-                rollout, attempt = expired
-            try:
-                rollout, attempt = lifecycle.finish(rollout, attempt, status, now=now, reward=reward, error=error)
-            except StaleAttemptError as exc:
-                if expired is None:
-                    raise
-                return None, exc  # commit the expiry, then reject the report
-            self._save(conn, [(rollout, attempt)])
+            found = self._load_attempts(conn, ids)
+            rids = {a.rollout_id for a in found.values()}
+            if write is not None and self._q.pg:  # every rollout row this locks, in one id order
+                rids |= set(write.rollout_ids)
+            rolls = self._load_rollouts(conn, sorted(rids), lock=True)
+            if write is not None:
+                write.insert(conn)
+            if self._q.pg:  # re-read under the rollouts' row locks
+                found = self._load_attempts(conn, ids, lock=True)
+            ended, out = [], []
+            for report in reports:
+                attempt = found[report.attempt_id]
+                rollout = rolls[attempt.rollout_id]
+                expired = lifecycle.expire(rollout, attempt, now)
+                if expired is not None:  # the deadline or lease passed: that is final
+                    rollout, attempt = expired
+                try:
+                    rollout, attempt = lifecycle.finish(
+                        rollout, attempt, report.status, now=now, reward=report.reward, error=report.error
+                    )
+                except StaleAttemptError as exc:
+                    if not keep_expiry or expired is None:
+                        raise
+                    self._save(conn, [expired])
+                    self._notify_final(conn)
+                    return [], exc  # commit the expiry, then reject the report
+                rolls[rollout.rollout_id], found[report.attempt_id] = rollout, attempt
+                ended.append((rollout, attempt))
+                out.append(rollout)
+            self._save(conn, ended)
             self._notify_final(conn)
-            return rollout, None
+            return out, None
 
-        rollout, stale = await self._run(tx)
+        out, stale = await self._run(tx)
+        if write is not None:
+            write.committed()
         self._notifier.notify()
         if stale is not None:
             raise stale
-        assert rollout is not None
-        return rollout
+        return out
 
-    async def cancel(self, rollout_ids: Sequence[str], *, reason: str = "cancelled by caller") -> list[t.Rollout]:
+    async def _cancel(self, rollout_ids: Sequence[str], reason: str) -> list[t.Rollout]:
         ids = list(rollout_ids)
 
         def tx(conn: Connection) -> list[t.Rollout]:
@@ -542,7 +559,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
         self._notifier.notify()
         return out
 
-    async def get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
+    async def _get_rollouts(self, rollout_ids: Sequence[str]) -> list[t.Rollout]:
         ids = list(rollout_ids)
 
         def tx(conn: Connection) -> list[t.Rollout]:
@@ -551,7 +568,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
         return await self._run(tx, write=False)
 
-    async def get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+    async def _get_attempts(self, rollout_id: str) -> list[t.Attempt]:
         def tx(conn: Connection) -> list[t.Attempt]:
             self._load_rollouts(conn, [rollout_id])
             rows = conn.execute(sa.select(attempts).where(attempts.c.rollout_id == rollout_id).order_by(attempts.c.idx))
@@ -559,17 +576,15 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
         return await self._run(tx, write=False)
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: t.RolloutStatus | Iterable[t.RolloutStatus] | None = None,
-        mode: t.RolloutMode | None = None,
-        group_id: str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
+        status: t.RolloutStatus | Sequence[t.RolloutStatus] | None,
+        mode: t.RolloutMode | None,
+        group_id: str | None,
+        limit: int,
+        cursor: str | None,
     ) -> t.Page[t.Rollout]:
         statuses = normalize_statuses(status)
-        lifecycle.check_limit(limit)
         try:
             after = int(cursor) if cursor is not None else 0
         except ValueError:
@@ -590,7 +605,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
         return await self._run(tx, write=False)
 
-    async def count_rollouts(self, *, group_id: str | None = None) -> dict[t.RolloutStatus, int]:
+    async def _count_rollouts(self, group_id: str | None) -> dict[t.RolloutStatus, int]:
         def tx(conn: Connection) -> dict[t.RolloutStatus, int]:
             stmt = sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status)
             if group_id is not None:
@@ -602,7 +617,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
 
         return await self._run(tx, write=False)
 
-    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[t.Rollout]:
+    async def _wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None) -> list[t.Rollout]:
         pending = list(dict.fromkeys(rollout_ids))
 
         def statuses(conn: Connection) -> dict[str, str]:
@@ -670,8 +685,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
         finally:
             self._notifier.discard(fut)
 
-    async def purge(self, *, rollout_ids: Sequence[str] | None = None, older_than_s: float | None = None) -> int:
-        lifecycle.check_purge_args(rollout_ids, older_than_s)
+    async def _purge(self, rollout_ids: Sequence[str] | None, older_than_s: float | None) -> int:
 
         def tx(conn: Connection) -> int:
             chosen: list[str] = []
@@ -722,7 +736,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin):
             self._notifier.notify()
         return ended
 
-    async def sweep(self) -> int:
+    async def _sweep(self) -> int:
         ended = await self._run(self._sweep_tx)
         if ended:
             self._notifier.notify()

@@ -26,7 +26,6 @@ from .run_records import (
     RunSpec,
     RunStatus,
     StoreHealth,
-    check_metric_values,
 )
 from .sql_schema import _SELECT_ROLLOUTS, _cursor, _rollout_from, attempts, rollouts
 
@@ -106,7 +105,7 @@ class SqlRunsMixin:
             raise NotFoundError("run", run_id)
         return row
 
-    async def start_run(self, spec: RunSpec) -> Run:
+    async def _start_run(self, spec: RunSpec) -> Run:
         def tx(conn: Connection) -> Run:
             run = run_common.new_run(spec, self._now())
             if conn.execute(sa.select(runs.c.id).where(runs.c.run_id == run.run_id)).first() is not None:
@@ -128,7 +127,7 @@ class SqlRunsMixin:
 
         return await self._run(tx)
 
-    async def finish_run(self, run_id: str, status: RunStatus, *, error: str | None = None) -> Run:
+    async def _finish_run(self, run_id: str, status: RunStatus, error: str | None) -> Run:
         def tx(conn: Connection) -> Run:
             run = run_common.finished_run(
                 _run_from(self._load_run(conn, run_id, lock=True)), status, error, self._now()
@@ -142,20 +141,18 @@ class SqlRunsMixin:
 
         return await self._run(tx)
 
-    async def get_run(self, run_id: str) -> Run:
+    async def _get_run(self, run_id: str) -> Run:
         return await self._run(lambda conn: _run_from(self._load_run(conn, run_id)), write=False)
 
-    async def list_runs(self, *, limit: int = 100) -> list[Run]:
-        run_common.check_list_limit(limit)
+    async def _list_runs(self, limit: int) -> list[Run]:
 
         def tx(conn: Connection) -> list[Run]:
             return [_run_from(row) for row in conn.execute(sa.select(runs).order_by(runs.c.id.desc()).limit(limit))]
 
         return await self._run(tx, write=False)
 
-    async def add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
-        run_common.check_step(step)
-        clean = check_metric_values(values)
+    async def _add_run_metrics(self, run_id: str, step: int, values: Mapping[str, float]) -> RunMetrics:
+        clean = dict(values)  # checked by RunStore.add_run_metrics
 
         def tx(conn: Connection) -> RunMetrics:
             row = self._load_run(conn, run_id, lock=True)
@@ -175,8 +172,7 @@ class SqlRunsMixin:
 
         return await self._run(tx)
 
-    async def get_run_metrics(self, run_id: str, *, after_seq: int | None = None) -> list[RunMetrics]:
-        run_common.check_after_seq(after_seq)
+    async def _get_run_metrics(self, run_id: str, after_seq: int | None) -> list[RunMetrics]:
 
         def tx(conn: Connection) -> list[RunMetrics]:
             key = self._load_run(conn, run_id).id
@@ -190,7 +186,7 @@ class SqlRunsMixin:
 
         return await self._run(tx, write=False)
 
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
+    async def _search_rollouts(self, query: RolloutSearch) -> RolloutSearchPage:
 
         c = rollouts.c
         where: list[Any] = []
@@ -226,7 +222,7 @@ class SqlRunsMixin:
 
         return await self._run(tx, write=False)
 
-    async def store_health(self) -> StoreHealth:
+    async def _store_health(self) -> StoreHealth:
 
         def tx(conn: Connection) -> StoreHealth:
             now = self._now()

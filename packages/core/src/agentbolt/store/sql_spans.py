@@ -9,7 +9,7 @@ versioned snapshots, one row each.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -17,7 +17,8 @@ from sqlalchemy.engine import Connection
 from .. import types as t
 from ..errors import NotFoundError
 from .base import check_span_batch
-from .sql_schema import _INSERT_SPAN, _INSERT_SPAN_WITH_ID, _chunks, _cursor, _marks, resources, span_key
+from .sql_schema import _INSERT_SPAN, _INSERT_SPAN_WITH_ID, _chunks, _cursor, _marks, span_key
+from .sql_schema import resources as resources_table
 
 if TYPE_CHECKING:
     from .sql_schema import _Sql
@@ -25,6 +26,18 @@ if TYPE_CHECKING:
 __all__ = ["SqlSpansMixin"]
 
 R = TypeVar("R")
+
+
+class _SpanWrite(NamedTuple):
+    """A prepared span batch (see ``SqlSpansMixin._span_write``)."""
+
+    rollout_ids: list[str]
+    """The rollouts the spans belong to, sorted."""
+    insert: Callable[[Connection], int]
+    """Inserts the spans in the given transaction (locking their rollouts on PostgreSQL);
+    returns how many were new."""
+    committed: Callable[[], None]
+    """Call after the transaction committed."""
 
 
 class SqlSpansMixin:
@@ -42,14 +55,22 @@ class SqlSpansMixin:
 
     # -- spans --------------------------------------------------------------------------------
 
-    async def add_spans(self, batch: Sequence[t.Span]) -> int:
-        rollout_ids = check_span_batch(batch)
-        if not batch:
+    async def _add_spans(self, spans: Sequence[t.Span]) -> int:
+        if not spans:
             return 0
+        write = self._span_write(spans)
+        added = await self._run(write.insert)
+        write.committed()
+        return added
+
+    def _span_write(self, spans: Sequence[t.Span]) -> _SpanWrite:
+        """A span batch prepared outside any transaction (JSON bodies, keys, SQL text), so the
+        transaction only assigns seq values and inserts: :meth:`_SpanWrite.insert` runs in a
+        transaction (this one's or another operation's), :meth:`_SpanWrite.committed` after it."""
         # Everything per span is prepared here, so the writer thread only assigns seq values.
         by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
         attempts_seen: set[tuple[str, str]] = set()
-        for span, rid in zip(batch, rollout_ids, strict=True):
+        for span, rid in zip(spans, check_span_batch(spans), strict=True):
             aid = span.attempt_id
             by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))
             if aid is not None:
@@ -72,7 +93,7 @@ class SqlSpansMixin:
             allocate = self._q(f"SELECT rollout_id, id FROM {{rollouts}} WHERE {in_rids}")
             allocate_params = tuple(rids)
 
-        def tx(conn: Connection) -> int:
+        def insert(conn: Connection) -> int:
             cur = _cursor(conn)
             if self._q.pg:  # lock in id order so concurrent batches cannot deadlock
                 cur.execute(
@@ -113,19 +134,16 @@ class SqlSpansMixin:
                 cur.executemany(self._q(_INSERT_SPAN_WITH_ID), rows)
             return cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else len(rows)
 
-        added = await self._run(tx)
-        if unchecked:  # attempts never change rollout; remember the pairs that checked out
-            if len(self._known_attempts) > 100_000:
-                self._known_attempts.clear()
-            self._known_attempts.update(unchecked)
-        return added
+        def committed() -> None:
+            if unchecked:  # attempts never change rollout; remember the pairs that checked out
+                if len(self._known_attempts) > 100_000:
+                    self._known_attempts.clear()
+                self._known_attempts.update(unchecked)
 
-    async def query_spans(
-        self,
-        rollout_ids: Sequence[str],
-        *,
-        latest_attempt_only: bool = False,
-        after_seq: int | None = None,
+        return _SpanWrite(rids, insert, committed)
+
+    async def _query_spans(
+        self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None
     ) -> dict[str, list[t.Span]]:
         ids = list(rollout_ids)
 
@@ -170,24 +188,24 @@ class SqlSpansMixin:
 
     # -- resources ----------------------------------------------------------------------------
 
-    async def add_resources(self, res: t.Resources) -> t.Resources:
+    async def _add_resources(self, resources: t.Resources) -> t.Resources:
         def tx(conn: Connection) -> t.Resources:
             now = self._now()
-            body = res.model_dump_json(exclude={"version", "created_at"})
+            body = resources.model_dump_json(exclude={"version", "created_at"})
             version = conn.execute(
-                resources.insert().values(body=body, created_at=now).returning(resources.c.version)
+                resources_table.insert().values(body=body, created_at=now).returning(resources_table.c.version)
             ).scalar_one()
-            return res.model_copy(update={"version": version, "created_at": now})
+            return resources.model_copy(update={"version": version, "created_at": now})
 
         return await self._run(tx)
 
-    async def get_resources(self, version: int | None = None) -> t.Resources | None:
+    async def _get_resources(self, version: int | None) -> t.Resources | None:
         def tx(conn: Connection) -> t.Resources | None:
-            stmt = sa.select(resources)
+            stmt = sa.select(resources_table)
             stmt = (
-                stmt.where(resources.c.version == version)
+                stmt.where(resources_table.c.version == version)
                 if version is not None
-                else stmt.order_by(resources.c.version.desc()).limit(1)
+                else stmt.order_by(resources_table.c.version.desc()).limit(1)
             )
             row = conn.execute(stmt).first()
             if row is None:

@@ -32,7 +32,7 @@ from ..errors import (
     StaleAttemptError,
     UserError,
 )
-from ..store.base import Store
+from ..store.base import AttemptReport, Store
 from .run_conformance import RunStoreConformance
 
 __all__ = ["StoreConformance"]
@@ -278,6 +278,48 @@ class StoreConformance(RunStoreConformance):
         (attempt,) = await store.get_attempts("r0")
         assert attempt.status is t.AttemptStatus.SUCCEEDED and attempt.ended_at is not None
         assert (await store.get_rollouts(["r0"]))[0] == rollout
+
+    async def test_finish_attempts_writes_spans_and_ends_together(self, store: Store) -> None:
+        await store.enqueue(specs(3))
+        claims = await store.dequeue("w", limit=3)
+        a0, a1, a2 = (c.attempt.attempt_id for c in claims)
+        failed = t.ErrorInfo(kind=t.ErrorKind.AGENT, type="ValueError", message="bad")
+        reports = [
+            AttemptReport(attempt_id=a1, status=t.AttemptStatus.FAILED, error=failed),
+            AttemptReport(attempt_id=a0, status=t.AttemptStatus.SUCCEEDED, reward=0.5),
+        ]
+        out = await store.finish_attempts(reports, spans=[llm_span("r0", a0), llm_span("r1", a1), llm_span("r2", a2)])
+        assert [(r.rollout_id, r.status) for r in out] == [
+            ("r1", t.RolloutStatus.FAILED),
+            ("r0", t.RolloutStatus.SUCCEEDED),
+        ]
+        assert out[1].final_reward == 0.5 and await store.get_rollouts(["r1", "r0"]) == out
+        assert {k: len(v) for k, v in (await store.query_spans(["r0", "r1", "r2"])).items()} == {
+            "r0": 1,
+            "r1": 1,
+            "r2": 1,
+        }
+        assert await store.finish_attempts([], spans=[llm_span("r2", a2)]) == []  # spans alone, like add_spans
+        (running,) = await store.get_rollouts(["r2"])
+        assert running.status is t.RolloutStatus.RUNNING
+
+    async def test_finish_attempts_is_all_or_nothing(self, store: Store) -> None:
+        await store.enqueue(specs(2))
+        c0, c1 = await store.dequeue("w", limit=2)
+        a0, a1 = c0.attempt.attempt_id, c1.attempt.attempt_id
+        await store.finish_attempt(a1, t.AttemptStatus.SUCCEEDED)
+        ok = AttemptReport(attempt_id=a0, status=t.AttemptStatus.SUCCEEDED, reward=1.0)
+        bad_batches: list[tuple[list[AttemptReport], list[t.Span], type[Exception]]] = [
+            ([ok, AttemptReport(attempt_id=a1, status=t.AttemptStatus.SUCCEEDED)], [], StaleAttemptError),
+            ([ok, ok], [], StaleAttemptError),  # the second report of one attempt
+            ([ok, AttemptReport(attempt_id="ghost", status=t.AttemptStatus.FAILED)], [], NotFoundError),
+            ([ok], [llm_span("r0", a0), llm_span("ghost")], NotFoundError),
+        ]
+        for reports, spans, error in bad_batches:
+            with pytest.raises(error):
+                await store.finish_attempts(reports, spans=[llm_span("r0", a0), *spans])
+        (r0,) = await store.get_rollouts(["r0"])
+        assert r0.status is t.RolloutStatus.RUNNING and (await store.query_spans(["r0"]))["r0"] == []
 
     async def test_agent_failure_is_not_retried(self, store: Store) -> None:
         await store.enqueue([t.RolloutSpec(rollout_id="r", max_attempts=3)])

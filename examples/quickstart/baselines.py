@@ -1,0 +1,59 @@
+"""Trivial policies on the quickstart's held-out questions: what its accuracy means only beside these.
+
+Each policy answers without computing, scored with the agent's own reward
+(:func:`math_tasks.reward`; a question counts as correct at reward 1.0):
+
+- ``constant``: the last worked example's answer (16), what a model that copies its prompt says;
+- ``format_only``: a well-formed ``<answer>0</answer>``;
+- ``most_frequent``: the held-out set's own most frequent answer (an upper bound for any
+  policy that always gives the same number);
+- ``first_operand``: the first number of the question.
+
+    uv run python examples/quickstart/baselines.py
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from math_tasks import make_tasks, reward  # noqa: E402
+
+N_HELDOUT = 96
+"""The held-out questions of the default run (``train.py --val``)."""
+
+
+def trivial_scores(data_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per policy on the default held-out questions (``data_dir`` is not used: the data is code)."""
+    val = make_tasks(N_HELDOUT, seed=2, prefix="val-", heldout=True)
+    frequent = Counter(t["answer"] for t in val).most_common(1)[0][0]
+    policies = {
+        "constant": lambda t: "<answer>16</answer>",
+        "format_only": lambda t: "<answer>0</answer>",
+        "most_frequent": lambda t: f"<answer>{frequent}</answer>",
+        "first_operand": lambda t: f"<answer>{re.findall(r'-?[0-9]+', t['question'])[0]}</answer>",
+    }
+    rows = []
+    for policy, answer in policies.items():
+        correct = [reward(answer(t), int(t["answer"])) >= 1.0 for t in val]
+        rows.append(
+            {
+                "heldout": "heldout",
+                "policy": policy,
+                "metric": "accuracy",
+                "score": sum(correct) / len(val),
+                "n": len(val),
+            }
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    for row in trivial_scores():
+        print(f"{row['heldout']:<8} {row['policy']:<14} {row['metric']} {row['score']:.3f} (n={row['n']})")

@@ -1,0 +1,127 @@
+"""Published figures come from committed run records, and the READMEs say what the records say.
+
+Every ``docs/runs/<example>/`` holds a valid :class:`agentbolt.runs.evaluation.RunRecord` and the
+run's metrics; every README block between ``<!-- figures:... -->`` markers equals what
+``benchmarks/examples.py --report`` generates from the records (and the trivial policies), so a
+figure edited by hand, or a record replaced without regenerating the READMEs, fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from agentbolt.runs.evaluation import RunRecord
+
+REPO = Path(__file__).resolve().parents[2]
+RUNS = REPO / "docs" / "runs"
+RECORDS = sorted(p.parent.name for p in RUNS.glob("*/result.json"))
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load(REPO / "benchmarks/examples.py", "benchmarks_examples_for_records")
+
+
+def test_the_published_runs_are_there() -> None:
+    # the examples whose figures the READMEs publish; the others' READMEs say "no published run yet"
+    assert {"sql_agent"} <= set(RECORDS)
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_a_record_is_complete(name: str) -> None:
+    record = RunRecord.load(RUNS / name / "result.json")
+    assert record.example == name
+    assert f"python examples/{name}/train.py" in record.command, record.command
+    assert len(record.commit.removesuffix("+dirty")) == 40 and record.steps > 0
+    lines = (RUNS / name / "metrics.jsonl").read_text().splitlines()
+    steps = {json.loads(line)["step"] for line in lines if line.strip()}
+    assert set(range(1, record.steps + 1)) <= steps  # every trained step's metrics are there
+    for score in record.heldout.values():
+        assert 0.0 <= score.before <= 1.0 and 0.0 <= score.after <= 1.0 and score.n > 0
+
+
+def test_the_readmes_show_what_the_records_say(tmp_path: Path) -> None:
+    updates = bench.readme_updates(env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert REPO / "README.md" in updates
+    stale = [str(path.relative_to(REPO)) for path, text in updates.items() if path.read_text(encoding="utf-8") != text]
+    assert not stale, f"README figures differ from docs/runs/: {stale}; run `benchmarks/examples.py --report`"
+    for name in ("sql_agent", "rag_agent"):  # each example README carries its generated block
+        assert REPO / "examples" / name / "README.md" in updates
+
+
+def test_a_changed_figure_is_caught() -> None:
+    """The block of a record whose figure changed differs from the README: the check can fail."""
+    name = "sql_agent"
+    record = RunRecord.load(RUNS / name / "result.json")
+    readme = (REPO / "examples" / name / "README.md").read_text(encoding="utf-8")
+    first = next(iter(record.heldout))
+    changed = record.model_copy(
+        update={"heldout": {**record.heldout, first: record.heldout[first].model_copy(update={"after": 0.999})}}
+    )
+    block = bench.example_block(name, changed, [])
+    assert bench.replace_block(readme, name, block) != readme
+    with pytest.raises(LookupError, match="no '<!-- figures:nope -->'"):
+        bench.replace_block(readme, "nope", "x")
+
+
+def test_stage_notes_and_best_trivial_policy() -> None:
+    notes = bench.stage_notes(
+        {"before": {"score": 0.1, "se": 0.03, "f1": 0.2, "f1_se": 0.04}, "after": {"score": 0.3, "se": 0.04, "f1": 0.4}}
+    )
+    assert notes == "F1 0.200 ± 0.040 → 0.400"
+    chain = bench.stage_notes(
+        {"base": {"score": 0.2, "tool_call_rate": 0.0}, "sft": {"score": 0.5, "tool_call_rate": 0.9}}
+    )
+    assert chain == "base 0.200 (tool calls 0.00) → sft 0.500 (tool calls 0.90)"
+    rows = [
+        {"heldout": "dev", "policy": "constant", "metric": "f1", "score": 0.02, "n": 10},
+        {"heldout": "dev", "policy": "most_frequent", "metric": "f1", "score": 0.05, "n": 10},
+        {"heldout": "dev", "policy": "most_frequent", "metric": "exact_match", "score": 0.09, "n": 10},
+    ]
+    assert bench.best_trivial(rows, "dev", "f1") == "0.050 (most_frequent)"
+    assert bench.best_trivial(rows, "test", "f1") == "n/a"
+
+
+def test_publish_copies_a_valid_record_and_refuses_others(tmp_path: Path) -> None:
+    source = tmp_path / "run"
+    source.mkdir()
+    record = {
+        "example": "demo",
+        "command": "python examples/demo/train.py",
+        "commit": "0" * 40,
+        "date": "2026-11-26",
+        "machine": "2 vCPU, AVX-512, no GPU",
+        "model": "m",
+        "steps": 1,
+        "wall_s": 1.0,
+        "s_per_step": 1.0,
+        "heldout": {
+            "dev": {"metric": "accuracy", "n": 2, "before": 0.0, "before_se": 0.0, "after": 0.5, "after_se": 0.35}
+        },
+        "headline": "dev/accuracy",
+    }
+    (source / "result.json").write_text(json.dumps(record))
+    (source / "metrics.jsonl").write_text('{"step": 1, "train/reward": 0.5}\n')
+    target = bench.publish("demo", source, runs=tmp_path / "docs")
+    assert sorted(p.name for p in target.iterdir()) == ["curve.png", "metrics.jsonl", "result.json"]
+    with pytest.raises(ValueError, match="is a record of 'demo', not 'other'"):
+        bench.publish("other", source, runs=tmp_path / "docs")
+    (source / "metrics.jsonl").write_text("x" * (bench.MAX_METRICS_BYTES + 1))
+    with pytest.raises(ValueError, match="trim it first"):
+        bench.publish("demo", source, runs=tmp_path / "docs")
+    (source / "result.json").write_text(json.dumps({**record, "headline": "dev/f1"}))
+    with pytest.raises(ValueError, match="headline"):
+        bench.publish("demo", source, runs=tmp_path / "docs")
