@@ -68,7 +68,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
@@ -85,6 +85,7 @@ from .engine_io import (
     TokenStep,
 )
 from .sampling import find_stop, held_back, sample_tokens
+from .token_text import decode_text
 
 if TYPE_CHECKING:
     import torch
@@ -256,7 +257,7 @@ class GenerationEngine:
     @property
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters."""
-        return EngineStats(**self._stats.as_dict())
+        return replace(self._stats)
 
     def reset_stats(self) -> None:
         """Zero the counters."""
@@ -583,20 +584,20 @@ class GenerationEngine:
                     prompts[key] = entry
                     self._remember_prompt(key, entry)
             order = list(prompts)
-            entries = [prompts[key] for key in order]
-            assert all(entry is not None for entry in entries)
+            entries = [entry for entry in prompts.values() if entry is not None]
+            assert len(entries) == len(order), "every prompt is cached or prefilled above"
             length = max(len(key[1]) for key in order)
             cache = DynamicCache(config=self.policy.base_model.config)
-            for layer in range(len(entries[0].keys)):  # type: ignore[union-attr]
+            for layer in range(len(entries[0].keys)):
                 cache.update(
-                    torch.cat([pad_seq_left(e.keys[layer], length) for e in entries]),  # type: ignore[union-attr]
-                    torch.cat([pad_seq_left(e.values[layer], length) for e in entries]),  # type: ignore[union-attr]
+                    torch.cat([pad_seq_left(e.keys[layer], length) for e in entries]),
+                    torch.cat([pad_seq_left(e.values[layer], length) for e in entries]),
                     layer,
                 )
             mask = torch.zeros((len(order), length), dtype=torch.long, device=device)
             for i, key in enumerate(order):
                 mask[i, length - len(key[1]) :] = 1
-            logits = torch.stack([e.logits for e in entries])  # type: ignore[union-attr]
+            logits = torch.stack([e.logits for e in entries])
         position = {key: i for i, key in enumerate(order)}
         repeat = [position[_prompt_key(h)] for h in handles for _ in range(h.n)]
         if repeat != list(range(len(order))):
@@ -820,8 +821,8 @@ class GenerationEngine:
         tok = self.policy.tokenizer
         skip = row.params.skip_special_tokens
         ids = row.token_ids
-        prefix = tok.decode(ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
-        full = tok.decode(ids[row.prefix_offset :], skip_special_tokens=skip)
+        prefix = decode_text(tok, ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = decode_text(tok, ids[row.prefix_offset :], skip_special_tokens=skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             row.prefix_offset, row.read_offset = row.read_offset, len(ids)
             return full[len(prefix) :]
@@ -832,7 +833,7 @@ class GenerationEngine:
             return ""
         tok = self.policy.tokenizer
         skip = row.params.skip_special_tokens
-        prefix = tok.decode(row.token_ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
-        full = tok.decode(row.token_ids[row.prefix_offset :], skip_special_tokens=skip)
+        prefix = decode_text(tok, row.token_ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = decode_text(tok, row.token_ids[row.prefix_offset :], skip_special_tokens=skip)
         row.read_offset = len(row.token_ids)
         return full[len(prefix) :]

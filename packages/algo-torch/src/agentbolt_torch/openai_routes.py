@@ -56,7 +56,7 @@ from agentbolt.errors import UserError
 
 from .chat import ToolCallStreamFilter, parse_tool_calls, render_request
 from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
-from .token_text import TokenText
+from .token_text import TokenText, decode_text
 
 __all__ = ["POLICY_VERSION_HEADER", "PolicyRoutes", "create_app"]
 
@@ -241,13 +241,10 @@ class PolicyRoutes:
             headers[POLICY_NAME_HEADER] = adapter
         return headers
 
-    async def on_http_error(self, request: Request, exc: _HTTPError) -> JSONResponse:
-        """A request error as OpenAI's error body."""
-        return self.error_response(exc)
-
-    async def on_user_error(self, request: Request, exc: UserError) -> JSONResponse:
-        """A bad request found by the engine (e.g. a prompt over the context) as a 400."""
-        return self.error_response(_HTTPError(400, str(exc)))
+    async def on_error(self, request: Request, exc: Exception) -> JSONResponse:
+        """A request error as OpenAI's error body; a :class:`UserError` (a bad request found by the
+        engine, e.g. a prompt over the context) as a 400. (Registered for those two types only.)"""
+        return self.error_response(exc if isinstance(exc, _HTTPError) else _HTTPError(400, str(exc)))
 
     async def models(self) -> JSONResponse:
         """``GET /v1/models``: the served model, its context length and policy version."""
@@ -476,7 +473,7 @@ class PolicyRoutes:
             if isinstance(prompt, str):
                 encoded.append((prompt, self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"]))
             else:
-                encoded.append((self.tokenizer.decode(prompt) if echo else "", list(prompt)))
+                encoded.append((decode_text(self.tokenizer, prompt) if echo else "", list(prompt)))
         handles: list[RequestHandle] = []
         adapter = self.adapter_for(body)
         try:
@@ -601,8 +598,8 @@ def create_app(engine: GenerationEngine, *, served_model_name: str | None = None
     routes = PolicyRoutes(engine, served_model_name=served_model_name)
     app = FastAPI(title="agentbolt policy server", version="1")
     app.state.engine = engine
-    app.add_exception_handler(_HTTPError, routes.on_http_error)
-    app.add_exception_handler(UserError, routes.on_user_error)
+    app.add_exception_handler(_HTTPError, routes.on_error)
+    app.add_exception_handler(UserError, routes.on_error)
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/stats", routes.stats, methods=["GET"])

@@ -99,9 +99,9 @@ class Policy:
         self.tokenizer = tokenizer
         self.name = name
         self.lora = lora
-        if isinstance(autocast_dtype, str):
-            autocast_dtype = getattr(torch, autocast_dtype)
-        self.autocast_dtype: torch.dtype | None = autocast_dtype
+        self.autocast_dtype: torch.dtype | None = (
+            getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
+        )
         self.lock = threading.RLock()
         """Held by each generation forward pass and by each whole update."""
         self._version = int(version)

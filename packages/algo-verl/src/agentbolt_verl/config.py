@@ -34,7 +34,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -43,6 +43,9 @@ from agentbolt.lightningrl import LightningRLConfig
 from agentbolt.policies import Policies
 
 from ._verl import check_verl_version
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 ADVANTAGE_SENTINEL = "agentbolt"
 """``algorithm.adv_estimator``: LightningRL computes the advantages (see :mod:`agentbolt_verl.registry`)."""
@@ -398,7 +401,9 @@ def user_overrides(verl: Mapping[str, Any] | Sequence[str]) -> list[str]:
     return out
 
 
-def compose_verl_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str], *, extra: Sequence[str] = ()):
+def compose_verl_config(
+    config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str], *, extra: Sequence[str] = ()
+) -> DictConfig:
     """verl's composed ``DictConfig`` for a training config (see the module docstring).
 
     ``extra`` are more Hydra override strings (e.g. from the command line), applied last.

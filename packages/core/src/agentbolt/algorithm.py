@@ -95,7 +95,10 @@ def batches(
 class GatewayControl(Protocol):
     """What an algorithm may do with the gateway (all thread-safe)."""
 
-    url: str
+    @property
+    def url(self) -> str:
+        """The gateway's root URL (``http://127.0.0.1:PORT``)."""
+        ...
 
     def pause(self) -> None: ...
     def resume(self) -> None: ...

@@ -275,9 +275,10 @@ class Trainer:
                 if runner_tasks:  # an in-process runner dying is fatal to the run
                     await asyncio.wait([algo_task, *runner_tasks], return_when=asyncio.FIRST_COMPLETED)
                     for task in runner_tasks:
-                        if task.done() and task.exception() is not None:
+                        error = task.exception() if task.done() else None
+                        if error is not None:
                             algo_task.cancel()
-                            raise task.exception()  # type: ignore[misc]
+                            raise error
                 result = await algo_task
             finally:
                 if not algo_task.done():

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -37,6 +37,9 @@ from .runs import register as _register_run_commands
 from .serve import register as _register_serve
 from .tables import Column, show, table
 from .tables import console as make_console
+
+if TYPE_CHECKING:
+    from ..runs.doctor import DoctorReport
 
 app = typer.Typer(
     name="agentbolt",
@@ -389,7 +392,7 @@ def doctor(
 
     from ..runs.doctor import doctor as run_doctor
 
-    async def go() -> object:
+    async def go() -> DoctorReport:
         opened = open_existing_store(store)  # a reader never creates a store
         try:
             since = time.time() - since_s if since_s is not None else None
@@ -402,8 +405,8 @@ def doctor(
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
-    raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    raise typer.Exit(0 if report.ok else 1)
 
 
 _register_run_commands(app)  # runs, rollouts, export, dashboard

@@ -165,7 +165,7 @@ class _ServerConnection(asyncio.Protocol):
     # -- transport events ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is a full Transport
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -471,7 +471,7 @@ class _ClientConnection(asyncio.Protocol):
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is a full Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

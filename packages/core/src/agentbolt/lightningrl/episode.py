@@ -305,7 +305,7 @@ def agent_selector(agent_match: AgentMatch) -> Callable[[str | None], bool]:
             raise UserError(f"agent_match {agent_match!r} is not a valid regular expression: {exc}") from exc
         return lambda name: name is not None and pattern.search(name) is not None
     if callable(agent_match):
-        return agent_match  # type: ignore[return-value]
+        return agent_match
     names = frozenset(agent_match)
     if not all(isinstance(n, str) for n in names):
         raise UserError(f"agent_match must hold agent names (str), got {sorted(map(repr, names))}")

@@ -94,9 +94,9 @@ def load_agent(agent: AgentLike | str) -> Callable[[Any, t.Resources], Any]:
         agent = agent()  # a class with a no-argument constructor: use an instance
     method = getattr(agent, "rollout", None)
     if callable(method):
-        return method  # type: ignore[no-any-return]
+        return method
     if callable(agent):
-        return agent  # type: ignore[no-any-return]
+        return agent
     raise UserError(
         f"an agent must be a function (task, resources) -> float | None or have such a rollout method; got {agent!r}"
     )
@@ -331,7 +331,7 @@ class Runner:
         if claim.attempt.deadline_at is not None:
             delay = max(0.0, claim.attempt.deadline_at - time.time())
             running.deadline = asyncio.get_running_loop().call_later(delay, self._end, aid, "timed out")
-        task.add_done_callback(lambda _t, aid=aid: self._finished(aid))
+        task.add_done_callback(lambda _task: self._finished(aid))
 
     def _finished(self, aid: str) -> None:
         running = self._running.pop(aid, None)

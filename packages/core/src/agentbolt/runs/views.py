@@ -175,8 +175,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             texts.append(content)
         for part in m.get("parts") or (content if isinstance(content, list) else []):
             if isinstance(part, dict):
-                if part.get("type") in ("text", None) and isinstance(part.get("content") or part.get("text"), str):
-                    texts.append(part.get("content") or part.get("text"))
+                text = part.get("content") or part.get("text")
+                if part.get("type") in ("text", None) and isinstance(text, str):
+                    texts.append(text)
                 elif part.get("type") in ("tool_call", "tool_call_response"):
                     texts.append(orjson.dumps(part, option=orjson.OPT_INDENT_2).decode())
         for call in m.get("tool_calls") or []:
@@ -206,12 +207,12 @@ def _call_view(span: t.Span) -> CallView:
     return CallView(
         span=span,
         index=None,
-        agent_name=a.get(semconv.GEN_AI_AGENT_NAME),  # type: ignore[arg-type]
+        agent_name=a.get(semconv.GEN_AI_AGENT_NAME),
         input_messages=inputs,
         output_messages=_messages(a.get(semconv.GEN_AI_OUTPUT_MESSAGES)),
         tools=list(tools) if isinstance(tools, list) else [],
-        prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),  # type: ignore[arg-type]
-        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),  # type: ignore[arg-type]
+        prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),
+        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),
         token_source=str(a.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING)),
         finish_reason=str(reasons[0]) if isinstance(reasons, list | tuple) and reasons else None,
         policy_version=a.get(semconv.POLICY_VERSION),
@@ -228,7 +229,7 @@ def _summary(span: t.Span, kind: str) -> str:
     if kind == "agent":
         return str(a.get(semconv.GEN_AI_AGENT_NAME, ""))
     if kind == "llm":
-        n = len(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or ())  # type: ignore[arg-type]
+        n = len(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or ())
         return f"{n} tokens · {a.get(semconv.TOKEN_SOURCE, 'missing')}"
     if kind == "exception":
         return str(a.get(semconv.EXCEPTION_TYPE, ""))

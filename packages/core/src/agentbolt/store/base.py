@@ -56,8 +56,8 @@ def _check_spans(request: Any) -> None:
 
 
 async def _finish_applied(store: Store, request: Any) -> t.Rollout | None:
-    (rollout,) = await _finishes_applied(store, [request]) or [None]
-    return rollout
+    rollouts = await _finishes_applied(store, [request])
+    return rollouts[0] if rollouts else None
 
 
 async def _finish_many_applied(store: Store, request: Any) -> list[t.Rollout] | None:
@@ -434,8 +434,9 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def check_span_batch(spans: Sequence[t.Span]) -> None:
-    """Reject spans no backend can store (no rollout id)."""
+def check_span_batch(spans: Sequence[t.Span]) -> list[str]:
+    """Reject spans no backend can store (no rollout id); each span's rollout id, in order."""
+    rollout_ids: list[str] = []
     for span in spans:
         if not isinstance(span, t.Span):
             raise SchemaError(f"add_spans takes Span objects, got {type(span).__name__}")
@@ -444,6 +445,8 @@ def check_span_batch(spans: Sequence[t.Span]) -> None:
                 f"span {span.name!r} ({span.span_id}) has no rollout_id; set it (or run inside a "
                 "rollout so the tracer sets it) before storing"
             )
+        rollout_ids.append(span.rollout_id)
+    return rollout_ids
 
 
 def normalize_statuses(

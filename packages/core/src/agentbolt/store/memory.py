@@ -17,7 +17,7 @@ from typing import TypeVar
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
 from . import lifecycle
-from .base import AttemptReport, Notifier, Store, normalize_statuses
+from .base import AttemptReport, Notifier, Store, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
 from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
@@ -402,19 +402,18 @@ class MemoryStore(MemoryRunsMixin, Store):
 
     def _check_spans(self, spans: Sequence[t.Span]) -> None:
         """``NotFoundError`` for spans of unknown rollouts or attempts (call with the lock held)."""
-        unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
+        rollout_ids = check_span_batch(spans)
+        unknown = sorted({rid for rid in rollout_ids if rid not in self._rollouts})
         if unknown:
             raise NotFoundError("rollout", unknown)
-        for span in spans:
-            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
-                raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
+        for span, rid in zip(spans, rollout_ids, strict=True):
+            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[rid]:
+                raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
 
     def _store_spans(self, spans: Sequence[t.Span]) -> int:
         """Store checked spans (with the lock held); returns how many were new."""
         added = 0
-        for span in spans:
-            rid = span.rollout_id
-            assert rid is not None
+        for span, rid in zip(spans, check_span_batch(spans), strict=True):
             stored = self._spans[rid]
             if span.span_id in stored:
                 continue
