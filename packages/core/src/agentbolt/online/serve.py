@@ -135,7 +135,7 @@ class OnlineServer:
         self.decisions: list[dict[str, Any]] = []
         self.swaps: list[dict[str, Any]] = []
         self.feedback_count = {"client": 0, "duplicate": 0}
-        self.store: Store = None  # type: ignore[assignment] - set by start()
+        self.store: Store = None  # type: ignore[assignment]  # set by start()
         self.gateway: Gateway = None  # type: ignore[assignment]
         self.sessions: SessionBook = None  # type: ignore[assignment]
         self.gate_runner: GateRunner | None = None

@@ -132,6 +132,7 @@ class SessionBook:
         """Response id -> rollout id of the segment that answered it."""
         self._open_locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._last_heartbeat = 0.0
         self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_lost": 0, "calls": 0}
 
@@ -160,9 +161,11 @@ class SessionBook:
         if key is None:
             session = await self._open(f"call-{t.new_id()}", "call", task, body, auto=True)
         else:
-            session = self.current.get(key)
-            if session is None or session.closed:
+            current = self.current.get(key)
+            if current is None or current.closed:
                 session = await self._open(key, source, task, body)
+            else:
+                session = current
         session.inflight += 1
         session.last_active = time.monotonic()
         return RoutedCall(session.rollout_id, session.attempt_id, [(keys.SESSION_HEADER, session.key)], session)
@@ -180,7 +183,9 @@ class SessionBook:
             if response_id is not None:
                 self.responses[response_id] = session.rollout_id
         if session.auto and session.inflight == 0:
-            asyncio.get_running_loop().create_task(self._close(session))
+            closing = asyncio.get_running_loop().create_task(self._close(session))
+            self._closing.add(closing)  # the loop keeps tasks weakly: hold it until it is done
+            closing.add_done_callback(self._closing.discard)
 
     # -- lookups for feedback -----------------------------------------------------------------------
 
@@ -359,7 +364,7 @@ class SessionBook:
             offset += len(page.items)
             if not page.items or offset >= page.total or page.items[-1].created_at < cutoff:
                 break
-        found.sort(key=lambda r: (r.created_at, int(r.metadata.get(META_SEGMENT) or 0)))
+        found.sort(key=lambda r: (r.created_at, _segment(r.metadata)))
         for rollout in found:
             meta = rollout.metadata
             key = str(meta[META_KEY])
@@ -370,10 +375,10 @@ class SessionBook:
                 key=key,
                 rollout_id=rollout.rollout_id,
                 attempt_id=attempt_id,
-                segment=int(meta.get(META_SEGMENT) or 0),
+                segment=_segment(meta),
                 auto=meta.get(META_SOURCE) == "call",
-                task_key=meta.get(META_TASK) if isinstance(meta.get(META_TASK), str) else None,
-                prompt_key=meta.get(META_PROMPT) if isinstance(meta.get(META_PROMPT), str) else None,
+                task_key=_text(meta.get(META_TASK)),
+                prompt_key=_text(meta.get(META_PROMPT)),
                 closed=rollout.status is not t.RolloutStatus.RUNNING,
                 ended_at=rollout.ended_at,
             )
@@ -404,3 +409,14 @@ class SessionBook:
                         if attrs.get(semconv.REWARD_IS_FINAL) is True:
                             session.has_final = True
                             session.judged = attrs.get(semconv.FEEDBACK_SOURCE) == "judge"
+
+
+def _segment(metadata: Mapping[str, Any]) -> int:
+    """A session rollout's segment number from its metadata (0 when absent)."""
+    value = metadata.get(META_SEGMENT)
+    return int(value) if isinstance(value, int | float | str) and value != "" else 0
+
+
+def _text(value: Any) -> str | None:
+    """``value`` when it is a string, else ``None``."""
+    return value if isinstance(value, str) else None

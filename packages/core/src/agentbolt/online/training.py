@@ -104,7 +104,7 @@ class OnlineTrainer:
         server.ledger.append("consumed", sessions=ids, rows=len(rows))
         server.trained.update(ids)
         if not rows:
-            log.warning("online update: %d sessions gave no trainable row\n%s", len(ids), processed.report.render())
+            log.warning("online update: %d sessions gave no trainable row\n%s", len(ids), processed.report.summary())
             await server.log_metrics({"train/sessions": float(len(ids)), "train/rows": 0.0, **report})
             return None
         self.updates += 1

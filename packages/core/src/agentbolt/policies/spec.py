@@ -63,7 +63,7 @@ class PolicySpec(BaseModel):
     name, a collection of exact names, or a predicate. :func:`match` builds exact names."""
     rank: int | None = Field(default=None, ge=1)
     """LoRA rank of its adapter (``None``: the algorithm's)."""
-    alpha: float | None = Field(default=None, gt=0)
+    alpha: int | None = Field(default=None, gt=0)
     """LoRA scaling numerator (``None``: twice the rank)."""
     lr: float | None = Field(default=None, gt=0)
     """Learning rate of its optimizer (``None``: the algorithm's)."""

@@ -162,6 +162,7 @@ class PolicyLightningRL:
                 owner = self.policies.policy_for(call.agent_name)
                 stats = per_agent.setdefault(call.agent_name or NO_AGENT, AgentStats())
                 stats.calls += 1
+                detail: str | None
                 if owner is None:
                     reason, detail = ExclusionReason.NO_POLICY.value, f"agent {call.agent_name!r}"
                 else:

@@ -183,10 +183,10 @@ class MemoryStore(MemoryRunsMixin, Store):
                     break
                 queue = min(candidates, key=lambda q: q[0][0])
                 _, rid = heapq.heappop(queue)
-                rollout = self._rollouts.get(rid)
-                if rollout is None or rollout.status is not t.RolloutStatus.QUEUED:
+                queued = self._rollouts.get(rid)
+                if queued is None or queued.status is not t.RolloutStatus.QUEUED:
                     continue  # stale heap entry (cancelled, purged or claimed by id)
-                claims.append(self._claim_one(rollout, worker_id, lease_s, now, latest))
+                claims.append(self._claim_one(queued, worker_id, lease_s, now, latest))
             return claims
 
     def _claim_one(self, rollout: t.Rollout, worker_id: str, lease_s: float, now: float, latest: int | None) -> t.Claim:
