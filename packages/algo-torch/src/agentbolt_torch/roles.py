@@ -40,6 +40,7 @@ from agentbolt.types import Transition
 from .adapters import adapter_file, load_adapter_weights
 from .policy import LoraSettings, Policy
 from .update import PolicyUpdater, UpdateConfig, UpdateMetrics
+from .update_checkpoint import install_directory
 
 __all__ = ["RoleLightningRL", "RoleUpdateMetrics", "RoleUpdater", "load_role_policies", "lora_settings_for"]
 
@@ -138,14 +139,7 @@ class RoleUpdater:
                 "saved_at": time.time(),
             }
             (tmp / "state.json").write_text(json.dumps(state, indent=2))
-            tmp.chmod(0o755)
-            if path.exists():
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
-                path.rename(old)
-                tmp.rename(path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(path)
+            install_directory(tmp, path)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

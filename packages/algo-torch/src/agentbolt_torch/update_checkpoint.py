@@ -98,18 +98,24 @@ def save_checkpoint(
                 "saved_at": time.time(),
             }
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
-        tmp.chmod(0o755)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        install_directory(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def install_directory(tmp: Path, path: Path) -> None:
+    """Put the finished directory ``tmp`` at ``path`` (replacing what is there, by renames: a reader
+    sees the old directory or the new one, never half of one)."""
+    tmp.chmod(0o755)
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
 
 
 def load_checkpoint(
