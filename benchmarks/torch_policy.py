@@ -2,6 +2,7 @@
 
 Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
       uv run python benchmarks/torch_policy.py [--batches 1 16 32] [--new-tokens 64] [--http] [--update-seqs 32]
+      uv run python benchmarks/torch_policy.py --adapters 1 2 4 [--batches 1 16 32] [--rounds 3] [--model tiny]
 
 Prints:
 - a greedy answer (sanity check of the converted weights and the chat template);
@@ -13,6 +14,13 @@ Prints:
 - one full fine-tune update (bf16 autocast, fp32 master weights, AdamW) on ``--update-seqs``
   sequences of about 150 tokens (110-token prompt + 40-token response): seconds, tokens/s,
   peak RSS. The first update is a warm-up; the second is reported.
+
+``--adapters 1 2 4`` measures instead the cost of policies by role: the serving throughput of the
+single-policy engine (no adapter), of one LoRA policy, and of one base model with 1, 2 and 4 LoRA
+adapters (rank ``--rank``) with the same load (``--batches`` concurrent requests, spread round-robin
+over the adapters, so every decode step is a mixed-adapter batch). The configurations are measured
+in alternation, ``--rounds`` times each, and reported as the median with its ratio to the
+single-policy engine: on a shared machine only the ratios mean something.
 
 CPU contention matters a lot on small machines: with other processes busy, PyTorch's default
 OpenMP spin-waiting makes 2 threads several times slower than 1. The script prints the CPU
@@ -83,6 +91,60 @@ def bench_http(base_url: str, messages: list[dict[str, str]], batch: int, new_to
     return best
 
 
+def bench_adapters(args: argparse.Namespace) -> None:
+    """Throughput of 0 (the single-policy engine), one LoRA policy, and 1..N adapters, interleaved."""
+    import statistics
+
+    from agentbolt_torch.chat import render_chat
+    from agentbolt_torch.policy import LoraSettings
+
+    lora = LoraSettings(r=args.rank, alpha=2 * args.rank)
+    configs: dict[str, tuple[Policy, list[str | None]]] = {}
+    t0 = time.perf_counter()
+    configs["single policy (no adapter)"] = (Policy.load(args.model), [None])
+    configs[f"single LoRA policy (r={args.rank})"] = (Policy.load(args.model, lora=lora), [None])
+    for n in args.adapters:
+        names = [f"role{i}" for i in range(n)]
+        policy = Policy.load(args.model, adapters=dict.fromkeys(names, lora))
+        configs[f"{n} adapter{'s' if n > 1 else ''} (r={args.rank}), requests round-robin"] = (policy, list(names))
+    print(f"loaded {len(configs)} policies in {time.perf_counter() - t0:.1f} s; peak RSS {peak_rss_gb():.2f} GB")
+    any_policy = next(iter(configs.values()))[0]
+    tok = any_policy.tokenizer
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok(render_chat(tok, messages), add_special_tokens=False)["input_ids"]
+    print(
+        f"model {args.model}; autocast {any_policy.autocast_dtype}; {len(prompt)}-token prompt, {args.new_tokens} new tokens per request"
+    )
+    engines = {
+        label: GenerationEngine(policy, max_batch_size=max(args.batches), batch_window_s=0.05).start()
+        for label, (policy, _) in configs.items()
+    }
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    rates: dict[tuple[str, int], list[float]] = {}
+    for label, engine in engines.items():  # warm-up (and the per-adapter prompt prefill)
+        adapters = configs[label][1]
+        for h in [engine.submit(prompt, params, adapter=adapters[i % len(adapters)]) for i in range(4)]:
+            h.wait(600)
+    for round_ in range(args.rounds):
+        for batch in args.batches:
+            for label, engine in engines.items():
+                adapters = configs[label][1]
+                t1 = time.perf_counter()
+                handles = [engine.submit(prompt, params, adapter=adapters[i % len(adapters)]) for i in range(batch)]
+                total = sum(len(h.wait(600)[0].token_ids) for h in handles)
+                rates.setdefault((label, batch), []).append(total / (time.perf_counter() - t1))
+        print(f"round {round_ + 1}/{args.rounds} done; {cpu_pressure()}", flush=True)
+    for engine in engines.values():
+        engine.stop()
+    baseline = "single policy (no adapter)"
+    for batch in args.batches:
+        base = statistics.median(rates[(baseline, batch)])
+        for label in engines:
+            rate = statistics.median(rates[(label, batch)])
+            print(f"serving batch {batch:3d}  {label:45s} {rate:7.1f} tokens/s  ({rate / base:.2f} x single policy)")
+    print(f"peak RSS {peak_rss_gb():.2f} GB; {cpu_pressure()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32])
@@ -91,12 +153,23 @@ def main() -> None:
     parser.add_argument("--update-seqs", type=int, default=32)
     parser.add_argument("--skip-update", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--adapters", type=int, nargs="+", default=None, help="measure serving with these numbers of LoRA adapters"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="for --adapters: smollm2 (default) or tiny (a random model, seconds)"
+    )
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank for --adapters (default 16)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating measurements per configuration")
     args = parser.parse_args()
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}; {cpu_pressure()}")
+    if args.adapters:
+        bench_adapters(args)
+        return
 
     t0 = time.perf_counter()
     policy = Policy.load("smollm2")

@@ -4,6 +4,7 @@
     uv run python examples/sql_agent/train.py --steps 0 --val 48   # held-out accuracy of the base model only
     uv run python examples/sql_agent/train.py --data ~/spider      # the real Spider (train_spider.json, dev.json)
     uv run python examples/sql_agent/train.py --train-agents all   # also train the checker
+    uv run python examples/sql_agent/train.py --policies per-role  # one LoRA adapter for the writer, one for the rewriter
 
 What runs: a SQLite store (``runs/sql_agent.db``), the gateway, runner processes executing the
 graph of ``agent.py`` (the agentbolt-langchain adapter names every LLM call after its graph
@@ -13,6 +14,11 @@ transitions with LightningRL (``agent_match``: by default ``write_query`` and ``
 is execution accuracy (one sample per question, before and after training) on each held-out set
 of ``dev.json``: ``seen_dbs`` (new questions on training databases) and ``unseen_dbs`` (databases
 with no training question). The run record goes to ``--out``/result.json (``docs/runs/`` shape).
+
+``--policies shared`` (the default) trains one policy for every trained node: the full model, or
+one LoRA adapter with ``--lora-rank``. ``--policies per-role`` trains one LoRA adapter per role on
+one base model (``roles.py``: the writer's and the rewriter's; the checker is served by the base
+model), routed by the gateway from what each request carries.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import sys
 import time
 from pathlib import Path
@@ -29,9 +36,10 @@ sys.path.insert(0, str(HERE))  # agent.py and data.py, also in the runner proces
 
 from agent import sql_agent  # noqa: E402
 from data import HELDOUT_PER_SET, SpiderDataError, ensure_bundled, heldout_sets, load_split  # noqa: E402
+from roles import policies_for, sql_role  # noqa: E402
 
 from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
-from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
+from agentbolt.options import CaptureOptions, GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
@@ -43,6 +51,17 @@ AGENT_SETS = {
     "writer": "^write_query$",
     "all": None,
 }
+
+
+DEFAULT_RANK = 16
+"""LoRA rank of the per-role adapters when ``--lora-rank`` is not given."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +79,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=0, help="also evaluate every N steps (default 0: before/after)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature, training and held-out")
-    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
+    p.add_argument(
+        "--lr", type=float, default=None, help="learning rate (default 1e-5 full fine-tune, 1e-4 with LoRA adapters)"
+    )
+    p.add_argument(
+        "--policies",
+        choices=("shared", "per-role"),
+        default="shared",
+        help="shared (default): one trained policy for every trained node; per-role: one LoRA adapter per role "
+        "(writer, rewriter) on one base model",
+    )
+    p.add_argument(
+        "--lora-rank",
+        type=positive_int,
+        default=None,
+        help="LoRA rank: with --policies shared, train one adapter instead of the full model; "
+        f"per-role adapters default to {DEFAULT_RANK}",
+    )
     p.add_argument(
         "--train-agents",
         default="writer+rewriter",
@@ -133,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     agent_match = AGENT_SETS.get(args.train_agents, args.train_agents)
     counts = ", ".join(f"{name} {len(tasks)}" for name, tasks in sets.items())
     print(f"data: {folder} ({len(train)} train; held-out: {counts}); training nodes: {agent_match or 'all'}")
+    rank = args.lora_rank or (DEFAULT_RANK if args.policies == "per-role" else None)
+    lr = args.lr if args.lr is not None else (1e-5 if rank is None else 1e-4)
+    policies = policies_for(args.policies, rank=rank or DEFAULT_RANK)
+    print(
+        f"policies: {args.policies} "
+        + ("(full fine-tune)" if rank is None else f"(LoRA rank {rank})")
+        + (f": {', '.join(policies)}" if policies else "")
+        + f"; lr {lr:g}"
+    )
     algorithm = TorchGRPO(
         args.model,
         steps=args.steps,
@@ -142,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         val_every=args.val_every or None,
         lightningrl=LightningRLConfig(agent_match=agent_match),
-        update={"lr": args.lr, "seed": args.seed},
+        update={"lr": lr, "seed": args.seed},
+        lora=None if rank is None or policies is not None else {"r": rank, "alpha": 2 * rank},
         out_dir=args.out,
         checkpoint_every=args.steps or None,
         autocast=None if args.autocast == "none" else args.autocast,
@@ -161,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         # a loaded CPU answers slowly: wait, rather than fail and retry the rollout
         gateway=GatewayOptions(upstream_timeout_s=args.timeout),
         progress=not args.no_progress,
+        policies=policies,
+        # per-role: the gateway routes each call to its role's adapter, so it names the call when
+        # it is made (roles.sql_role, from the prompt); shared: nothing to route
+        capture=CaptureOptions(agent_names=sql_role) if policies is not None else None,
     )
     started = time.time()
     result = trainer.fit(train, val, max_staleness=args.max_staleness)
@@ -185,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         headline=f"{'unseen_dbs' if 'unseen_dbs' in heldout else next(iter(heldout))}/{METRIC}",
         extra={
             "trained_agents": agent_match or "all",
+            "policies": args.policies,
+            "policy_names": list(policies) if policies else ["policy"],
+            "lora_rank": rank,
+            "lr": lr,
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
             "failed_heldout_rollouts_before_after": failed,
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: v for k, v in capture.items() if v is not None},
@@ -201,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     print(
-        f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all); "
+        f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all; "
+        f"peak RSS of the trainer {record.extra['peak_rss_gb']:.2f} GB); "
         f"record: {Path(args.out) / 'result.json'}; curve: {result.curve_png}",
         flush=True,
     )
@@ -218,7 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     if means:
         print(
             f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
-            f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens",
+            f"{means.get('time/update_s', 0):.1f} s"
+            + (
+                f"; prompts of {means['update/prompt_len_mean']:.0f} tokens"
+                if "update/prompt_len_mean" in means
+                else ""
+            ),
             flush=True,
         )
     return 0

@@ -178,12 +178,16 @@ def test_timed_out_attempts_dev_counts_equal_the_store() -> None:
         await asyncio.sleep(60)
         return 1.0
 
-    result, store = dev(slow, backend(), n_samples=1, runners={"timeout_s": 1.0, "max_attempts": 2})
+    result, store = dev(slow, backend(), n_samples=1, runners={"timeout_s": 5.0, "max_attempts": 2})
     report = stored(store)
     assert result.succeeded == 0
     assert {r.error.type for r in (asyncio.run(store.query_rollouts(limit=10))).items} == {"timeout"}  # type: ignore[union-attr]
-    assert result.llm_calls == report.counts.calls == 2 and result.calls_with_exact_ids == 2  # the calls made in time
-    assert result.report.finding("calls_in_ended_attempts").count == 2  # type: ignore[union-attr]
+    # The calls made before each attempt timed out: one per attempt, unless a loaded machine took
+    # the whole 5 s to get there. Whatever their number, dev and the store count the same.
+    calls = report.counts.calls
+    assert calls <= 2 and result.llm_calls == calls and result.calls_with_exact_ids == calls
+    ended = result.report.finding("calls_in_ended_attempts")
+    assert (ended.count if ended else 0) == calls
 
 
 def test_calls_forwarded_but_not_in_the_store() -> None:

@@ -223,7 +223,8 @@ def test_every_table_is_readable_at_80_columns(tiny_store: str, store_db: Path) 
     assert {"algorithm", "model", "started", "loss"} <= set(wide.split()) and "torch-grpo" in wide
     assert max(len(line.rstrip()) for line in wide.splitlines()) > 80  # natural width, not folded to fit
 
-    run_id = run_ids[0]
+    # a run of the fixture's (other test modules may add runs of their own to this session's store)
+    run_id = next(r for r in run_ids if sql(store_db, "SELECT COUNT(*) FROM rollouts WHERE run_id = ?", r)[0][0] >= 5)
     out = narrow("rollouts", "list", "--store", tiny_store, "--run", run_id, "--limit", "5")
     _fits(out)
     shown = [line.split()[0] for line in out.splitlines() if line.strip().startswith(f"{run_id}:")]

@@ -214,3 +214,39 @@ def test_the_dashboard_reads_a_store_server(tiny_store: str, page: Any, store_db
             assert page.goto(f"{dash.url}/rollouts/ro-nope").status == 404
     finally:
         server.stop()
+
+
+def test_policies_by_role_get_one_curve_per_policy(dashboard: DashboardThread, page: Any, tiny_store: str) -> None:
+    """A run with policies by role records them in its config; its run page and the compare view
+    draw a per-policy metric family (``train/{policy}/loss``) as one curve per policy."""
+    policies = {"writer": {"match": ["write_query"]}, "rewriter": {"match": ["rewrite_query"]}}
+
+    async def record(name: str, scale: float) -> str:
+        store = open_store(tiny_store)
+        try:
+            spec = RunSpec(name=name, algorithm="torch-grpo", model="tiny", config={"policies": policies})
+            run = await store.start_run(spec)
+            for step in (1, 2, 3):
+                values = {"train/reward": 0.1 * step, "train/writer/loss": scale * step, "train/rewriter/loss": -step}
+                await store.add_run_metrics(run.run_id, step, values)
+            return run.run_id
+        finally:
+            await store.close()
+
+    first, second = off_loop(record("roles-a", 1.0)), off_loop(record("roles-b", 2.0))
+    page.goto(f"{dashboard.url}/runs/{first}")
+    page.select_option("#run-metric", "train/{policy}/loss")
+    page.wait_for_selector("#run-chart .uplot")
+    legend = page.locator("#run-chart .u-legend").inner_text()
+    assert "writer" in legend and "rewriter" in legend
+    assert page.locator("#run-chart").get_attribute("data-points") == "3"
+    assert "loss per policy" in page.locator("#run-metric option[value='train/{policy}/loss']").inner_text()
+
+    page.goto(f"{dashboard.url}/runs")
+    for run_id in (first, second):
+        page.locator(f"tr[data-run='{run_id}'] input.pick").check()
+    page.select_option("#compare-metric", "train/{policy}/loss")
+    page.wait_for_selector("#compare-chart .uplot")
+    legend = page.locator("#compare-chart .u-legend").inner_text()
+    for label in ("roles-a · writer", "roles-a · rewriter", "roles-b · writer", "roles-b · rewriter"):
+        assert label in legend, legend

@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 from dashboard_helpers import DashboardThread, sql
-from typer.testing import CliRunner
-
-from agentbolt.cli import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the quickstart run: ~1 min idle, more when busy
 
@@ -42,11 +39,21 @@ def quickstart_store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+    """``agentbolt ARGS`` in an 80-column terminal, in a process of its own as a user runs it (in this
+    process, the browser test's Playwright may hold the event loop, whatever order the tests run in)."""
+    return subprocess.run(
+        [sys.executable, "-m", "agentbolt.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "80"},
+    )
 
 
 def test_the_cli_after_the_quickstart(quickstart_store: str, tmp_path: Path) -> None:
-    (run_id,) = cli("runs", "list", "--store", quickstart_store, "-q").stdout.split()
+    listed = cli("runs", "list", "--store", quickstart_store, "-q")
+    assert listed.returncode == 0, listed.stderr
+    (run_id,) = listed.stdout.split()
     table = cli("runs", "list", "--store", quickstart_store).stdout
     assert run_id in table and "succeeded" in table and "…" not in table
     assert max(len(line.rstrip()) for line in table.splitlines()) <= 80
@@ -62,7 +69,7 @@ def test_the_cli_after_the_quickstart(quickstart_store: str, tmp_path: Path) -> 
 
     out = tmp_path / "sft.jsonl"
     export = cli("export", "--store", quickstart_store, "--run", run_id, "--format", "sft-jsonl", "-o", str(out))
-    assert export.exit_code == 0, export.output
+    assert export.returncode == 0, export.stdout + export.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert records and all(":step" in r["rollout_id"] for r in records)  # training rollouts only
     assert "32 held-out (val) rollouts left out; --mode all includes them" in export.stderr  # 16 before, 16 after

@@ -247,6 +247,66 @@ def test_two_training_steps_on_the_tiny_model(tmp_path: Path) -> None:
     assert all(h["lightningrl/agent/check_query/calls"] > 0 for h in trained)
 
 
+def test_per_role_policies_train_one_adapter_per_role_on_the_tiny_model(tmp_path: Path) -> None:
+    """``--policies per-role``: the gateway routes each call by its role (roles.sql_role agrees with the
+    LangGraph adapter's node names: no policy_mismatch), the writer's and the rewriter's calls are
+    served and trained by their own adapters, the checker's by the base model and never trained."""
+    store_url = f"sqlite:///{tmp_path}/sql.db"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE / "train.py"),
+            *("--model", "tiny", "--steps", "1", "--val", "2", "--batch-size", "2", "--group-size", "2"),
+            *("--policies", "per-role", "--lora-rank", "4"),
+            *("--no-progress", "--store", store_url, "--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "policies: per-role (LoRA rank 4): writer, rewriter; lr 0.0001" in proc.stdout
+    extra = json.loads((tmp_path / "out/result.json").read_text())["extra"]
+    assert extra["policies"] == "per-role" and extra["policy_names"] == ["writer", "rewriter"]
+    assert extra["lora_rank"] == 4 and extra["peak_rss_gb"] > 0 and extra["exact_token_id_share"] == 1.0
+    (step,) = [h for h in result_history(tmp_path / "out/metrics.jsonl") if "lightningrl/transitions" in h]
+    assert step["train/writer/n_transitions"] == step["lightningrl/agent/write_query/trained"] == 4
+    assert step["lightningrl/excluded/no_policy"] == step["lightningrl/agent/check_query/calls"] > 0
+    assert step.get("lightningrl/excluded/policy_mismatch", 0) == 0
+    final = tmp_path / "out/checkpoint-final/policies"
+    assert sorted(p.name for p in final.iterdir()) == ["rewriter", "writer"]
+
+    async def read() -> list[tuple[object, object]]:
+        store = open_store(store_url)
+        try:
+            rollouts = (await store.query_rollouts(limit=1000)).items
+            spans = await store.query_spans([r.rollout_id for r in rollouts], latest_attempt_only=True)
+        finally:
+            await store.close()
+        return [
+            (s.attributes.get(semconv.GEN_AI_AGENT_NAME), s.attributes.get(semconv.POLICY_NAME))
+            for ss in spans.values()
+            for s in ss
+            if semconv.TOKEN_SOURCE in s.attributes
+        ]
+
+    served = set(asyncio.run(read()))
+    assert {("write_query", "writer"), ("check_query", None)} <= served
+    assert served <= {("write_query", "writer"), ("rewrite_query", "rewriter"), ("check_query", None)}
+
+
+def test_a_bad_lora_rank_is_refused_before_anything_starts() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "train.py"), "--policies", "per-role", "--lora-rank", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "--lora-rank: must be a whole number >= 1, got 0" in proc.stderr
+
+
 def result_history(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

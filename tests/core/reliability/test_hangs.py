@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +30,13 @@ def _trainer(tmp_path: Path, agent: object, **runners: object) -> Trainer:
     )
 
 
-def test_a_sync_agent_that_never_returns_times_out_and_the_trainer_finishes(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = _trainer(tmp_path, hang_agents.never_returns, timeout_s=1.0).dev([0], llm=UNUSED_LLM, in_process=False)
-    # The runner process exited on its own: killing it would have taken its drain timeout + 15 s.
-    assert time.monotonic() - started < 25
+def test_a_sync_agent_that_never_returns_times_out_and_the_trainer_finishes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="agentbolt.runners.pool"):
+        result = _trainer(tmp_path, hang_agents.never_returns, timeout_s=1.0).dev([0], llm=UNUSED_LLM, in_process=False)
+    # The runner process exited on its own (the pool did not have to kill it), whatever the clock says.
+    assert not [r for r in caplog.records if "killing it" in r.getMessage()]
     assert result.failed == 1 and list(result.failures) == ["timeout: timeout"], result.failures
 
 
@@ -92,7 +94,6 @@ def test_a_dead_runner_process_is_replaced(tmp_path: Path) -> None:
 
 
 def test_the_trainer_fails_clearly_when_no_runner_is_left(tmp_path: Path) -> None:
-    started = time.monotonic()
+    # a hang instead of this error would be cut off by the suite's per-test timeout
     with pytest.raises(RuntimeError, match="no runner process is left"):
         _trainer(tmp_path, hang_agents.kills_its_process, restarts=1).dev([0], llm=UNUSED_LLM, in_process=False)
-    assert time.monotonic() - started < 60

@@ -111,8 +111,8 @@ def _quiet_metric_exporter(module: Any) -> None:
     _quiet(module.OTLPMetricExporter, MetricExportResult.SUCCESS)
 
 
-def _quiet(exporter: type, dropped: Any) -> None:
-    """Wrap ``exporter.export``: an export to AgentOps' cloud without an API key is dropped
+def _quiet(exporter: Any, dropped: Any) -> None:
+    """Wrap the ``export`` method of the ``exporter`` class (AgentOps', untyped): an export to AgentOps' cloud without an API key is dropped
     (reported as done, so nothing retries); every other export goes as before."""
     import wrapt
 
@@ -127,7 +127,7 @@ def _quiet(exporter: type, dropped: Any) -> None:
 
     wrapper = export(exporter.__dict__["export"])
     setattr(wrapper, _KEPT_LOCAL, True)
-    exporter.export = wrapper  # type: ignore[attr-defined]
+    exporter.export = wrapper
 
 
 def _to_cloud_without_key(exporter: Any) -> bool:

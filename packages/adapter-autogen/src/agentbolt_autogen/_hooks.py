@@ -126,7 +126,7 @@ class AutogenHooks(AdapterHooks):
         if getattr(provider, "_agentbolt_autogen_processor", None) is None:
             processor = _make_span_processor(self)
             provider.add_span_processor(processor)
-            provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]
+            provider._agentbolt_autogen_processor = processor  # type: ignore[attr-defined]  # our marker: one processor per provider
 
     # -- AutoGen's OpenTelemetry spans ------------------------------------------------------------
 
@@ -373,7 +373,7 @@ class _EventFilter(logging.Filter):
 def _make_span_processor(hooks: AutogenHooks) -> Any:
     from opentelemetry.sdk.trace import SpanProcessor
 
-    class AutogenSpanProcessor(SpanProcessor):  # type: ignore[misc]
+    class AutogenSpanProcessor(SpanProcessor):
         """Marks AutoGen's agent and tool spans of rollouts (inert once uninstrumented)."""
 
         def on_start(self, span: Any, parent_context: Any = None) -> None:

@@ -422,12 +422,12 @@ def installed_handler() -> AgentboltCallbackHandler:
 def _registered_handler() -> AgentboltCallbackHandler | None:
     for entry in getattr(lc_context, "_configure_hooks", ()):
         var = entry[0] if isinstance(entry, tuple) and entry else None
-        if getattr(var, "name", None) != HOOK_VAR_NAME:
+        if var is None or getattr(var, "name", None) != HOOK_VAR_NAME:
             continue
         try:
-            handler = contextvars.Context().run(var.get)  # type: ignore[union-attr]
+            handler = contextvars.Context().run(var.get)
         except LookupError:
             continue
         if callable(getattr(handler, "acquire", None)) and callable(getattr(handler, "release", None)):
-            return handler  # type: ignore[no-any-return]
+            return handler
     return None

@@ -27,7 +27,9 @@ class _APOFactory:
         published = run.latest.get("apo/published_version")
         if published is None:
             return None
-        return stored_summary((await store.get_resources(int(published))).extra)
+        resources = await store.get_resources(int(published))
+        assert resources is not None, "get_resources(version) raises NotFoundError for an unknown version"
+        return stored_summary(resources.extra)
 
 
 @hookimpl

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from agentbolt.testing.fake_llm import FakeLLM, FakeRequest
 
@@ -120,7 +120,7 @@ class ScriptedOptimizer:
             self.other.append(request)
         return "This is not an APO optimizer request."
 
-    def fake_llm(self, **options: object) -> FakeLLM:
+    def fake_llm(self, **options: Any) -> FakeLLM:
         """A :class:`~agentbolt.testing.fake_llm.FakeLLM` answering with :meth:`reply`
         (``options`` are its other arguments: ``failures``, ``latency_s``, ...)."""
-        return FakeLLM(default_reply=self.reply, **options)  # type: ignore[arg-type]
+        return FakeLLM(default_reply=self.reply, **options)

@@ -10,6 +10,10 @@ and at the end; metrics (with each step's sampling health, ``health/*``: see
 store and a PNG curve.
 
     Trainer(agent, TorchGRPO(model="smollm2", steps=30, batch_size=8, group_size=4)).fit(train, val)
+
+With policies by role (``Trainer(policies=...)``, read here as ``ctx.policies``) the same loop
+serves one LoRA adapter per policy on one base model and updates each from its own agents' rows
+(:mod:`agentbolt_torch.roles`); per-policy metrics are ``train/<policy>/*``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
 from agentbolt.errors import UserError
 from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.policies import Policies
 from agentbolt.runs.health import step_metrics
 
 from .asynchronous import train_async
@@ -115,6 +120,7 @@ class TorchGRPO(Algorithm):
 
     name = "torch-grpo"
     asynchronous = True
+    supports_policies = True
 
     def __init__(
         self,
@@ -181,8 +187,6 @@ class TorchGRPO(Algorithm):
     # -- the loop ---------------------------------------------------------------------------------
 
     async def run(self, ctx: AlgorithmContext, train: Sequence[t.Task], val: Sequence[t.Task]) -> TorchGRPOResult:
-        from agentbolt.lightningrl import LightningRL
-
         from .metrics import MetricsLogger, plot_curves
 
         items = self._training_items(train)
@@ -193,7 +197,13 @@ class TorchGRPO(Algorithm):
                 f"{self.name} trains on demonstrations here: nothing is sampled, so max_staleness does not "
                 "apply (leave it unset)"
             )
-        policy, updater = await asyncio.to_thread(self._load)
+        if self.lightningrl.max_staleness is not None and not ctx.policies.is_shared:
+            raise UserError(
+                f"{self.name}: max_staleness with policies by role is not supported yet (the serving copy "
+                "and the swap hold one version, not one per adapter); train per-role policies "
+                "synchronously (leave max_staleness unset) or use one shared policy"
+            )
+        policy, updater, lrl = await asyncio.to_thread(self._load, ctx.policies)
         await asyncio.to_thread(
             ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
         )
@@ -201,7 +211,7 @@ class TorchGRPO(Algorithm):
             ctx,
             policy,
             updater,
-            LightningRL(self.lightningrl),
+            lrl,
             MetricsLogger(self.out_dir, append=self.resume is not None),
         )
         try:
@@ -365,7 +375,7 @@ class TorchGRPO(Algorithm):
             **values,
             "train/transitions": float(len(transitions)),
             "time/update_s": result.seconds,
-            **{f"update/{k}": v for k, v in result.as_dict().items() if k not in ("step", "seconds")},
+            **_update_values(result),
             **more,
         }
 
@@ -420,7 +430,7 @@ class TorchGRPO(Algorithm):
         except EmptyBatchError as exc:
             log.error("step %d: no transition to train on; skipping the update.\n%s", step, exc)
             return None
-        return list(processed.rows), processed.report.metrics("lightningrl/")
+        return list(processed.rows), lightningrl_metrics(processed)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -432,7 +442,11 @@ class TorchGRPO(Algorithm):
 
     # -- pieces -----------------------------------------------------------------------------------
 
-    def _load(self) -> tuple[Any, Any]:
+    def _load(self, policies: Policies) -> tuple[Any, Any, Any]:
+        """The policy, its updater and LightningRL: one of each, or with policies by role one
+        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.roles`)."""
+        from agentbolt.lightningrl import LightningRL
+
         from .engine import GenerationEngine
         from .policy import LoraSettings, Policy
         from .server import PolicyServer
@@ -441,13 +455,33 @@ class TorchGRPO(Algorithm):
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
         log.info("loading %s", self.model)
-        policy = Policy.load(self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed)
-        updater = PolicyUpdater(
-            policy,
-            config or UpdateConfig(seed=self.seed),
-            loss_aggregation=self.lightningrl.loss_aggregation,
-            correction=self.lightningrl.correction,
-        )
+        updater: Any
+        lrl: Any
+        if policies.is_shared:
+            policy = Policy.load(
+                self.model, lora=lora, autocast_dtype=self.autocast, device=self.device, seed=self.seed
+            )
+            updater = PolicyUpdater(
+                policy,
+                config or UpdateConfig(seed=self.seed),
+                loss_aggregation=self.lightningrl.loss_aggregation,
+                correction=self.lightningrl.correction,
+            )
+            lrl = LightningRL(self.lightningrl)
+        else:
+            from .roles import RoleLightningRL, load_role_policies
+
+            policy, updater, by_policy = load_role_policies(
+                self.model,
+                policies,
+                lora=lora,
+                update=config or UpdateConfig(seed=self.seed),
+                lightningrl=self.lightningrl,
+                autocast=self.autocast,
+                device=self.device,
+                seed=self.seed,
+            )
+            lrl = RoleLightningRL(by_policy, policy)
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
         self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)
@@ -455,7 +489,7 @@ class TorchGRPO(Algorithm):
             self._engine.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
         self._server = PolicyServer(self._engine, served_model_name=policy.name).start()
         log.info("policy server for %s at %s", policy.name, self._server.base_url)
-        return policy, updater
+        return policy, updater, lrl
 
     async def _publish(self, ctx: AlgorithmContext, policy: Any, sampling: Mapping[str, Any]) -> t.Resources:
         return await ctx.publish(
@@ -503,3 +537,18 @@ class TorchGRPO(Algorithm):
         accuracy, reward = self._accuracy(rollouts), mean_reward(rollouts)
         log_step(step, {"val/accuracy": accuracy, "val/reward": reward})
         return accuracy, reward
+
+
+def _update_values(update: Any) -> dict[str, float]:
+    """An update's metrics: ``update/*`` for one policy, ``train/<policy>/*`` per policy by role."""
+    from .update import UpdateMetrics
+
+    if isinstance(update, UpdateMetrics):
+        return {f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")}
+    return {f"train/{k}": v for k, v in update.as_dict().items()}
+
+
+def lightningrl_metrics(processed: Any) -> dict[str, float]:
+    """``lightningrl/*`` of a LightningRL batch (with policies by role, also ``lightningrl/policy/<name>/*``)."""
+    metrics = getattr(processed, "metrics", None)
+    return metrics("lightningrl/") if callable(metrics) else processed.report.metrics("lightningrl/")

@@ -72,12 +72,13 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
 
 from ._kv import cache_concat, cache_layers, cache_select, cache_trim_left, pad_left, pad_seq_left
+from .adapters import BASE, check_names
 from .engine_io import (
     Completion,
     EngineStats,
@@ -89,6 +90,7 @@ from .engine_io import (
 )
 from .sampling import find_stop, held_back, sample_tokens
 from .serving import ServingWeights, SwapResult
+from .token_text import decode_text
 
 if TYPE_CHECKING:
     import torch
@@ -117,6 +119,7 @@ class _Row:
     max_tokens: int
     generator: torch.Generator | None
     version: int
+    adapter: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] | None = None
@@ -126,6 +129,14 @@ class _Row:
     read_offset: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+
+
+_PromptKey = tuple[str | None, tuple[int, ...]]
+"""A prompt as the prompt cache knows it: (adapter, token ids); the KV rows depend on both."""
+
+
+def _prompt_key(handle: RequestHandle) -> _PromptKey:
+    return handle.adapter, tuple(handle.prompt_ids)
 
 
 @dataclass
@@ -216,7 +227,7 @@ class GenerationEngine:
         self._cast: dict[str, torch.Tensor] | None = None
         self._cast_key: tuple[int, int] | None = None
         self.prompt_cache_bytes = int(prompt_cache_mb * 2**20)
-        self._prompts: collections.OrderedDict[tuple[int, ...], _PromptKV] = collections.OrderedDict()
+        self._prompts: collections.OrderedDict[_PromptKey, _PromptKV] = collections.OrderedDict()
         self._prompts_bytes = 0
         self._prompts_key: tuple[int, int] | None = None
 
@@ -252,7 +263,7 @@ class GenerationEngine:
     @property
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters."""
-        return EngineStats(**self._stats.as_dict())
+        return replace(self._stats)
 
     def reset_stats(self) -> None:
         """Zero the counters."""
@@ -270,11 +281,16 @@ class GenerationEngine:
 
     # -- submission ----------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1) -> RequestHandle:
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1, *, adapter: str | None = None
+    ) -> RequestHandle:
         """Queue a request for ``n`` samples of ``prompt_ids``; returns at once.
 
+        ``adapter``: with a policy of several adapters (policies by role), the one that generates
+        (:data:`~agentbolt_torch.adapters.BASE` or ``None``: the base model alone).
+
         Raises:
-            UserError: empty prompt, a prompt that fills the context, or a bad ``n``.
+            UserError: empty prompt, a prompt that fills the context, a bad ``n``, or an unknown adapter.
         """
         params = params or SamplingParams()
         if not prompt_ids:
@@ -293,7 +309,7 @@ class GenerationEngine:
             raise UserError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
         if self._thread is None:
             raise UserError("the generation engine is not started; call start() first")
-        handle = RequestHandle(prompt_ids, params, n, self)
+        handle = RequestHandle(prompt_ids, params, n, self, adapter=self._adapter_of(adapter))
         with self._cv:
             self._queue.append(handle)
             self._cv.notify_all()
@@ -305,9 +321,31 @@ class GenerationEngine:
         params: SamplingParams | None = None,
         n: int = 1,
         timeout: float | None = None,
+        *,
+        adapter: str | None = None,
     ) -> list[Completion]:
         """Submit and wait (blocking; for use from threads, not from an event loop)."""
-        return self.submit(prompt_ids, params, n).wait(timeout)
+        return self.submit(prompt_ids, params, n, adapter=adapter).wait(timeout)
+
+    # -- adapters (policies by role) -----------------------------------------------------------
+
+    def _adapter_of(self, adapter: str | None) -> str | None:
+        """The adapter a request runs with: ``None`` for a single policy, else a name of the
+        policy's adapters or BASE (also for ``None``)."""
+        names = self.policy.adapters
+        if not names:
+            if adapter not in (None, BASE):
+                raise UserError(f"the policy has no adapters (asked for {adapter!r})")
+            return None
+        if adapter is None:
+            return BASE
+        check_names([adapter], names)
+        return adapter
+
+    def _adapter_kwargs(self, adapters: Sequence[str | None]) -> dict[str, Any]:
+        """Forward-pass keywords that run each row with its own adapter (peft's mixed batches;
+        nothing for a single policy)."""
+        return {"adapter_names": list(adapters)} if self.policy.adapters else {}
 
     def _cancel(self, handle: RequestHandle) -> None:
         with self._cv:
@@ -354,6 +392,10 @@ class GenerationEngine:
         """The policy version of the weights generation uses now (the policy's own, unless
         :meth:`serve_copy` is on and the policy trained since the last swap)."""
         return self._weights.version
+
+    def served_version_of(self, adapter: str | None) -> int:
+        """:attr:`served_version` for ``adapter`` (policies by role: the adapter's own version)."""
+        return self._weights.version_of(adapter)
 
     @property
     def serving_copy(self) -> ServingWeights | None:
@@ -509,7 +551,7 @@ class GenerationEngine:
 
     def _abort_handle(self, handle: RequestHandle) -> None:
         if handle.policy_version is None:
-            handle._admit(self._weights.version)
+            handle._admit(self._weights.version_of(handle.adapter))
         for choice in range(handle.n):
             if handle.outputs[choice] is None:
                 output = Completion(choice, [], [], None, "", "abort", None, handle.policy_version or 0)
@@ -588,20 +630,20 @@ class GenerationEngine:
         device = self.policy.device
         stats = self._stats
         with self._weights.lock:
-            version = self._weights.version
+            versions = {h.adapter: self._weights.version_of(h.adapter) for h in handles}
             self._sync_prompt_cache()
-            prompts: dict[tuple[int, ...], _PromptKV | None] = {}
+            prompts: dict[_PromptKey, _PromptKV | None] = {}
             for handle in handles:
-                key = tuple(handle.prompt_ids)
+                key = _prompt_key(handle)
                 if key in prompts:
                     stats.prompt_cache_hits += 1
-                    stats.cached_prompt_tokens += len(key)
+                    stats.cached_prompt_tokens += len(key[1])
                     continue
                 cached = self._prompts.get(key)
                 if cached is not None:
                     self._prompts.move_to_end(key)
                     stats.prompt_cache_hits += 1
-                    stats.cached_prompt_tokens += len(key)
+                    stats.cached_prompt_tokens += len(key[1])
                 prompts[key] = cached
             missing = [key for key, entry in prompts.items() if entry is None]
             for chunk in self._prefill_chunks(missing):
@@ -609,22 +651,22 @@ class GenerationEngine:
                     prompts[key] = entry
                     self._remember_prompt(key, entry)
             order = list(prompts)
-            entries = [prompts[key] for key in order]
-            assert all(entry is not None for entry in entries)
-            length = max(len(key) for key in order)
+            entries = [entry for entry in prompts.values() if entry is not None]
+            assert len(entries) == len(order), "every prompt is cached or prefilled above"
+            length = max(len(key[1]) for key in order)
             cache = DynamicCache(config=self.policy.base_model.config)
-            for layer in range(len(entries[0].keys)):  # type: ignore[union-attr]
+            for layer in range(len(entries[0].keys)):
                 cache.update(
-                    torch.cat([pad_seq_left(e.keys[layer], length) for e in entries]),  # type: ignore[union-attr]
-                    torch.cat([pad_seq_left(e.values[layer], length) for e in entries]),  # type: ignore[union-attr]
+                    torch.cat([pad_seq_left(e.keys[layer], length) for e in entries]),
+                    torch.cat([pad_seq_left(e.values[layer], length) for e in entries]),
                     layer,
                 )
             mask = torch.zeros((len(order), length), dtype=torch.long, device=device)
             for i, key in enumerate(order):
-                mask[i, length - len(key) :] = 1
-            logits = torch.stack([e.logits for e in entries])  # type: ignore[union-attr]
+                mask[i, length - len(key[1]) :] = 1
+            logits = torch.stack([e.logits for e in entries])
         position = {key: i for i, key in enumerate(order)}
-        repeat = [position[tuple(h.prompt_ids)] for h in handles for _ in range(h.n)]
+        repeat = [position[_prompt_key(h)] for h in handles for _ in range(h.n)]
         if repeat != list(range(len(order))):
             index = torch.tensor(repeat, device=device)
             cache_select(cache, index)
@@ -632,6 +674,7 @@ class GenerationEngine:
             logits = logits.index_select(0, index)
         rows: list[_Row] = []
         for handle in handles:
+            version = versions[handle.adapter]
             handle._admit(version)
             prompt_room = self.policy.max_model_len - len(handle.prompt_ids)
             max_tokens = min(handle.params.max_tokens or self.default_max_tokens, prompt_room)
@@ -644,6 +687,7 @@ class GenerationEngine:
                         max_tokens=max_tokens,
                         generator=self._row_generator(handle.params.seed, choice),
                         version=version,
+                        adapter=handle.adapter,
                     )
                 )
         stats.requests += len(handles)
@@ -660,26 +704,28 @@ class GenerationEngine:
             self._merge(cache, mask, tokens.index_select(0, index), [rows[i] for i in keep])
         stats.busy_s += time.perf_counter() - t0
 
-    def _prefill_chunks(self, prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    def _prefill_chunks(self, prompts: list[_PromptKey]) -> list[list[_PromptKey]]:
         """Split prompts into forward passes of at most ``max_prefill_tokens`` padded tokens
         (a longer prompt gets a pass of its own)."""
-        chunks: list[list[tuple[int, ...]]] = []
+        chunks: list[list[_PromptKey]] = []
         for prompt in prompts:
             chunk = chunks[-1] if chunks else []
-            longest = max([len(p) for p in chunk] + [len(prompt)])
+            longest = max([len(p[1]) for p in chunk] + [len(prompt[1])])
             if not chunk or longest * (len(chunk) + 1) > self.max_prefill_tokens:
                 chunks.append([prompt])
             else:
                 chunk.append(prompt)
         return chunks
 
-    def _run_prompts(self, prompts: list[tuple[int, ...]]) -> list[_PromptKV]:
-        """One forward pass over left-padded ``prompts``: each prompt's KV rows and last logits."""
+    def _run_prompts(self, keys: list[_PromptKey]) -> list[_PromptKV]:
+        """One forward pass over left-padded prompts (each with its adapter): each prompt's KV
+        rows and last logits."""
         import torch
         from transformers import DynamicCache
 
         device = self.policy.device
         pad = self.policy.tokenizer.pad_token_id or 0
+        prompts = [prompt for _, prompt in keys]
         length = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), length), pad, dtype=torch.long, device=device)
         mask = torch.zeros((len(prompts), length), dtype=torch.long, device=device)
@@ -696,6 +742,7 @@ class GenerationEngine:
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **self._adapter_kwargs([adapter for adapter, _ in keys]),
             )
         logits = out.logits[:, -1, :].float()
         layers = cache_layers(cache)
@@ -721,7 +768,7 @@ class GenerationEngine:
             self._prompts_bytes = 0
             self._prompts_key = key
 
-    def _remember_prompt(self, key: tuple[int, ...], entry: _PromptKV) -> None:
+    def _remember_prompt(self, key: _PromptKey, entry: _PromptKV) -> None:
         if entry.nbytes > self.prompt_cache_bytes:
             return
         while self._prompts and self._prompts_bytes + entry.nbytes > self.prompt_cache_bytes:
@@ -745,6 +792,7 @@ class GenerationEngine:
                 position_ids=positions,
                 past_key_values=self._cache,
                 use_cache=True,
+                **self._adapter_kwargs([row.adapter for row in self._rows]),
             )
         self._mask = mask
         logits = out.logits[:, -1, :].float()
@@ -840,8 +888,8 @@ class GenerationEngine:
         tok = self.policy.tokenizer
         skip = row.params.skip_special_tokens
         ids = row.token_ids
-        prefix = tok.decode(ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
-        full = tok.decode(ids[row.prefix_offset :], skip_special_tokens=skip)
+        prefix = decode_text(tok, ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = decode_text(tok, ids[row.prefix_offset :], skip_special_tokens=skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             row.prefix_offset, row.read_offset = row.read_offset, len(ids)
             return full[len(prefix) :]
@@ -852,7 +900,7 @@ class GenerationEngine:
             return ""
         tok = self.policy.tokenizer
         skip = row.params.skip_special_tokens
-        prefix = tok.decode(row.token_ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
-        full = tok.decode(row.token_ids[row.prefix_offset :], skip_special_tokens=skip)
+        prefix = decode_text(tok, row.token_ids[row.prefix_offset : row.read_offset], skip_special_tokens=skip)
+        full = decode_text(tok, row.token_ids[row.prefix_offset :], skip_special_tokens=skip)
         row.read_offset = len(row.token_ids)
         return full[len(prefix) :]

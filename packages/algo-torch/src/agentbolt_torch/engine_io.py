@@ -122,13 +122,23 @@ class RequestHandle:
 
     _ids = itertools.count(1)
 
-    def __init__(self, prompt_ids: Sequence[int], params: SamplingParams, n: int, engine: GenerationEngine) -> None:
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        n: int,
+        engine: GenerationEngine,
+        adapter: str | None = None,
+    ) -> None:
         self.request_id = next(self._ids)
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.n = n
+        self.adapter = adapter
+        """The adapter (policy by role) that generates it; ``None`` for a single policy."""
         self.policy_version: int | None = None
-        """Policy version at admission (set when the request starts generating)."""
+        """Policy version at admission (set when the request starts generating): the adapter's own
+        version when ``adapter`` is set."""
         self.outputs: list[Completion | None] = [None] * n
         self.error: BaseException | None = None
         self.submitted_at = time.monotonic()

@@ -30,7 +30,7 @@ from agentbolt.errors import MissingDependencyError, UserError
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 __all__ = [
     "CHATML_TOOLS_TEMPLATE",
@@ -111,7 +111,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
         )
         # A model loaded from GGUF refuses save_pretrained ("quantized with gguf"); the weights
         # are already dequantized to fp32, so the quantizer bookkeeping can simply be dropped.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # set dynamically by transformers; nn.Module.__setattr__ is typed for tensors and modules
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         _ensure_pad_token(tokenizer, model)
@@ -150,6 +150,25 @@ def resolve_model_dir(spec: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _move(model: PreTrainedModel, device: str | torch.device, dtype: torch.dtype | None = None) -> None:
+    """``model.to(device, dtype)`` in place. (``PreTrainedModel.to`` is wrapped with ``functools.wraps``,
+    which hides its signature from type checkers; ``nn.Module.to``'s is the one it keeps.)"""
+    module: torch.nn.Module = model
+    module.to(device=device, dtype=dtype)
+
+
+def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``dtype``, or the torch dtype a name like ``"bfloat16"`` names."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise UserError(f"dtype {dtype!r} is not a torch dtype name; use e.g. 'float32', 'bfloat16' or 'float16'")
+    return value
+
+
 def load_model(
     spec: str | os.PathLike[str],
     *,
@@ -170,18 +189,17 @@ def load_model(
         ``(model, tokenizer)``; the model is in eval mode, the tokenizer has a pad token and a
         chat template.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    torch_dtype = _torch_dtype(dtype)
     if str(spec).lower() == "tiny":
-        model, tokenizer = tiny_model(seed=seed)
-        return model.to(device=device, dtype=dtype), tokenizer
+        tiny, tiny_tok = tiny_model(seed=seed)
+        _move(tiny, device, torch_dtype)
+        return tiny, tiny_tok
     path = resolve_model_dir(spec)
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    model.to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    _move(model, device)
     model.eval()
     _ensure_pad_token(tokenizer, model)
     tokenizer.clean_up_tokenization_spaces = False  # destructive for BPE; transformers ignores it anyway
@@ -268,7 +286,7 @@ Hello! How can I help you today? Let me think step by step. The answer is 42.
 _TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:  # noqa: F821
+def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """A small byte-level BPE tokenizer built offline, deterministic, with a ChatML template.
 
     It encodes any text (every byte is in the vocabulary), has the special tokens
@@ -311,7 +329,7 @@ def tiny_model(
     vocab_size: int = 512,
     max_position_embeddings: int = 1024,
     tie_word_embeddings: bool = True,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:  # noqa: F821
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A randomly initialised small Llama (about 60k parameters by default) and :func:`tiny_tokenizer`.
 
     Deterministic for a given ``seed``; nothing is downloaded. Grouped-query attention and tied

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,9 @@ class Policy:
             (bf16 where the hardware runs it fast, see :func:`default_autocast_dtype`), a dtype
             or its name (``"bfloat16"``), or ``None`` to run in the weights' dtype.
         lora: wrap ``model`` with fresh LoRA adapters (the base weights are then frozen).
+        adapters: instead of ``lora``, one named LoRA adapter per policy on the shared base
+            (policies by role, :mod:`agentbolt_torch.adapters`): each has its own version
+            (:meth:`version_of`); generation picks one per request.
     """
 
     def __init__(
@@ -78,23 +81,33 @@ class Policy:
         version: int = 0,
         autocast_dtype: torch.dtype | str | None = "auto",
         lora: LoraSettings | None = None,
+        adapters: Mapping[str, LoraSettings] | None = None,
     ) -> None:
         import torch
 
+        if lora is not None and adapters:
+            raise UserError("Policy takes lora= (one adapter) or adapters= (one per policy), not both")
         if lora is not None:
             model = apply_lora(model, lora)
+        if adapters:
+            from .adapters import apply_adapters
+
+            model = apply_adapters(model, adapters)
         if autocast_dtype == "auto":
             autocast_dtype = default_autocast_dtype(next(model.parameters()).device)
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.lora = lora
-        if isinstance(autocast_dtype, str):
-            autocast_dtype = getattr(torch, autocast_dtype)
-        self.autocast_dtype: torch.dtype | None = autocast_dtype
+        self.autocast_dtype: torch.dtype | None = (
+            getattr(torch, autocast_dtype) if isinstance(autocast_dtype, str) else autocast_dtype
+        )
         self.lock = threading.RLock()
         """Held by each generation forward pass and by each whole update."""
         self._version = int(version)
+        self.adapters: tuple[str, ...] = tuple(adapters or ())
+        """The named adapters (policies by role); empty for one policy."""
+        self._adapter_versions = dict.fromkeys(self.adapters, int(version))
         self._weights_generation = 0
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -107,6 +120,7 @@ class Policy:
         *,
         name: str | None = None,
         lora: LoraSettings | None = None,
+        adapters: Mapping[str, LoraSettings] | None = None,
         autocast_dtype: torch.dtype | str | None = "auto",
         device: str = "cpu",
         seed: int = 0,
@@ -116,25 +130,50 @@ class Policy:
 
         model, tokenizer = load_model(spec, device=device, seed=seed)
         served = name or (str(spec) if str(spec) in ("smollm2", "tiny") else os.path.basename(os.fspath(spec)))
-        return cls(model, tokenizer, name=served, lora=lora, autocast_dtype=autocast_dtype)
+        return cls(model, tokenizer, name=served, lora=lora, adapters=adapters, autocast_dtype=autocast_dtype)
 
     # -- version -----------------------------------------------------------------------------
 
     @property
     def version(self) -> int:
-        """The policy version: bumped by every update; reported with every generated response."""
+        """The policy version: bumped by every update (of any adapter); reported with every
+        generated response of a single policy."""
         return self._version
 
-    def set_version(self, version: int) -> None:
-        """Set the version (e.g. to the store's resources version after publishing)."""
+    def set_version(self, version: int, adapter: str | None = None) -> None:
+        """Set the version (e.g. to the store's resources version after publishing), or, with
+        ``adapter``, that adapter's version."""
         with self.lock:
-            self._version = int(version)
+            if adapter is None:
+                self._version = int(version)
+            else:
+                self._adapter_versions[self._adapter(adapter)] = int(version)
 
-    def bump_version(self) -> int:
-        """Increase the version by one and return it."""
+    def bump_version(self, adapter: str | None = None) -> int:
+        """Increase the version by one and return it; with ``adapter``, also that adapter's
+        version (returned instead)."""
         with self.lock:
             self._version += 1
+            if adapter is None:
+                return self._version
+            name = self._adapter(adapter)
+            self._adapter_versions[name] += 1
+            return self._adapter_versions[name]
+
+    def version_of(self, adapter: str | None) -> int:
+        """The version of what serves a request for ``adapter``: the adapter's own (bumped only by
+        its updates), 0 for the base model (:data:`~agentbolt_torch.adapters.BASE`: never
+        trained), :attr:`version` for ``None`` (a single policy)."""
+        if adapter is None:
             return self._version
+        if adapter == "__base__":
+            return 0
+        return self._adapter_versions[self._adapter(adapter)]
+
+    def _adapter(self, name: str) -> str:
+        if name not in self._adapter_versions:
+            raise UserError(f"no adapter {name!r}; the policy has {list(self.adapters) or 'none'}")
+        return name
 
     @property
     def weights_generation(self) -> int:
@@ -201,7 +240,8 @@ class Policy:
         return int(getattr(self.base_model.config, "max_position_embeddings", None) or 4096)
 
     def __repr__(self) -> str:
-        return f"Policy(name={self.name!r}, version={self.version}, lora={self.is_lora})"
+        adapters = f", adapters={list(self.adapters)}" if self.adapters else ""
+        return f"Policy(name={self.name!r}, version={self.version}, lora={self.is_lora}{adapters})"
 
 
 def default_autocast_dtype(device: Any = "cpu") -> torch.dtype | None:
@@ -231,16 +271,9 @@ def _is_peft(model: Any) -> bool:
 def apply_lora(model: Any, settings: LoraSettings) -> Any:
     """Wrap ``model`` with fresh LoRA adapters; only the adapters are trainable."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
     except ImportError as exc:
         raise MissingDependencyError("peft", "'agentbolt-torch[lora]'", "LoRA training") from exc
-    config = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        task_type="CAUSAL_LM",
-        bias="none",
-        **settings.extra,
-    )
-    return get_peft_model(model, config)
+    from .adapters import lora_config
+
+    return get_peft_model(model, lora_config(settings))

@@ -77,12 +77,12 @@ def sample_tokens(
     cdf = processed.exp().cumsum(dim=-1)
     targets = (uniforms * cdf[:, -1]).unsqueeze(1)
     tokens = torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=vocab - 1)
-    if any(greedy):
-        greedy_index = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+    greedy_index = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device) if any(greedy) else None
+    if greedy_index is not None:
         tokens[greedy_index] = logits.index_select(0, greedy_index).argmax(dim=-1)
     source = raw if logprobs_mode == "raw" else processed
     logprobs = source.gather(1, tokens[:, None]).squeeze(1)
-    if logprobs_mode == "processed" and any(greedy):
+    if logprobs_mode == "processed" and greedy_index is not None:
         logprobs[greedy_index] = 0.0
     top: list[list[tuple[int, float]]] | None = None
     kmax = max((p.top_logprobs for p in params), default=0)

@@ -14,10 +14,10 @@ from typing import Any
 from agentbolt.store.server.uvicorn_thread import UvicornThread
 
 from .engine import GenerationEngine
-from .openai_routes import POLICY_VERSION_HEADER, create_app
+from .openai_routes import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, create_app
 from .serving import ServingWeights, SwapResult
 
-__all__ = ["POLICY_VERSION_HEADER", "PolicyServer", "create_app"]
+__all__ = ["POLICY_NAME_HEADER", "POLICY_VERSION_HEADER", "PolicyServer", "create_app"]
 
 logger = logging.getLogger(__name__)
 

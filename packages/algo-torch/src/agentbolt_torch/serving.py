@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
 
+from .adapters import BASE
+
 if TYPE_CHECKING:
     import torch
 
@@ -68,7 +70,8 @@ class ServingWeights:
     """A copy of ``policy``'s trainable parameters in a module sharing its frozen ones.
 
     Has what the engine reads from a :class:`~agentbolt_torch.policy.Policy` to generate:
-    :attr:`model`, :attr:`lock`, :attr:`version` and :attr:`weights_generation`.
+    :attr:`model`, :attr:`lock`, :attr:`version` (:meth:`version_of` per adapter) and
+    :attr:`weights_generation`.
     """
 
     def __init__(self, policy: Policy) -> None:
@@ -80,6 +83,8 @@ class ServingWeights:
             memo: dict[int, Any] = {id(p): p for p in policy.model.parameters() if not p.requires_grad}
             self.model: Any = copy.deepcopy(policy.model, memo)
             self.version = policy.version
+            self.adapters = policy.adapters
+            self._adapter_versions = {name: policy.version_of(name) for name in policy.adapters}
         self.model.eval()
         served = dict(self.model.named_parameters())
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -92,6 +97,15 @@ class ServingWeights:
         """Held by each generation forward pass and by the copy of a swap."""
         self.weights_generation = 0
         """Bumped by every :meth:`load_from` (generation caches depend on it)."""
+
+    def version_of(self, adapter: str | None) -> int:
+        """The served version for ``adapter``, as :meth:`Policy.version_of
+        <agentbolt_torch.policy.Policy.version_of>` says it (as of the last copy)."""
+        if adapter is None:
+            return self.version
+        if adapter == BASE:
+            return 0
+        return self._adapter_versions[adapter]
 
     @property
     def nbytes(self) -> int:
@@ -108,4 +122,5 @@ class ServingWeights:
             for source, target in self._pairs:
                 target.copy_(source)
             self.version = policy.version
+            self._adapter_versions = {name: policy.version_of(name) for name in policy.adapters}
             self.weights_generation += 1

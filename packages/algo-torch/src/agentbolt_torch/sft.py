@@ -32,7 +32,7 @@ from typing import Any
 from agentbolt import types as t
 from agentbolt.errors import UserError
 
-from .algorithm import TorchGRPO
+from .algorithm import TorchGRPO, lightningrl_metrics
 from .demonstrations import Demonstration, render_demonstrations
 
 __all__ = ["TorchSFT", "model_dir_of", "select_transitions"]
@@ -186,7 +186,7 @@ class TorchSFT(TorchGRPO):
         try:
             processed = lrl.process(rollouts, spans, policy_version=policy_version)
             kept = select_transitions(rollouts, processed.transitions, threshold=self.threshold, best_k=self.best_k)
-            report = processed.report.metrics("lightningrl/")
+            report = lightningrl_metrics(processed)
         except EmptyBatchError:
             kept, report = [], {}
         if not kept:

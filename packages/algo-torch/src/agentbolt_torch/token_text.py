@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TokenText"]
+__all__ = ["TokenText", "decode_text"]
 
 _NEG_INF_LOGPROB = -9999.0
 
@@ -35,6 +35,15 @@ _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+def decode_text(tokenizer: Any, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+    """``tokenizer.decode(ids)`` of one sequence. (transformers types the result ``str | list[str]``;
+    a list comes back only for a batch of sequences, which this never passes.)"""
+    text = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    if not isinstance(text, str):
+        raise TypeError(f"{type(tokenizer).__name__}.decode returned {type(text).__name__}, not str")
+    return text
+
+
 class TokenText:
     """Cached per-token strings and bytes, and the logprob entries of OpenAI's responses built
     from them (chat ``logprobs.content`` entries, completions ``logprobs``)."""
@@ -47,7 +56,7 @@ class TokenText:
     def text(self, token_id: int) -> str:
         text = self._text.get(token_id)
         if text is None:
-            text = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self._text[token_id] = decode_text(self.tokenizer, [token_id])
         return text
 
     def bytes(self, token_id: int) -> list[int]:

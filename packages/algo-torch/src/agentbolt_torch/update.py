@@ -69,6 +69,7 @@ from agentbolt.lightningrl import (
 from agentbolt.types import Transition
 
 from . import update_checkpoint
+from .adapters import activate, adapter_parameters
 from .update_batches import (
     PreparedTransition,
     apply_correction,
@@ -105,6 +106,9 @@ class PolicyUpdater:
         reference_model: the frozen reference for the KL term in full fine-tuning; by default a
             copy of the policy's model taken here (so create the updater *before*
             :meth:`load_checkpoint` when resuming, or pass the original model).
+        adapter: with a policy of several adapters (policies by role), the one this updater
+            trains: only its parameters are optimized, it is the active adapter during the
+            update, and only its version is bumped (:mod:`agentbolt_torch.adapters`).
     """
 
     def __init__(
@@ -115,10 +119,16 @@ class PolicyUpdater:
         loss_aggregation: LossAggregation = DEFAULT_LOSS_AGGREGATION,
         correction: RolloutCorrection | None = None,
         reference_model: Any = None,
+        adapter: str | None = None,
     ) -> None:
         import torch
 
+        if policy.adapters and adapter is None:
+            raise UserError(f"the policy has adapters {list(policy.adapters)}: pass adapter= (the one to train)")
+        if adapter is not None:
+            policy.version_of(adapter)  # raises for an unknown adapter
         self.policy = policy
+        self.adapter = adapter
         self.config = config or UpdateConfig()
         self.loss_aggregation = check_loss_aggregation(loss_aggregation)
         self.correction = correction if correction is not None and correction.enabled else None
@@ -133,7 +143,11 @@ class PolicyUpdater:
         if self.old_logprobs == "auto":
             self.old_logprobs = "rollout"
         self.step = 0
-        self._params = [p for p in policy.model.parameters() if p.requires_grad]
+        self._params = (
+            adapter_parameters(policy.model, adapter)
+            if adapter is not None
+            else [p for p in policy.model.parameters() if p.requires_grad]
+        )
         if not self._params:
             raise UserError("the policy has no trainable parameters")
         # fused: one kernel per parameter, no temporaries the size of the whole model (the default
@@ -199,6 +213,7 @@ class PolicyUpdater:
         correction: dict[str, float] = {}
         with policy.lock:
             model = policy.model
+            self._activate()
             model.train()
             if cfg.gradient_checkpointing:
                 policy.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -249,7 +264,7 @@ class PolicyUpdater:
                 model.eval()
             self.step += 1
             policy.mark_weights_changed()
-            version = policy.bump_version()
+            version = policy.bump_version(self.adapter)
         seconds = time.perf_counter() - t0
         tokens = max(counts["tokens"], 1)
         steps = max(counts["steps"], 1)
@@ -293,6 +308,7 @@ class PolicyUpdater:
         items = self._prepare(transitions, keep_empty=True)
         out: dict[int, list[float]] = {}
         with self.policy.lock, torch.no_grad():
+            self._activate()
             for micro in self._micro_batches(items):
                 logp, _, _ = self._logprobs(self.policy.model, micro, with_entropy=False)
                 for it, row in zip(micro, logp, strict=True):
@@ -300,6 +316,11 @@ class PolicyUpdater:
         return [out[i] for i in range(len(items))]
 
     # -- the pieces, bound to this updater's policy and config --------------------------------------
+
+    def _activate(self) -> None:
+        """With several adapters: make this updater's the one forward passes use (under the lock)."""
+        if self.adapter is not None:
+            activate(self.policy.model, self.adapter)
 
     def _prepare(
         self, rows: Sequence[TrainingRow] | Sequence[Transition], *, keep_empty: bool = False
@@ -381,14 +402,24 @@ class PolicyUpdater:
             step=self.step,
             config=self.config,
             loss_aggregation=self.loss_aggregation,
+            adapter=self.adapter,
         )
-        logger.info("checkpoint saved to %s (step %d, policy version %d)", path, self.step, self.policy.version)
+        logger.info(
+            "checkpoint saved to %s (step %d, policy version %d)", path, self.step, self.policy.version_of(self.adapter)
+        )
         return path
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Restore weights (or adapter), optimizer, scheduler, step, policy version and RNG states."""
         state = update_checkpoint.load_checkpoint(
-            path, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler, rng=self._rng
+            path,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            rng=self._rng,
+            adapter=self.adapter,
         )
         self.step = int(state["step"])
-        logger.info("resumed from %s (step %d, policy version %d)", path, self.step, self.policy.version)
+        logger.info(
+            "resumed from %s (step %d, policy version %d)", path, self.step, self.policy.version_of(self.adapter)
+        )

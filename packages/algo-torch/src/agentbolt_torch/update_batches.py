@@ -67,17 +67,18 @@ def apply_correction(
     """Core's off-policy correction on a whole batch: IS weights and rejection masks from the
     behaviour (``old``, recorded at sampling) and proximal (``recomputed``) logprobs. Returns the
     items left with a trained token and the correction's statistics."""
-    missing = [it for it in items if it.old is None]
-    if missing:
+    behaviour = [it.old for it in items if it.old is not None]
+    if len(behaviour) < len(items):
         raise UserError(
-            f"{len(missing)} rows have no behaviour (sampling) logprobs, which off-policy correction needs "
-            "(LightningRL leaves such calls out with reason no_logprobs when rollout_is / rollout_rs is set)"
+            f"{len(items) - len(behaviour)} rows have no behaviour (sampling) logprobs, which off-policy correction "
+            "needs (LightningRL leaves such calls out with reason no_logprobs when rollout_is / rollout_rs is set)"
         )
-    if any(it.recomputed is None for it in items):
+    proximal = [it.recomputed for it in items if it.recomputed is not None]
+    if len(proximal) < len(items):
         raise UserError("off-policy correction needs the proximal (recomputed) logprobs of every row")
     result = rollout_correction(
-        [it.old for it in items],  # type: ignore[misc]
-        [it.recomputed for it in items],  # type: ignore[misc]
+        behaviour,
+        proximal,
         [[1 if m > 0 else 0 for m in it.mask] for it in items],
         correction,
     )
@@ -91,12 +92,12 @@ def assign_token_weights(mini: Sequence[PreparedTransition], loss_aggregation: s
     """Set each item's per-token loss weights for one mini-batch (one optimizer step): core's
     :func:`~agentbolt.lightningrl.token_loss_weights` over the mini-batch's rows, with the IS
     weights when the update applies off-policy correction."""
-    with_is = all(it.is_weights is not None for it in mini) and bool(mini)
+    is_weights = [it.is_weights for it in mini if it.is_weights is not None]
     weights = token_loss_weights(
         [it.rollout for it in mini],
         [it.mask for it in mini],
         loss_aggregation,
-        is_weights=[it.is_weights for it in mini] if with_is else None,  # type: ignore[misc]
+        is_weights=is_weights if mini and len(is_weights) == len(mini) else None,
     )
     for it, w in zip(mini, weights, strict=True):
         it.token_weights = w

@@ -40,13 +40,15 @@ def save_checkpoint(
     step: int,
     config: UpdateConfig,
     loss_aggregation: str,
+    adapter: str | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically (replacing one at ``path``).
 
     Contents: ``model/`` (full weights, a loadable Hugging Face directory with the
-    tokenizer) or ``adapter/`` (LoRA adapter only), ``optimizer.pt`` (optimizer and
-    scheduler), ``rng.pt`` (torch, Python, numpy and the updater's ``rng``) and ``state.json``
-    (``step``, policy version, ``config``, ``loss_aggregation``). Written under ``policy.lock``.
+    tokenizer) or ``adapter/`` (LoRA adapter only; with ``adapter``, that one of the policy's
+    adapters, as a peft adapter folder), ``optimizer.pt`` (optimizer and scheduler), ``rng.pt``
+    (torch, Python, numpy and the updater's ``rng``) and ``state.json`` (``step``, policy version,
+    ``adapter``, ``config``, ``loss_aggregation``). Written under ``policy.lock``.
     """
     import numpy as np
     import torch
@@ -56,7 +58,18 @@ def save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         with policy.lock:
-            if policy.is_lora:
+            if adapter is not None:
+                from safetensors.torch import save_file
+
+                from .adapters import adapter_state
+
+                (tmp / "adapter").mkdir()
+                save_file(
+                    {k: v.detach().contiguous() for k, v in adapter_state(policy.model, adapter).items()},
+                    str(tmp / "adapter" / "adapter_model.safetensors"),
+                )
+                policy.model.peft_config[adapter].save_pretrained(str(tmp / "adapter"))
+            elif policy.is_lora:
                 policy.model.save_pretrained(tmp / "adapter")
             else:
                 policy.model.save_pretrained(tmp / "model")
@@ -77,31 +90,45 @@ def save_checkpoint(
             state = {
                 "format": CHECKPOINT_FORMAT,
                 "step": step,
-                "policy_version": policy.version,
+                "policy_version": policy.version_of(adapter),
                 "lora": policy.is_lora,
+                "adapter": adapter,
                 "config": asdict(config),
                 "loss_aggregation": loss_aggregation,
                 "saved_at": time.time(),
             }
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
-        tmp.chmod(0o755)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        install_directory(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
+def install_directory(tmp: Path, path: Path) -> None:
+    """Put the finished directory ``tmp`` at ``path`` (replacing what is there, by renames: a reader
+    sees the old directory or the new one, never half of one)."""
+    tmp.chmod(0o755)
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
+
+
 def load_checkpoint(
-    path: str | os.PathLike[str], *, policy: Policy, optimizer: Any, scheduler: Any, rng: random.Random
+    path: str | os.PathLike[str],
+    *,
+    policy: Policy,
+    optimizer: Any,
+    scheduler: Any,
+    rng: random.Random,
+    adapter: str | None = None,
 ) -> dict[str, Any]:
-    """Restore weights (or adapter), optimizer, scheduler, policy version and RNG states; return ``state.json``.
+    """Restore weights (or adapter; with ``adapter``, into that one of the policy's adapters),
+    optimizer, scheduler, policy version and RNG states; return ``state.json``.
 
     Runs under ``policy.lock``; the caller restores its own ``state["step"]``.
 
@@ -121,7 +148,12 @@ def load_checkpoint(
         kind = "a LoRA" if state.get("lora") else "a full-model"
         raise UserError(f"{path} is {kind} checkpoint; build the Policy with matching lora settings")
     with policy.lock:
-        if policy.is_lora:
+        if adapter is not None:
+            from .adapters import load_adapter_weights
+
+            weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+            load_adapter_weights(policy.model, adapter, weights, source=f"in {path}")
+        elif policy.is_lora:
             from peft import set_peft_model_state_dict
 
             weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
@@ -152,5 +184,5 @@ def load_checkpoint(
         np.random.set_state(rng_states["numpy"])
         rng.setstate(rng_states["updater"])
         policy.mark_weights_changed()
-        policy.set_version(int(state["policy_version"]))
+        policy.set_version(int(state["policy_version"]), adapter)
     return state

@@ -103,14 +103,14 @@ def pack_transitions(
     if not isinstance(multiple_of, int) or isinstance(multiple_of, bool) or multiple_of < 1:
         raise UserError(f"multiple_of must be a positive integer, got {multiple_of!r}")
     rows: list[Transition | None] = list(transitions)
-    for t in transitions:
-        n = len(t.response_ids)
-        if not t.prompt_ids or not n:
-            raise SchemaError(f"call {t.index} of rollout {t.rollout_id!r} has no prompt or no response token")
-        if (t.response_mask is not None and len(t.response_mask) != n) or (
-            t.response_logprobs is not None and len(t.response_logprobs) != n
+    for tr in transitions:
+        n = len(tr.response_ids)
+        if not tr.prompt_ids or not n:
+            raise SchemaError(f"call {tr.index} of rollout {tr.rollout_id!r} has no prompt or no response token")
+        if (tr.response_mask is not None and len(tr.response_mask) != n) or (
+            tr.response_logprobs is not None and len(tr.response_logprobs) != n
         ):
-            raise SchemaError(f"call {t.index} of rollout {t.rollout_id!r}: mask or logprobs length differs from {n}")
+            raise SchemaError(f"call {tr.index} of rollout {tr.rollout_id!r}: mask or logprobs length differs from {n}")
     excess = len(rows) % multiple_of
     if excess:
         rows += [None] * (multiple_of - excess)

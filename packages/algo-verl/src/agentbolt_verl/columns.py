@@ -165,9 +165,12 @@ def verl_columns(
     if correction is not None and rows:
         if old_log_probs is None:
             raise SchemaError("off-policy correction needs verl's old_log_probs (the recomputed proximal logprobs)")
+        behaviour = [r.behaviour_logprobs for r in rows if r.behaviour_logprobs is not None]
+        if len(behaviour) < len(rows):  # LightningRL leaves such calls out (no_logprobs) when correcting
+            raise SchemaError(f"{len(rows) - len(behaviour)} rows have no behaviour (sampling) logprobs to correct")
         proximal = old_log_probs.to(torch.float64).tolist()
         result = rollout_correction(
-            [r.behaviour_logprobs for r in rows],  # type: ignore[misc]  (to_rows left out rows without)
+            behaviour,
             [proximal[p][: len(r.response_ids)] for p, r in zip(positions, rows, strict=True)],
             row_masks,
             correction,

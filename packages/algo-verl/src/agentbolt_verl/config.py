@@ -34,14 +34,18 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRLConfig
+from agentbolt.policies import Policies
 
 from ._verl import check_verl_version
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 ADVANTAGE_SENTINEL = "agentbolt"
 """``algorithm.adv_estimator``: LightningRL computes the advantages (see :mod:`agentbolt_verl.registry`)."""
@@ -180,6 +184,16 @@ class RunnersSettings(_Strict):
         return self
 
 
+PER_ROLE_REFUSAL = (
+    "agentbolt.policies ({names}): agentbolt-verl trains one shared policy. One trained policy per role needs one "
+    "verl actor/rollout worker group per policy (or several LoRA adapters in one FSDP actor and in vLLM), and verl "
+    "0.9.1's trainer builds a single actor/rollout group whose vLLM server is started with max_loras=1 and one "
+    "fixed LoRA name; see packages/algo-verl/README.md, 'Policies by role'. Train policies by role with "
+    "agentbolt-torch (Trainer(agent, 'torch-grpo', policies=...)), or remove agentbolt.policies"
+)
+"""Why per-role policies are refused (verl 0.9.1)."""
+
+
 class AgentboltSettings(_Strict):
     """The ``agentbolt`` section."""
 
@@ -203,6 +217,17 @@ class AgentboltSettings(_Strict):
     """Task files."""
     runners: RunnersSettings = Field(default_factory=RunnersSettings)
     """Runners the binding starts in verl's Ray cluster (off by default: runners run apart)."""
+    policies: dict[str, Any] | None = None
+    """Policies by role (:mod:`agentbolt.policies`, policy name -> ``{match: ...}``): only one
+    shared policy (``null``, or one policy matching every agent) is accepted; per-role policies are
+    refused (see the README's "Policies by role": verl 0.9.1 builds one actor/rollout worker group
+    and serves at most one LoRA adapter)."""
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> AgentboltSettings:
+        if self.policies is not None and not Policies.from_value(self.policies).is_shared:
+            raise ValueError(PER_ROLE_REFUSAL.format(names=", ".join(self.policies)))
+        return self
 
 
 class TrainConfig(_Strict):
@@ -376,7 +401,9 @@ def user_overrides(verl: Mapping[str, Any] | Sequence[str]) -> list[str]:
     return out
 
 
-def compose_verl_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str], *, extra: Sequence[str] = ()):
+def compose_verl_config(
+    config: TrainConfig | Mapping[str, Any] | str | os.PathLike[str], *, extra: Sequence[str] = ()
+) -> DictConfig:
     """verl's composed ``DictConfig`` for a training config (see the module docstring).
 
     ``extra`` are more Hydra override strings (e.g. from the command line), applied last.

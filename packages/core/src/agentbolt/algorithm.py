@@ -37,6 +37,7 @@ from . import semconv
 from . import types as t
 from .errors import UserError
 from .lightningrl import LightningRLConfig
+from .policies import Policies
 from .runs.doctor import diagnose
 from .store.base import Store
 from .store.run_records import finite_metrics
@@ -94,7 +95,10 @@ def batches(
 class GatewayControl(Protocol):
     """What an algorithm may do with the gateway (all thread-safe)."""
 
-    url: str
+    @property
+    def url(self) -> str:
+        """The gateway's root URL (``http://127.0.0.1:PORT``)."""
+        ...
 
     def pause(self) -> None: ...
     def resume(self) -> None: ...
@@ -160,6 +164,9 @@ class AlgorithmContext:
     """The latest version :meth:`publish` stored."""
     record_metrics: bool = True
     """Record :meth:`log_metrics` in the store under ``run_id`` (the run must exist there)."""
+    policies: Policies = field(default_factory=Policies.shared)
+    """The run's policies by role (``Trainer(policies=...)``; one shared policy by default): which
+    policy serves and learns from each agent's calls. The gateway already routes by them."""
     _metrics_write: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -301,6 +308,9 @@ class Algorithm(abc.ABC):
     asynchronous: ClassVar[bool] = False
     """True when the algorithm trains asynchronously once its ``lightningrl`` config has
     ``max_staleness`` set (see :meth:`set_max_staleness`)."""
+    supports_policies: ClassVar[bool] = False
+    """True when the algorithm serves and trains several policies by role (``ctx.policies``); the
+    trainer refuses per-role policies for an algorithm that does not."""
 
     def run_config(self) -> dict[str, Any]:
         """Settings recorded with the run (JSON): the public attributes, by default, leaving out
@@ -461,6 +471,7 @@ class Evaluate(Algorithm):
     """
 
     name = "evaluate"
+    supports_policies = True  # it trains nothing; the gateway routes each call to its policy
 
     def __init__(
         self,

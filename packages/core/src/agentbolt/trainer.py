@@ -34,6 +34,7 @@ from .gateway import Upstream
 from .lightningrl.config import LightningRLConfig
 from .options import CaptureOptions, GatewayOptions, RunnerOptions
 from .plugins.registry import default_plugins
+from .policies import Policies
 from .runners.pool import RunnerPool
 from .runners.runner import Runner
 from .runs.recorder import RunRecorder
@@ -104,6 +105,12 @@ class Trainer:
             with, ``host``, ``port``, ``token``, ``upstream_timeout_s``) or a mapping of its fields.
         capture: :class:`~agentbolt.options.CaptureOptions` (``token_ids``, ``tokenizer``,
             ``agent_names``, ``adapters``) or a mapping of its fields.
+        policies: policies by role (:mod:`agentbolt.policies`): policy name -> ``match(...)``
+            (e.g. ``{"writer": match("write_query"), "rewriter": match("rewrite_query")}``), one
+            trained policy (a LoRA adapter on the shared base) per role; ``None`` (default) is one
+            shared policy for every agent. The gateway routes each call to its agent's policy by
+            the agent name it knows when the call is made (the ``X-Agentbolt-Agent-Name`` header or
+            ``capture.agent_names``); the algorithm (``ctx.policies``) serves and trains each.
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
@@ -120,6 +127,7 @@ class Trainer:
         runners: RunnerOptions | Mapping[str, Any] | None = None,
         gateway: GatewayOptions | Mapping[str, Any] | None = None,
         capture: CaptureOptions | Mapping[str, Any] | None = None,
+        policies: Policies | Mapping[str, Any] | None = None,
         metrics_path: str | Path | None = None,
         progress: bool = True,
         run_name: str | None = None,
@@ -140,12 +148,15 @@ class Trainer:
         self.runners = RunnerOptions.from_value(runners, option="runners")
         self.gateway = GatewayOptions.from_value(gateway, option="gateway")
         self.capture = CaptureOptions.from_value(capture, option="capture")
+        self.policies = Policies.from_value(policies)
         self.runner_config = self.runners.config(self.capture)
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.run_name = run_name
         self.console = Console(stderr=True)
         self._gateway_capture = self.capture.gateway_options()  # loads the tokenizer now: errors before any work
+        if not self.policies.is_shared:
+            self._gateway_capture["policy_router"] = self.policies.router()
         if self.runners.n > 0 and not isinstance(store, str):
             raise UserError(
                 "runner processes open the store themselves: pass store as a URL, or use runners=RunnerOptions(n=0)"
@@ -223,15 +234,21 @@ class Trainer:
 
     def _make_algorithm(self) -> Algorithm:
         if self.algorithm is None:
-            return Evaluate(**self.algorithm_config)
-        if isinstance(self.algorithm, Algorithm):
-            return self.algorithm
-
-        factory = default_plugins().algorithms.get(self.algorithm)
-        algorithm = factory(**self.algorithm_config)
-        if not isinstance(algorithm, Algorithm):
+            algorithm: Any = Evaluate(**self.algorithm_config)
+        elif isinstance(self.algorithm, Algorithm):
+            algorithm = self.algorithm
+        else:
+            factory = default_plugins().algorithms.get(self.algorithm)
+            algorithm = factory(**self.algorithm_config)
+            if not isinstance(algorithm, Algorithm):
+                raise UserError(
+                    f"algorithm {self.algorithm!r} built a {type(algorithm).__name__}, not an agentbolt Algorithm"
+                )
+        if not self.policies.is_shared and not algorithm.supports_policies:
             raise UserError(
-                f"algorithm {self.algorithm!r} built a {type(algorithm).__name__}, not an agentbolt Algorithm"
+                f"algorithm {algorithm.name!r} trains one shared policy; policies by role "
+                f"({', '.join(self.policies)}) need an algorithm that serves and trains several (torch-grpo, "
+                "torch-sft), or leave policies=None"
             )
         return algorithm
 
@@ -262,6 +279,7 @@ class Trainer:
                 max_attempts=self.runners.max_attempts,
                 timeout_s=self.runners.timeout_s,
                 metrics_path=self.metrics_path,
+                policies=self.policies,
             )
             stack.push_async_callback(algorithm.close)
             recorder = RunRecorder(store, ctx, algorithm, name=self.run_name)
@@ -271,9 +289,10 @@ class Trainer:
                 if runner_tasks:  # an in-process runner dying is fatal to the run
                     await asyncio.wait([algo_task, *runner_tasks], return_when=asyncio.FIRST_COMPLETED)
                     for task in runner_tasks:
-                        if task.done() and task.exception() is not None:
+                        error = task.exception() if task.done() else None
+                        if error is not None:
                             algo_task.cancel()
-                            raise task.exception()  # type: ignore[misc]
+                            raise error
                 result = await algo_task
             finally:
                 if not algo_task.done():

@@ -148,17 +148,22 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         latest: dict[str, float] = {}
         for run in runs:
             latest.update(run.latest)
-        return page("runs.html", request, runs=runs, metrics=views.metric_names(latest), nav="runs")
+        policies = {run.run_id: views.run_policies(run.config) for run in runs}
+        every = sorted({name for names in policies.values() for name in names})
+        metrics = views.metric_names(latest, every)
+        return page("runs.html", request, runs=runs, metrics=metrics, policies=policies, nav="runs")
 
     async def run_page(request: Request) -> Response:
         run = await store.get_run(request.path_params["run_id"])
         counts = await store.search_rollouts(RolloutSearch(run_id=run.run_id, limit=1))
+        policies = views.run_policies(run.config)
         health = await run_health(store, run.run_id)
         return page(
             "run.html",
             request,
             run=run,
-            metrics=views.metric_names(run.latest),
+            metrics=views.metric_names(run.latest, policies),
+            policies={run.run_id: policies},
             rollouts=counts.total,
             health=health,
             nav="runs",

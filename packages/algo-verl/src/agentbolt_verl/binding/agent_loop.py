@@ -65,7 +65,7 @@ class AgentboltAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self._executor = executor
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:  # type: ignore[override]  # verl's V1 trainer takes a list: one row per item
         request = RolloutRequest.from_verl_row(kwargs, sampling_params)
         executor = self._executor or shared_executor(self.config)
         result = await executor.run(request)

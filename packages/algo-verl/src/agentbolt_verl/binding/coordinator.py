@@ -37,7 +37,7 @@ import logging
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentbolt.store import Store
 from agentbolt.store.run_records import finite_metrics
@@ -47,6 +47,11 @@ from ..columns import VerlColumns, verl_columns
 from ..config import AgentboltSettings, settings_from_verl_config
 from .gateway import GatewayControl, make_gateway_control, upstream_urls
 from .rollouts import MetricsSink
+
+if TYPE_CHECKING:  # the class the mixin goes into, for the type checker (this module stays verl-free)
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer as _VerlTrainer
+else:
+    _VerlTrainer = object
 
 __all__ = [
     "AgentboltTrainerMixin",
@@ -260,7 +265,7 @@ class BatchFields:
     """(B, R) verl's recomputed logprobs, when computed."""
 
 
-class AgentboltTrainerMixin:
+class AgentboltTrainerMixin(_VerlTrainer):
     """verl trainer hooks for the binding; mix in before verl's ``PPOTrainerSync``.
 
     Uses these attributes of verl's ``PPOTrainer``: ``config``, ``llm_server_manager``
@@ -279,7 +284,7 @@ class AgentboltTrainerMixin:
 
     def _agentbolt_config(self) -> AgentboltSettings:
         if self._agentbolt_settings is None:
-            self._agentbolt_settings = settings_from_verl_config(self.config)  # type: ignore[attr-defined]
+            self._agentbolt_settings = settings_from_verl_config(self.config)
         return self._agentbolt_settings
 
     def _agentbolt_run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -300,7 +305,7 @@ class AgentboltTrainerMixin:
 
                 coordinator = WeightSyncCoordinator.from_settings(
                     settings,
-                    self.config,  # type: ignore[attr-defined]
+                    self.config,
                     store=open_store(settings.store_url),
                 )
                 await coordinator.start_run(settings.model_dump(mode="json"))
@@ -341,31 +346,31 @@ class AgentboltTrainerMixin:
 
     def _agentbolt_awake(self) -> None:
         coordinator = self._agentbolt_get_coordinator()
-        addresses = self.llm_server_manager.get_addresses()  # type: ignore[attr-defined]
-        self._agentbolt_run(coordinator.replicas_awake(addresses, int(self.global_steps)))  # type: ignore[attr-defined]
+        addresses = self.llm_server_manager.get_addresses()
+        self._agentbolt_run(coordinator.replicas_awake(addresses, int(self.global_steps)))
 
     def _agentbolt_asleep(self) -> None:
         coordinator = self._agentbolt_get_coordinator()
         if not self._agentbolt_run(coordinator.replicas_sleeping()):
-            self.checkpoint_manager.abort_replicas()  # type: ignore[attr-defined]
+            self.checkpoint_manager.abort_replicas()
 
     # -- verl hooks -----------------------------------------------------------------------------
 
     def on_init_end(self) -> None:
-        super().on_init_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        super().on_init_end()  # verl: update_weights → replicas awake
         self._agentbolt_start_runners()
         self._agentbolt_awake()
 
     def on_sample_end(self) -> None:
         self._agentbolt_asleep()
-        super().on_sample_end()  # type: ignore[misc]  # verl: sleep_replicas
+        super().on_sample_end()  # verl: sleep_replicas
 
     def on_step_end(self) -> None:
-        super().on_step_end()  # type: ignore[misc]  # verl: update_weights → replicas awake
+        super().on_step_end()  # verl: update_weights → replicas awake
         self._agentbolt_awake()
 
     def on_train_end(self) -> None:
-        super().on_train_end()  # type: ignore[misc]
+        super().on_train_end()
         self._agentbolt_stop_runners()
         coordinator, bridge = self._agentbolt_coordinator, self._agentbolt_bridge
         if bridge is not None:
@@ -394,7 +399,7 @@ class AgentboltTrainerMixin:
             fields.responses,
             fields.response_mask,
             self._agentbolt_config().lightningrl,
-            trained_version=int(self.global_steps) - 1,  # type: ignore[attr-defined]
+            trained_version=int(self.global_steps) - 1,
             rollout_log_probs=fields.rollout_log_probs,
             old_log_probs=fields.old_log_probs,
         )
@@ -403,13 +408,13 @@ class AgentboltTrainerMixin:
         return batch
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        out = super()._compute_metrics(batch, metrics, *args, **kwargs)
         if self._agentbolt_sink is None:
             self._agentbolt_sink = self._agentbolt_make_sink()
         if self._agentbolt_sink is not None:
             metrics.update(self._agentbolt_sink.drain())
         if self._agentbolt_coordinator is not None:
             metrics["agentbolt/gateway/drain_timeouts"] = float(self._agentbolt_coordinator.drain_timeouts)
-            step = int(self.global_steps)  # type: ignore[attr-defined]
+            step = int(self.global_steps)
             self._agentbolt_run(self._agentbolt_coordinator.record_metrics(step, metrics))
         return out

@@ -6,7 +6,6 @@ trainer drains them into each step's metrics.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,13 +24,14 @@ def _sink_actor() -> Any:
 
         class _Sink:
             def __init__(self) -> None:
-                self.counts: Counter[str] = Counter()
+                self.counts: dict[str, float] = {}
 
             def add(self, counts: dict[str, float]) -> None:
-                self.counts.update(counts)
+                for key, value in counts.items():
+                    self.counts[key] = self.counts.get(key, 0.0) + value
 
             def drain(self) -> dict[str, float]:
-                out, self.counts = dict(self.counts), Counter()
+                out, self.counts = self.counts, {}
                 return out
 
         _actor_cls = ray.remote(num_cpus=0)(_Sink)

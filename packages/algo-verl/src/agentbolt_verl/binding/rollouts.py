@@ -72,15 +72,16 @@ class LocalMetricsSink:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        self._counts: dict[str, float] = {}
 
     def add(self, counts: Mapping[str, float]) -> None:
         with self._lock:
-            self._counts.update({k: float(v) for k, v in counts.items()})
+            for key, value in counts.items():
+                self._counts[key] = self._counts.get(key, 0.0) + float(value)
 
     def drain(self) -> dict[str, float]:
         with self._lock:
-            out, self._counts = dict(self._counts), Counter()
+            out, self._counts = self._counts, {}
         return out
 
 

@@ -278,11 +278,11 @@ def _decorate(fn: Callable[P, R], op_name: str) -> Callable[P, R]:
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             with _operation_span(op_name, bound(args, kwargs)) as span:
-                result = await fn(*args, **kwargs)  # type: ignore[misc]
+                result = await fn(*args, **kwargs)
                 span.set_attribute(semconv.OPERATION_OUTPUT, _to_json(result))
                 return result
 
-        return async_wrapper  # type: ignore[return-value]
+        return async_wrapper  # type: ignore[return-value]  # R is fn's coroutine type, which mypy cannot tie to the wrapper's
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -291,4 +291,4 @@ def _decorate(fn: Callable[P, R], op_name: str) -> Callable[P, R]:
             span.set_attribute(semconv.OPERATION_OUTPUT, _to_json(result))
             return result
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -58,7 +58,8 @@ def tool_names_of(request: Mapping[str, Any]) -> set[str]:
     names = set()
     for tool in request.get("tools") or ():
         if isinstance(tool, Mapping):
-            fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+            function = tool.get("function")
+            fn = function if isinstance(function, Mapping) else tool
             if fn.get("name"):
                 names.add(str(fn["name"]))
     return names

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import semconv
 from .. import types as t
@@ -306,7 +306,13 @@ def _span_processor_base() -> type:
     return SpanProcessor
 
 
-class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor as _SpanProcessorBase
+else:
+    _SpanProcessorBase = _span_processor_base()
+
+
+class AgentboltSpanProcessor(_SpanProcessorBase):
     """An OpenTelemetry ``SpanProcessor`` routing spans of rollouts to their runner's sink.
 
     A span belongs to a rollout when it starts while a :class:`RolloutContext` is current, or
@@ -344,6 +350,7 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         ctx = _CURRENT.get()
+        route: tuple[SpanSink, str, str] | None
         if ctx is not None and ctx.sink is not None:
             route = (ctx.sink, ctx.rollout_id, ctx.attempt_id)
         else:
@@ -351,7 +358,7 @@ class AgentboltSpanProcessor(_span_processor_base()):  # type: ignore[misc]
             if parent is None:
                 return
             pctx = parent.get_span_context()
-            route = self._open.get((pctx.trace_id, pctx.span_id))  # type: ignore[assignment]
+            route = self._open.get((pctx.trace_id, pctx.span_id))
             if route is None:
                 return
         span.set_attribute(semconv.ROLLOUT_ID, route[1])
@@ -425,11 +432,11 @@ def install_otel(provider: Any = None) -> Any:
 
 def _processor_of(provider: Any) -> AgentboltSpanProcessor:
     """The provider's agentbolt processor (added now if it has none)."""
-    processor = getattr(provider, "_agentbolt_processor", None)
+    processor: AgentboltSpanProcessor | None = getattr(provider, "_agentbolt_processor", None)
     if processor is None:
         processor = AgentboltSpanProcessor()
         _attach(provider, processor)
-    return processor  # type: ignore[no-any-return]
+    return processor
 
 
 def _attach(provider: Any, processor: AgentboltSpanProcessor) -> None:
@@ -462,7 +469,7 @@ def _let_later_providers_join(ours: Any) -> None:
             return
         original(tracer_provider, log)
 
-    set_tracer_provider.__agentbolt__ = True  # type: ignore[attr-defined]
+    set_tracer_provider.__agentbolt__ = True  # type: ignore[attr-defined]  # marks our wrapper: installing twice wraps once
     api._set_tracer_provider = set_tracer_provider
 
 

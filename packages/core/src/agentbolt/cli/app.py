@@ -5,6 +5,7 @@ agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
 agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
 agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
+agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
 
 Each command imports the part it runs inside its body (the store server and the gateway bring
 FastAPI and uvicorn, the runners Ray or SQLAlchemy), so ``agentbolt --help`` and every command
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -29,11 +30,16 @@ from .. import types as t
 from ..capture.roles import AgentRoles
 from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
+from ..policies import Policies
 from ..store.urls import check_store_url
 from .runs import open_existing_store
 from .runs import register as _register_run_commands
+from .serve import register as _register_serve
 from .tables import Column, show, table
 from .tables import console as make_console
+
+if TYPE_CHECKING:
+    from ..runs.doctor import DoctorReport
 
 app = typer.Typer(
     name="agentbolt",
@@ -202,6 +208,14 @@ def gateway_serve(
             "NAME=re:PATTERN searches a regex)."
         ),
     ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=AGENT[,AGENT...]: calls of these agents go to policy NAME, asked of the upstream as model "
+            "NAME (a vLLM LoRA module, an agentbolt-torch adapter); repeatable, first match wins, NAME=re:PATTERN "
+            "searches a regex; other agents' calls go to the base model (--model)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
@@ -224,6 +238,9 @@ def gateway_serve(
             upstream_timeout_s=request_timeout,
         )
         captured = capture.gateway_options()
+        policies = Policies.from_specs(policy or [])
+        if policies is not None:
+            captured["policy_router"] = policies.router()
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -375,7 +392,7 @@ def doctor(
 
     from ..runs.doctor import doctor as run_doctor
 
-    async def go() -> object:
+    async def go() -> DoctorReport:
         opened = open_existing_store(store)  # a reader never creates a store
         try:
             since = time.time() - since_s if since_s is not None else None
@@ -388,11 +405,12 @@ def doctor(
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())  # type: ignore[attr-defined]
-    raise typer.Exit(0 if report.ok else 1)  # type: ignore[attr-defined]
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    raise typer.Exit(0 if report.ok else 1)
 
 
 _register_run_commands(app)  # runs, rollouts, export, dashboard
+_register_serve(app)  # serve
 
 
 def main() -> None:

@@ -373,7 +373,7 @@ async def _export(
     store: Any,
     run_id: str,
     fmt: ExportFormat,
-    write: Callable[[bytes], None],
+    write: Callable[[bytes], object],
     min_reward: float | None = None,
     mode: ExportMode = ExportMode.train,
 ) -> ExportCounts:

@@ -28,6 +28,7 @@ class AttemptCache:
         self.ttl_s = ttl_s
         self._known: dict[str, tuple[str, float]] = {}  # attempt id -> (rollout id, trusted until; -1 = ended)
         self._lookups: dict[str, asyncio.Future[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()  # the loop holds tasks weakly: keep them alive
 
     async def check(self, rollout_id: str, attempt_id: str) -> tuple[int, str, str] | None:
         """None when calls of this attempt may go upstream, else (HTTP status, message, error type)."""
@@ -40,7 +41,9 @@ class AttemptCache:
         elif 0 <= known[1] < now and attempt_id not in self._lookups:
             # Known to be running a moment ago: serve this call, re-check in the background
             # (a call can still pass within one check interval after the attempt ended).
-            asyncio.get_running_loop().create_task(self._refresh(rollout_id, attempt_id))
+            task = asyncio.get_running_loop().create_task(self._refresh(rollout_id, attempt_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         if known is None:
             return 404, f"unknown rollout {rollout_id} or attempt {attempt_id}", "agentbolt_unknown_attempt"
         if known[0] != rollout_id:

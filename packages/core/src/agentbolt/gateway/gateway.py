@@ -31,7 +31,7 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -49,6 +49,7 @@ from .attempts import AttemptCache
 from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool
 from .recorder import CallRecord, Retokenizer, parse_traceparent
 from .relay import UPSTREAM_ERROR, error_body, relay_stream
+from .routing import CallRouter, ExtraRoute, RoutedCall, RouteError
 from .span_writer import SpanWriter
 from .translate import Dialect, TranslationError
 
@@ -62,6 +63,8 @@ SPAN_HEADER = "x-agentbolt-span-id"
 AGENT_HEADER = "x-agentbolt-agent-name"
 """Optional request header naming the agent that makes the call (recorded as gen_ai.agent.name)."""
 POLICY_HEADER = "x-agentbolt-policy-version"
+POLICY_NAME_HEADER = "x-agentbolt-policy"
+"""Response header of an upstream serving several policies: the policy (adapter) that answered."""
 LLM_API = semconv.LLM_API
 
 _OPERATIONS = {"/v1/chat/completions": semconv.OP_CHAT, "/v1/completions": semconv.OP_TEXT_COMPLETION}
@@ -116,6 +119,17 @@ class Gateway:
             (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
             the (Chat Completions) request: see :class:`agentbolt.capture.roles.AgentRoles`.
+        policy_router: policies by role (:mod:`agentbolt.policies`): agent name -> the policy
+            that serves its calls, or ``None`` for the base model. A routed call asks the
+            upstream for the policy's name as its model (how vLLM serves a LoRA adapter, and the
+            agentbolt-torch policy server an adapter); its span records the policy
+            (``agentbolt.llm.policy``: the upstream's ``X-Agentbolt-Policy`` when it sends one).
+        router: records calls that name no rollout (live clients of ``agentbolt serve``) under
+            the rollout and attempt it picks (:mod:`agentbolt.gateway.routing`); without one such
+            calls get 400.
+        routes: further ``POST``/``GET`` paths answered on this port by their handler (after the
+            token and Host checks), e.g. ``/v1/feedback``.
+        openapi_paths: OpenAPI path items of ``routes``, added to ``GET /openapi.json``.
     """
 
     def __init__(
@@ -140,6 +154,10 @@ class Gateway:
         header_timeout_s: float = 10.0,
         body_timeout_s: float = 60.0,
         agent_names: AgentNamer | None = None,
+        policy_router: Callable[[str | None], str | None] | None = None,
+        router: CallRouter | None = None,
+        routes: Mapping[str, ExtraRoute] | None = None,
+        openapi_paths: Mapping[str, Any] | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
             raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
@@ -153,6 +171,12 @@ class Gateway:
         self.request_token_ids = request_token_ids
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
+        self.policy_router = policy_router
+        self.router = router
+        self.routes: dict[str, ExtraRoute] = dict(routes or {})
+        self.openapi_paths: dict[str, Any] = dict(openapi_paths or {})
+        self._upstream_inflight: dict[str, int] = {}
+        self._upstream_done = asyncio.Event()
         self._upstreams: list[Upstream] = []
         self._pools: dict[str, UpstreamPool] = {}
         self.set_upstreams(upstreams)
@@ -226,6 +250,11 @@ class Gateway:
             self._pools.pop(url).close()
         self._upstreams = new
 
+    @property
+    def upstreams(self) -> list[Upstream]:
+        """The upstreams new calls go to."""
+        return list(self._upstreams)
+
     def set_policy(
         self, *, version: int | None = None, sampling: Mapping[str, Any] | None = None, model: str | None = None
     ) -> None:
@@ -248,6 +277,28 @@ class Gateway:
     @property
     def paused(self) -> bool:
         return not self._running.is_set()
+
+    def upstream_inflight(self, base_url: str) -> int:
+        """Calls now in flight to the upstream ``base_url`` (a current or a former one)."""
+        return self._upstream_inflight.get(base_url, 0)
+
+    async def drain_upstream(self, base_url: str, timeout: float | None = None) -> bool:
+        """Wait until no call is in flight to ``base_url`` (e.g. an upstream just replaced by
+        :meth:`set_upstreams`, whose weights are about to change); False on timeout. Calls to
+        other upstreams are not held: this is how ``agentbolt serve`` swaps a policy version
+        without pausing live traffic."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._upstream_inflight.get(base_url, 0) > 0:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            self._upstream_done.clear()
+            try:
+                await asyncio.wait_for(self._upstream_done.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Wait until no call is in flight; returns False on timeout."""
@@ -311,13 +362,20 @@ class Gateway:
             )
         if sub == "/v1/models" and request.method == "GET":
             return self._models(responder)
+        extra = self.routes.get(sub)
+        if extra is not None:
+            status, payload, headers = await extra(request)
+            if status >= 500:
+                self.counters["errors"] += 1
+            return responder.send(status, payload, headers)
         dialect = _DIALECTS.get(sub)
         operation = semconv.OP_CHAT if dialect is not None else _OPERATIONS.get(sub)
         if operation is None:
             return self._reply(responder, 404, f"no route for {request.method} {path}", "invalid_request_error")
         if request.method != "POST":
             return self._reply(responder, 405, f"{sub} takes POST", "invalid_request_error")
-        if not rollout_id or not attempt_id:
+        routed_here = not rollout_id or not attempt_id
+        if routed_here and self.router is None:
             return self._reply(
                 responder,
                 400,
@@ -326,10 +384,11 @@ class Gateway:
                 "invalid_request_error",
             )
         self.counters["requests"] += 1
-        problem = await self._attempts.check(rollout_id, attempt_id)
-        if problem is not None:
-            self.counters["rejected"] += 1
-            return self._reply(responder, problem[0], problem[1], problem[2])
+        if not routed_here:
+            problem = await self._attempts.check(rollout_id, attempt_id)
+            if problem is not None:
+                self.counters["rejected"] += 1
+                return self._reply(responder, problem[0], problem[1], problem[2])
         if not self._running.is_set():
             try:
                 await asyncio.wait_for(self._running.wait(), self.pause_timeout_s)
@@ -349,14 +408,51 @@ class Gateway:
             return self._reply(responder, 400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         if not isinstance(body, dict):
             return self._reply(responder, 400, "request body must be a JSON object", "invalid_request_error")
+        chat_body = body
+        if dialect is not None:  # Responses / Messages API: forwarded as Chat Completions
+            try:
+                chat_body = dialect.to_chat(body)
+            except (TranslationError, KeyError, TypeError, AttributeError) as exc:
+                return self._reply(responder, 400, f"cannot translate this request: {exc}", "invalid_request_error")
+        routed: RoutedCall | None = None
+        if routed_here:
+            assert self.router is not None
+            if not self._upstreams:  # refused before a session is opened for it
+                self.counters["upstream_errors"] += 1
+                return self._reply(
+                    responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
+                )
+            try:
+                routed = await self.router.route(request.headers, body, sub)
+            except RouteError as exc:
+                self.counters["rejected"] += 1
+                return self._reply(responder, exc.status, exc.message, exc.type)
+            rollout_id, attempt_id = routed.rollout_id, routed.attempt_id
         self._inflight += 1
         self._idle.clear()
+        record: CallRecord | None = None
         try:
-            await self._forward(request, responder, rollout_id, attempt_id, operation, body, dialect)
+            record = await self._forward(
+                request,
+                responder,
+                rollout_id,
+                attempt_id,
+                operation,
+                chat_body,
+                body,
+                dialect,
+                routed.headers if routed else [],
+            )
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
+            if routed is not None:
+                assert self.router is not None
+                try:
+                    self.router.finished(routed, record)
+                except Exception:  # the router's bookkeeping must not fail the call
+                    log.exception("the gateway's call router failed on a finished call")
 
     def _name_agent(self, body: Mapping[str, Any]) -> str | None:
         if self.agent_names is None:
@@ -367,6 +463,14 @@ class Gateway:
             log.exception("agent_names raised on a request; the call is recorded without an agent name")
             return None
 
+    def _route(self, agent_name: str | None) -> str | None:
+        assert self.policy_router is not None
+        try:
+            return self.policy_router(agent_name)
+        except Exception:  # a user's match predicate must not break the proxy
+            log.exception("the policy router raised on agent %r; the call goes to the base model", agent_name)
+            return None
+
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
         if "x-api-key" in request.headers:  # Anthropic clients send their key this way
@@ -375,7 +479,7 @@ class Gateway:
 
     def openapi(self) -> dict[str, Any]:
         """The gateway's OpenAPI document (also served at ``GET /openapi.json``)."""
-        return control.openapi_document(secured=self.token is not None)
+        return control.openapi_document(secured=self.token is not None, extra_paths=self.openapi_paths)
 
     def _reply(
         self,
@@ -415,20 +519,46 @@ class Gateway:
         attempt_id: str,
         operation: str,
         body: dict[str, Any],
+        api_body: dict[str, Any],
         dialect: Dialect | None = None,
-    ) -> None:
-        api_body = body
-        if dialect is not None:  # Responses / Messages API: forwarded as Chat Completions
-            try:
-                body = dialect.to_chat(api_body)
-            except (TranslationError, KeyError, TypeError, AttributeError) as exc:
-                return self._reply(responder, 400, f"cannot translate this request: {exc}", "invalid_request_error")
+        extra_headers: list[tuple[str, str]] | None = None,
+    ) -> CallRecord | None:
+        """Forward ``body`` (Chat Completions; ``api_body`` is what the client sent, translated
+        by ``dialect`` for the Responses / Messages APIs) and record the call."""
         if not self._upstreams:
             self.counters["upstream_errors"] += 1
-            return self._reply(
+            self._reply(
                 responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
             )
+            return None
         upstream = self._upstreams[zlib.crc32(rollout_id.encode()) % len(self._upstreams)]
+        url = upstream.base_url
+        self._upstream_inflight[url] = self._upstream_inflight.get(url, 0) + 1
+        try:
+            return await self._call_upstream(
+                request, responder, rollout_id, attempt_id, operation, body, api_body, dialect, upstream, extra_headers
+            )
+        finally:
+            left = self._upstream_inflight[url] - 1
+            if left:
+                self._upstream_inflight[url] = left
+            else:
+                del self._upstream_inflight[url]
+            self._upstream_done.set()
+
+    async def _call_upstream(
+        self,
+        request: Request,
+        responder: Responder,
+        rollout_id: str,
+        attempt_id: str,
+        operation: str,
+        body: dict[str, Any],
+        api_body: dict[str, Any],
+        dialect: Dialect | None,
+        upstream: Upstream,
+        extra_headers: list[tuple[str, str]] | None,
+    ) -> CallRecord:
         pool = self._pools[upstream.base_url]
         self._prepare(body, operation, upstream)
         span_id = os.urandom(8).hex()
@@ -448,6 +578,9 @@ class Gateway:
         agent_name = request.headers.get(AGENT_HEADER) or self._name_agent(body)
         if agent_name:
             record.extra[semconv.GEN_AI_AGENT_NAME] = agent_name
+        if self.policy_router is not None and (policy := self._route(agent_name)) is not None:
+            body["model"] = policy  # the upstream serves the policy's adapter by this name
+            record.extra[semconv.POLICY_NAME] = policy
         if dialect is not None:
             record.extra[LLM_API] = dialect.name
         headers = [("content-type", "application/json"), ("accept", request.headers.get("accept", "application/json"))]
@@ -459,12 +592,14 @@ class Gateway:
         try:
             answer = await pool.request("POST", sub, orjson.dumps(body), headers, timeout_s=self.request_timeout_s)
         except UpstreamError as exc:
-            self._upstream_failed(responder, record, span_id, exc)
-            return
+            self._upstream_failed(responder, record, span_id, exc, extra_headers)
+            return record
         record.upstream_latency_s = time.perf_counter() - started
         if answer.headers.get(POLICY_HEADER, "").isdigit():
             record.policy_version = int(answer.headers[POLICY_HEADER])
-        out_headers = [(SPAN_HEADER, span_id)]
+        if answer.headers.get(POLICY_NAME_HEADER):
+            record.extra[semconv.POLICY_NAME] = answer.headers[POLICY_NAME_HEADER]
+        out_headers = [(SPAN_HEADER, span_id), *(extra_headers or ())]
         if record.policy_version is not None:
             out_headers.append((POLICY_HEADER, str(record.policy_version)))
         if answer.status == 200 and answer.is_stream:
@@ -473,27 +608,29 @@ class Gateway:
             if dialect is not None and record.response and record.response.get("id"):
                 record.extra[semconv.GEN_AI_RESPONSE_ID] = dialect.response_id(str(record.response["id"]))
             self._record(record, span_id)
-            return
+            return record
         try:
             data = await answer.read()
         except UpstreamError as exc:
-            self._upstream_failed(responder, record, span_id, exc)
-            return
+            self._upstream_failed(responder, record, span_id, exc, extra_headers)
+            return record
         record.end_ns = time.time_ns()
         if answer.status >= 500:
-            self._upstream_failed(responder, record, span_id, None, status=answer.status, body=data)
-            return
+            self._upstream_failed(responder, record, span_id, None, extra_headers, status=answer.status, body=data)
+            return record
         record.status = answer.status
         if answer.status != 200:  # a client error: pass it through unchanged
             record.error_type = f"http_{answer.status}"
             record.error_message = data[:2000].decode("utf-8", "replace")
             responder.send(answer.status, data, out_headers)
             self._record(record, span_id)
-            return
+            return record
         response, problem = upstream_checks.parse_completion(record.operation, data)
         if problem is not None:
-            self._upstream_failed(responder, record, span_id, None, status=200, body=data, problem=problem)
-            return
+            self._upstream_failed(
+                responder, record, span_id, None, extra_headers, status=200, body=data, problem=problem
+            )
+            return record
         record.response = response
         if dialect is not None and response is not None:
             translated = dialect.from_chat(response, api_body)
@@ -501,6 +638,7 @@ class Gateway:
             data = orjson.dumps(translated)
         responder.send(200, data, out_headers)
         self._record(record, span_id)
+        return record
 
     def _upstream_failed(
         self,
@@ -508,6 +646,7 @@ class Gateway:
         record: CallRecord,
         span_id: str,
         exc: Exception | None,
+        extra_headers: list[tuple[str, str]] | None = None,
         *,
         status: int | None = None,
         body: bytes = b"",
@@ -520,7 +659,9 @@ class Gateway:
         record.error_type = UPSTREAM_ERROR
         record.error_message = message
         record.extra["agentbolt.llm.upstream_error"] = code
-        self._reply(responder, http_status, message, UPSTREAM_ERROR, [(SPAN_HEADER, span_id)], code)
+        self._reply(
+            responder, http_status, message, UPSTREAM_ERROR, [(SPAN_HEADER, span_id), *(extra_headers or ())], code
+        )
         self._record(record, span_id)
 
     def _record(self, record: CallRecord, span_id: str) -> None:

@@ -165,7 +165,7 @@ class _ServerConnection(asyncio.Protocol):
     # -- transport events ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is a full Transport
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -471,7 +471,7 @@ class _ClientConnection(asyncio.Protocol):
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is a full Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -569,9 +569,10 @@ class UpstreamPool:
         self.max_idle = max_idle
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_ClientConnection] = []
+        self.closed = False
 
     def _release(self, conn: _ClientConnection) -> None:
-        if len(self._idle) < self.max_idle:
+        if not self.closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.abort()
@@ -629,7 +630,8 @@ class UpstreamPool:
         raise UpstreamError(f"cannot send to {self.base_url}")
 
     def close(self) -> None:
-        """Close idle connections."""
+        """Close idle connections; connections still in use close when their call ends."""
+        self.closed = True
         for conn in list(self._idle):
             conn.abort()
         self._idle.clear()

@@ -215,7 +215,7 @@ class MessagesStream(ChunkStream):
 
     def _start(self, chunk: Mapping[str, Any]) -> bytes:
         prompt_ids = chunk.get("prompt_token_ids")
-        message = {
+        message: dict[str, Any] = {
             "id": response_id(str(chunk.get("id") or "")),
             "type": "message",
             "role": "assistant",

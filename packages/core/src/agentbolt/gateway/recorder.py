@@ -155,29 +155,29 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
         prompt_ids = resp.get("prompt_token_ids") or first.get("prompt_token_ids")
         response_ids = first.get("token_ids")
         source = semconv.TOKEN_SOURCE_MISSING
+        tokens: tuple[list[int], list[int]] | None = None  # (prompt ids, response ids)
         if isinstance(prompt_ids, list) and isinstance(response_ids, list):
-            source = semconv.TOKEN_SOURCE_EXACT
+            source, tokens = semconv.TOKEN_SOURCE_EXACT, (prompt_ids, response_ids)
         elif retokenize is not None:
             ids = retokenize(req, resp)
             if ids is not None:
-                prompt_ids, response_ids = ids
-                source = semconv.TOKEN_SOURCE_RETOKENIZED
-
-                drift = drift_reasons(resp, prompt_ids, response_ids, getattr(retokenize, "decode", None))
+                source, tokens = semconv.TOKEN_SOURCE_RETOKENIZED, (list(ids[0]), list(ids[1]))
+                drift = drift_reasons(resp, tokens[0], tokens[1], getattr(retokenize, "decode", None))
                 if drift:
                     attrs[semconv.TOKEN_DRIFT] = "; ".join(drift)
         attrs[semconv.TOKEN_SOURCE] = source
-        if source != semconv.TOKEN_SOURCE_MISSING:
-            attrs[semconv.PROMPT_TOKEN_IDS] = list(prompt_ids)  # type: ignore[arg-type]
-            attrs[semconv.RESPONSE_TOKEN_IDS] = list(response_ids)  # type: ignore[arg-type]
+        if tokens is not None:
+            attrs[semconv.PROMPT_TOKEN_IDS] = list(tokens[0])
+            attrs[semconv.RESPONSE_TOKEN_IDS] = list(tokens[1])
+            n_response = len(tokens[1])
             logprobs = _choice_logprobs(first, record.operation)
             if logprobs is not None and not all(math.isfinite(x) for x in logprobs):
                 attrs["agentbolt.llm.logprobs_invalid"] = "the upstream returned non-finite logprobs; they are not kept"
                 logprobs = None
-            if logprobs is not None and len(logprobs) == len(response_ids):  # type: ignore[arg-type]
+            if logprobs is not None and len(logprobs) == n_response:
                 attrs[semconv.RESPONSE_LOGPROBS] = logprobs
             elif logprobs is not None:
-                attrs["agentbolt.llm.logprobs_mismatch"] = f"{len(logprobs)} logprobs for {len(response_ids)} tokens"  # type: ignore[arg-type]
+                attrs["agentbolt.llm.logprobs_mismatch"] = f"{len(logprobs)} logprobs for {n_response} tokens"
         if len(choices) > 1:  # n > 1: every choice's ids, for algorithms that want them
             attrs["agentbolt.llm.choices"] = orjson.dumps(
                 [{"token_ids": c.get("token_ids"), "logprobs": _choice_logprobs(c, record.operation)} for c in choices]

@@ -44,7 +44,7 @@ __all__ = [
 
 LossAggregation = Literal["rollout-mean-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 """The loss aggregation modes (see the module docstring)."""
-LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
+LOSS_AGGREGATIONS: tuple[LossAggregation, ...] = get_args(LossAggregation)
 """Every mode, the default first."""
 DEFAULT_LOSS_AGGREGATION: LossAggregation = "rollout-mean-token-mean"
 """Each rollout weighs the same (LightningRL's default)."""
@@ -52,9 +52,10 @@ DEFAULT_LOSS_AGGREGATION: LossAggregation = "rollout-mean-token-mean"
 
 def check_loss_aggregation(mode: str) -> LossAggregation:
     """``mode`` if it is a known aggregation, else a :class:`UserError` listing the valid ones."""
-    if mode not in LOSS_AGGREGATIONS:
-        raise UserError(f"unknown loss aggregation {mode!r}; valid names: {', '.join(LOSS_AGGREGATIONS)}")
-    return mode  # type: ignore[return-value]
+    for known in LOSS_AGGREGATIONS:
+        if mode == known:
+            return known
+    raise UserError(f"unknown loss aggregation {mode!r}; valid names: {', '.join(LOSS_AGGREGATIONS)}")
 
 
 def row_weights(

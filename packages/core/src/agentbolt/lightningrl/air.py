@@ -315,14 +315,15 @@ class AIRCredit(CreditAssigner):
             return None
         n = len(episode.calls)
         auto = [0.0] * n
-        parts: list[Counter[str]] = [Counter() for _ in range(n)]
+        parts: list[dict[str, float]] = [{} for _ in range(n)]
         notes: Counter[str] = Counter()
         for s in self.signals(episode):
             notes[f"air.{s.rule}.{s.match}"] += 1
             if s.call_index is None or s.value == 0.0:
                 continue
             auto[s.call_index] += s.value
-            parts[s.call_index][f"air.{s.rule}"] += s.value
+            part = parts[s.call_index]
+            part[f"air.{s.rule}"] = part.get(f"air.{s.rule}", 0.0) + s.value
         emitted = episode.step_rewards if self.include_emitted else (0.0,) * n
         base = self.final_weight * episode.final_reward
         steps = [e + a for e, a in zip(emitted, auto, strict=True)]

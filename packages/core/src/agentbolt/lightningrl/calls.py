@@ -195,6 +195,7 @@ def _make_call(
         except ValueError:
             source = TokenSource.MISSING
     version = attrs.get(semconv.POLICY_VERSION)
+    served_by = attrs.get(semconv.POLICY_NAME)
     return LLMCall(
         index=index,
         position=pos,
@@ -208,6 +209,7 @@ def _make_call(
         token_source=source,
         policy_version=version if type(version) is int else rollout.resources_version,
         finish_reason=_finish_reason(gateway) or next(filter(None, map(_finish_reason, framework)), None),
+        policy_name=served_by if isinstance(served_by, str) and served_by else None,
     )
 
 

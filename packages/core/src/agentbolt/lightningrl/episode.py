@@ -66,6 +66,11 @@ class ExclusionReason(enum.StrEnum):
     trained (or by an unrecorded version while ``max_staleness`` is set)."""
     NO_LOGPROBS = "no_logprobs"
     """No sampling logprobs, and off-policy correction (``rollout_is`` / ``rollout_rs``) needs them."""
+    NO_POLICY = "no_policy"
+    """With policies by role (:mod:`agentbolt.policies`): no policy's ``match`` selects the call's agent."""
+    POLICY_MISMATCH = "policy_mismatch"
+    """With policies by role: the call was served by another policy (or the base model) than its
+    agent's, e.g. because the gateway could not name the agent when the call was made."""
 
 
 RewardAttachment: TypeAlias = Literal["final", "target_span", "target_response", "preceding", "unattached", "malformed"]
@@ -103,6 +108,9 @@ class LLMCall:
     """Why the call produces no transition; ``None`` for a trainable call."""
     exclusion_detail: str | None = None
     """Human-readable detail of the exclusion."""
+    policy_name: str | None = None
+    """With policies by role: the policy that served the call (``None``: the base model, or one
+    shared policy)."""
 
     @property
     def trainable(self) -> bool:
@@ -297,7 +305,7 @@ def agent_selector(agent_match: AgentMatch) -> Callable[[str | None], bool]:
             raise UserError(f"agent_match {agent_match!r} is not a valid regular expression: {exc}") from exc
         return lambda name: name is not None and pattern.search(name) is not None
     if callable(agent_match):
-        return agent_match  # type: ignore[return-value]
+        return agent_match
     names = frozenset(agent_match)
     if not all(isinstance(n, str) for n in names):
         raise UserError(f"agent_match must hold agent names (str), got {sorted(map(repr, names))}")

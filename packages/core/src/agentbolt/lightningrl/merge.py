@@ -67,8 +67,9 @@ def _fold(acc: Transition, nxt: Transition) -> Transition:
     if acc.response_logprobs is not None and nxt.response_logprobs is not None:
         logprobs = [*acc.response_logprobs, *([0.0] * len(observation)), *nxt.response_logprobs]
     meta: dict[str, Any] = dict(acc.metadata)
-    meta["merged_span_ids"] = [*acc.metadata.get("merged_span_ids", [acc.span_id]), nxt.span_id]  # type: ignore[misc]
-    meta["merged_indices"] = [*acc.metadata.get("merged_indices", [acc.index]), nxt.index]  # type: ignore[misc]
+    span_ids, indices = acc.metadata.get("merged_span_ids"), acc.metadata.get("merged_indices")
+    meta["merged_span_ids"] = [*(span_ids if isinstance(span_ids, list) else [acc.span_id]), nxt.span_id]
+    meta["merged_indices"] = [*(indices if isinstance(indices, list) else [acc.index]), nxt.index]
     return acc.model_copy(
         update={
             "response_ids": [*acc.response_ids, *observation, *nxt.response_ids],

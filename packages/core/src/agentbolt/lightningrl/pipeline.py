@@ -29,7 +29,7 @@ to promote): :class:`~agentbolt.lightningrl.LightningRLConfig` ``missing_reward=
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,7 +39,7 @@ from .advantage import AdvantageEstimator
 from .aggregation import token_count
 from .config import LightningRLConfig
 from .credit import CreditAssigner
-from .episode import Episode, ExclusionReason
+from .episode import Episode, ExclusionReason, LLMCall
 from .extraction import extract_episode
 from .merge import merge_transitions
 from .registry import get_advantage_estimator, get_credit_assigner
@@ -112,6 +112,9 @@ class LightningRL:
             for the defaults, or a mapping of its fields.
         plugins: plugin manager to resolve credit / estimator names (default:
             :func:`agentbolt.plugins.default_plugins`).
+        exclude: a further rule on each call that passed the config's selection and limits:
+            ``(reason, detail)`` leaves it out, ``None`` keeps it (the per-policy passes of
+            :class:`agentbolt.policies.PolicyLightningRL` use it; credit still sees every call).
         **overrides: :class:`~agentbolt.lightningrl.LightningRLConfig` fields applied on top of
             ``config`` (``LightningRL(agent_match="solver")`` is
             ``LightningRL(LightningRLConfig(agent_match="solver"))``).
@@ -123,9 +126,11 @@ class LightningRL:
         /,
         *,
         plugins: Plugins | None = None,
+        exclude: Callable[[LLMCall], tuple[ExclusionReason, str] | None] | None = None,
         **overrides: Any,
     ) -> None:
 
+        self.exclude = exclude
         self.config = cfg = LightningRLConfig.from_value(config, **overrides)
         if isinstance(cfg.credit, str):
             self.credit: CreditAssigner = get_credit_assigner(cfg.credit, plugins=plugins, **cfg.credit_options)
@@ -163,7 +168,8 @@ class LightningRL:
         )
         exclusions = {}
         for call in episode.trainable_calls:
-            if (why := off_policy_exclusion(cfg, call, policy_version)) is not None:
+            why = self.exclude(call) if self.exclude is not None else None
+            if why is not None or (why := off_policy_exclusion(cfg, call, policy_version)) is not None:
                 exclusions[call.index] = why
         return episode.with_call_exclusions(exclusions) if exclusions else episode
 

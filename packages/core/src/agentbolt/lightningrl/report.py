@@ -37,6 +37,12 @@ _HINTS = {
         "off-policy correction (rollout_is / rollout_rs) needs the sampling logprobs: use a backend that "
         "returns logprobs through the gateway"
     ),
+    "no_policy": "no policy's match selects these agents (policies by role): add them to a policy to train them",
+    "policy_mismatch": (
+        "served by another policy (or the base model) than their agent's: the gateway routes by the agent name "
+        "it knows when the call is made (X-Agentbolt-Agent-Name header or CaptureOptions(agent_names=...)), which "
+        "must agree with the name the framework adapter records"
+    ),
     "missing_reward": (
         "no episode return: return a float from the agent or emit a final reward, "
         "or use missing_reward='fill' with an explicit fill_value"

@@ -74,6 +74,7 @@ def attach_rewards(
         if not sp.is_reward_span(span):
             continue
         value, name, dims = _reward_fields(span)
+        detail: str | None
         common: dict[str, Any] = {"span_id": span.span_id, "position": pos, "name": name, "dimensions": dims}
         final = _is_final(span)
         if value is None:

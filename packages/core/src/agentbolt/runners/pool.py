@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..errors import UserError
@@ -65,7 +65,7 @@ def _process_main(
     try:
         import uvloop
 
-        runner_loop: Callable[[Awaitable[Any]], Any] = uvloop.run
+        runner_loop: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
     except ImportError:  # pragma: no cover
         runner_loop = asyncio.run
     runner_loop(_process_async(agent, store_url, worker_id, config, ready))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import types as t
 from ..capture.tracing import SpanSink
@@ -40,8 +41,10 @@ class _End:
 class Reporter(SpanSink):
     """Spans and attempt ends of one runner, written in batches (see the module docstring)."""
 
-    def __init__(self, store: object, **options: float | int) -> None:
-        super().__init__(store, **options)  # type: ignore[arg-type]
+    def __init__(
+        self, store: Any, *, batch_size: int = 500, interval_s: float = 0.05, max_queue: int = 200_000
+    ) -> None:
+        super().__init__(store, batch_size=batch_size, interval_s=interval_s, max_queue=max_queue)
         self._ends: list[_End] = []
         self.batches = 0
         """Batches of ends written (one transaction each)."""
@@ -83,10 +86,11 @@ class Reporter(SpanSink):
             return await super()._write(spans, upto)
         self._ends = [e for e in self._ends if e.after > upto]
         backoff = 0.5
-        while True:
+        rollouts: list[t.Rollout] | None = None
+        while rollouts is None:
             try:
                 rollouts = await self.store.finish_attempts([e.report for e in due], spans=spans)
-                break
+                continue
             except AgentboltError as exc:
                 if not isinstance(exc, StoreUnavailableError):  # a refusal: find whose
                     return await self._one_by_one(spans, upto, due)

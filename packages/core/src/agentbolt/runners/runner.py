@@ -56,6 +56,7 @@ __all__ = [
     "RunnerConfig",
     "RunnerStats",
     "classify_error",
+    "import_reference",
     "load_agent",
     "scope_resources",
 ]
@@ -67,29 +68,35 @@ AgentLike = Callable[[Any, t.Resources], Any] | Any
 ``rollout`` method, or a ``"module:attribute"`` reference to one."""
 
 
+def import_reference(reference: str, what: str = "agent") -> Any:
+    """The object a ``"package.module:name"`` reference names (``name`` may be dotted); a
+    :class:`~agentbolt.errors.UserError` saying what is wrong otherwise."""
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise UserError(f"{what} reference must look like 'package.module:{what.lstrip('-')}', got {reference!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"cannot import {module_name!r} for {what} {reference!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UserError(f"{module_name!r} has no attribute {attr!r} ({what} {reference!r})") from None
+    return obj
+
+
 def load_agent(agent: AgentLike | str) -> Callable[[Any, t.Resources], Any]:
     """Resolve an agent reference to its callable (``rollout`` method or the function)."""
     if isinstance(agent, str):
-        module_name, _, attr = agent.partition(":")
-        if not module_name or not attr:
-            raise UserError(f"agent reference must look like 'package.module:agent', got {agent!r}")
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UserError(f"cannot import {module_name!r} for agent {agent!r}: {exc}") from exc
-        for part in attr.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
-                raise UserError(f"{module_name!r} has no attribute {attr!r} (agent {agent!r})") from None
-        agent = obj
+        agent = import_reference(agent)
     if inspect.isclass(agent):
         agent = agent()  # a class with a no-argument constructor: use an instance
     method = getattr(agent, "rollout", None)
     if callable(method):
-        return method  # type: ignore[no-any-return]
+        return method
     if callable(agent):
-        return agent  # type: ignore[no-any-return]
+        return agent
     raise UserError(
         f"an agent must be a function (task, resources) -> float | None or have such a rollout method; got {agent!r}"
     )
@@ -324,7 +331,7 @@ class Runner:
         if claim.attempt.deadline_at is not None:
             delay = max(0.0, claim.attempt.deadline_at - time.time())
             running.deadline = asyncio.get_running_loop().call_later(delay, self._end, aid, "timed out")
-        task.add_done_callback(lambda _t, aid=aid: self._finished(aid))
+        task.add_done_callback(lambda _task: self._finished(aid))
 
     def _finished(self, aid: str) -> None:
         running = self._running.pop(aid, None)

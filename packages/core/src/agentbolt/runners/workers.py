@@ -128,8 +128,8 @@ class AgentWorkers:
                 return
             if task.cancelled():
                 result.cancel()
-            elif task.exception() is not None:
-                result.set_exception(task.exception())  # type: ignore[arg-type]
+            elif (error := task.exception()) is not None:
+                result.set_exception(error)
             else:
                 result.set_result(task.result())
 

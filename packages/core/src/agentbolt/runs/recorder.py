@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..store.base import Store
 from ..store.run_records import Run, RunSpec, RunStatus
@@ -38,11 +38,17 @@ class RunRecorder:
             name=self.name,
             algorithm=self.algorithm.name,
             model=self.algorithm.run_model(),
-            config=self.algorithm.run_config(),
+            config=self._config(),
         )
         self.run = await self.store.start_run(spec)
         log.info("run %s started (%s)", self.run.run_id, self.algorithm.name)
         return self.run
+
+    def _config(self) -> dict[str, Any]:
+        config = self.algorithm.run_config()
+        if not self.ctx.policies.is_shared:  # the dashboard draws per-policy curves from it
+            config = {**config, "policies": self.ctx.policies.as_record()}
+        return config
 
     async def watch(self, work: Awaitable[R]) -> R:
         """Await the algorithm; then wait for its metrics and record how the run ended."""

@@ -25,12 +25,16 @@ from ..store.run_records import RolloutSearch, Run
 
 __all__ = [
     "METRIC_PRESETS",
+    "POLICY_PLACEHOLDER",
     "CallView",
     "SpanRow",
     "TrajectoryView",
     "fidelity",
     "lightningrl_for",
+    "metric_names",
+    "policy_family",
     "reward_debugger",
+    "run_policies",
     "trajectory",
 ]
 
@@ -171,8 +175,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             texts.append(content)
         for part in m.get("parts") or (content if isinstance(content, list) else []):
             if isinstance(part, dict):
-                if part.get("type") in ("text", None) and isinstance(part.get("content") or part.get("text"), str):
-                    texts.append(part.get("content") or part.get("text"))
+                text = part.get("content") or part.get("text")
+                if part.get("type") in ("text", None) and isinstance(text, str):
+                    texts.append(text)
                 elif part.get("type") in ("tool_call", "tool_call_response"):
                     texts.append(orjson.dumps(part, option=orjson.OPT_INDENT_2).decode())
         for call in m.get("tool_calls") or []:
@@ -202,12 +207,12 @@ def _call_view(span: t.Span) -> CallView:
     return CallView(
         span=span,
         index=None,
-        agent_name=a.get(semconv.GEN_AI_AGENT_NAME),  # type: ignore[arg-type]
+        agent_name=a.get(semconv.GEN_AI_AGENT_NAME),
         input_messages=inputs,
         output_messages=_messages(a.get(semconv.GEN_AI_OUTPUT_MESSAGES)),
         tools=list(tools) if isinstance(tools, list) else [],
-        prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),  # type: ignore[arg-type]
-        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),  # type: ignore[arg-type]
+        prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),
+        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),
         token_source=str(a.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING)),
         finish_reason=str(reasons[0]) if isinstance(reasons, list | tuple) and reasons else None,
         policy_version=a.get(semconv.POLICY_VERSION),
@@ -224,7 +229,7 @@ def _summary(span: t.Span, kind: str) -> str:
     if kind == "agent":
         return str(a.get(semconv.GEN_AI_AGENT_NAME, ""))
     if kind == "llm":
-        n = len(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or ())  # type: ignore[arg-type]
+        n = len(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or ())
         return f"{n} tokens · {a.get(semconv.TOKEN_SOURCE, 'missing')}"
     if kind == "exception":
         return str(a.get(semconv.EXCEPTION_TYPE, ""))
@@ -450,8 +455,30 @@ async def reward_debugger(store: Store, run_id: str, *, max_rollouts: int = 400,
     )
 
 
-def metric_names(latest: Mapping[str, float]) -> list[tuple[str, str]]:
-    """Presets first (those recorded), then every other recorded metric, as (name, label)."""
+POLICY_PLACEHOLDER = "{policy}"
+"""Stands for each policy's name in a per-policy metric family (``train/{policy}/loss``)."""
+
+
+def run_policies(config: Mapping[str, Any] | None) -> list[str]:
+    """The policies by role a run recorded (``config["policies"]``; empty for one shared policy)."""
+    policies = (config or {}).get("policies")
+    return [str(name) for name in policies] if isinstance(policies, Mapping) else []
+
+
+def policy_family(metric: str, policies: Sequence[str]) -> str | None:
+    """``train/{policy}/loss`` for ``train/writer/loss`` when ``writer`` is one of ``policies``."""
+    parts = metric.split("/")
+    for i, part in enumerate(parts):
+        if part in policies:
+            return "/".join([*parts[:i], POLICY_PLACEHOLDER, *parts[i + 1 :]])
+    return None
+
+
+def metric_names(latest: Mapping[str, float], policies: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """Presets first (those recorded), then per-policy families (one curve per policy, for runs with
+    policies by role), then every other recorded metric, as (name, label)."""
     names = [(k, label) for k, label in METRIC_PRESETS if k in latest]
     known = {k for k, _ in names}
+    families = sorted({f for k in latest if (f := policy_family(k, policies)) is not None})
+    names += [(f, f"{f.replace('/' + POLICY_PLACEHOLDER, '')} per policy") for f in families]
     return names + [(k, k) for k in sorted(latest) if k not in known]

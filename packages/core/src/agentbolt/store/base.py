@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .. import types as t
 from ..errors import SchemaError, UserError
@@ -56,8 +56,8 @@ def _check_spans(request: Any) -> None:
 
 
 async def _finish_applied(store: Store, request: Any) -> t.Rollout | None:
-    (rollout,) = await _finishes_applied(store, [request]) or [None]
-    return rollout
+    rollouts = await _finishes_applied(store, [request])
+    return rollouts[0] if rollouts else None
 
 
 async def _finish_many_applied(store: Store, request: Any) -> list[t.Rollout] | None:
@@ -131,12 +131,15 @@ class Store(RunStore, Protocol):
         lease_s: LeaseSeconds = DEFAULT_LEASE_S,
         mode: t.RolloutMode | None = None,
         wait_s: WaitSeconds = 0.0,
+        rollout_ids: Annotated[list[str], Field(max_length=500)] | None = None,
     ) -> list[t.Claim]:
         """Claim up to ``limit`` queued rollouts (oldest first) under a lease of ``lease_s``.
 
         Each claim starts a new attempt. Two workers never receive the same rollout. When
         nothing is queued, waits up to ``wait_s`` seconds for work (woken by enqueues and
-        requeues, not by polling in a loop), then returns an empty list.
+        requeues, not by polling in a loop), then returns an empty list. ``rollout_ids`` claims
+        only among those rollouts (unknown or unqueued ids are skipped): how a caller that
+        enqueued a rollout for itself (``agentbolt serve``'s sessions) claims exactly it.
 
         Args:
             worker_id: who claims; recorded on each attempt.
@@ -144,6 +147,7 @@ class Store(RunStore, Protocol):
             lease_s: lease length in seconds; heartbeats renew it.
             mode: only ``train`` or only ``val`` rollouts.
             wait_s: seconds to wait for work when none is queued (a server caps each request).
+            rollout_ids: claim only among these rollouts (at most 500).
         """
         ...
 
@@ -430,8 +434,9 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def check_span_batch(spans: Sequence[t.Span]) -> None:
-    """Reject spans no backend can store (no rollout id)."""
+def check_span_batch(spans: Sequence[t.Span]) -> list[str]:
+    """Reject spans no backend can store (no rollout id); each span's rollout id, in order."""
+    rollout_ids: list[str] = []
     for span in spans:
         if not isinstance(span, t.Span):
             raise SchemaError(f"add_spans takes Span objects, got {type(span).__name__}")
@@ -440,6 +445,8 @@ def check_span_batch(spans: Sequence[t.Span]) -> None:
                 f"span {span.name!r} ({span.span_id}) has no rollout_id; set it (or run inside a "
                 "rollout so the tracer sets it) before storing"
             )
+        rollout_ids.append(span.rollout_id)
+    return rollout_ids
 
 
 def normalize_statuses(

@@ -20,6 +20,8 @@ Rules:
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import types as t
 from ..errors import InvalidTransitionError, StaleAttemptError, UserError
 from ..fields import finite_number
@@ -250,6 +252,7 @@ def _end(
     reward: float | None,
 ) -> tuple[t.Rollout, t.Attempt]:
     ended = attempt.model_copy(update={"status": status, "ended_at": now, "error": error})
+    update: dict[str, Any]
     if status is t.AttemptStatus.SUCCEEDED:
         update = {"status": t.RolloutStatus.SUCCEEDED, "final_reward": reward, "error": None, "ended_at": now}
     elif error is not None and error.kind in RETRYABLE and rollout.attempt_count < rollout.max_attempts:

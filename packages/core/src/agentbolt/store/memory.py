@@ -17,7 +17,7 @@ from typing import TypeVar
 from .. import types as t
 from ..errors import ConflictError, InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
 from . import lifecycle
-from .base import AttemptReport, Notifier, Store, normalize_statuses
+from .base import AttemptReport, Notifier, Store, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
 from .run_records import Run, RunMetrics
 from .sweeper import Sweeper
@@ -140,20 +140,42 @@ class MemoryStore(MemoryRunsMixin, Store):
         return result
 
     async def _dequeue(
-        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
+        self,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        mode: t.RolloutMode | None,
+        wait_s: float,
+        rollout_ids: list[str] | None,
     ) -> list[t.Claim]:
+        wanted = None if rollout_ids is None else list(dict.fromkeys(rollout_ids))
+
         async def attempt() -> tuple[bool, list[t.Claim]]:
-            claims = self._claim(worker_id, limit, lease_s, mode)
+            claims = self._claim(worker_id, limit, lease_s, mode, wanted)
             return bool(claims), claims
 
         return await self._wait_until(attempt, wait_s)
 
-    def _claim(self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None) -> list[t.Claim]:
+    def _claim(
+        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wanted: list[str] | None = None
+    ) -> list[t.Claim]:
         with self._lock:
             self._check_open()
             now = self._clock()
             latest = self._resources[-1].version if self._resources else None
             claims: list[t.Claim] = []
+            if wanted is not None:  # these rollouts only, oldest first; their heap entries go stale
+                chosen = [
+                    self._rollouts[rid]
+                    for rid in wanted
+                    if rid in self._rollouts
+                    and self._rollouts[rid].status is t.RolloutStatus.QUEUED
+                    and (mode is None or self._rollouts[rid].mode is mode)
+                ]
+                chosen.sort(key=lambda r: self._order[r.rollout_id])
+                for rollout in chosen[:limit]:
+                    claims.append(self._claim_one(rollout, worker_id, lease_s, now, latest))
+                return claims
             queues = [self._queues[mode]] if mode is not None else list(self._queues.values())
             while len(claims) < limit:
                 candidates = [q for q in queues if q]
@@ -161,21 +183,24 @@ class MemoryStore(MemoryRunsMixin, Store):
                     break
                 queue = min(candidates, key=lambda q: q[0][0])
                 _, rid = heapq.heappop(queue)
-                rollout = self._rollouts.get(rid)
-                if rollout is None or rollout.status is not t.RolloutStatus.QUEUED:
-                    continue  # stale heap entry (cancelled or purged)
-                updated, attempt = lifecycle.claim(
-                    rollout,
-                    attempt_id=t.new_id("at-"),
-                    worker_id=worker_id,
-                    lease_s=lease_s,
-                    now=now,
-                    resources_version=latest,
-                )
-                self._apply(updated, attempt)
-                self._attempts_of[rid].append(attempt.attempt_id)
-                claims.append(t.Claim(rollout=updated, attempt=attempt))
+                queued = self._rollouts.get(rid)
+                if queued is None or queued.status is not t.RolloutStatus.QUEUED:
+                    continue  # stale heap entry (cancelled, purged or claimed by id)
+                claims.append(self._claim_one(queued, worker_id, lease_s, now, latest))
             return claims
+
+    def _claim_one(self, rollout: t.Rollout, worker_id: str, lease_s: float, now: float, latest: int | None) -> t.Claim:
+        updated, attempt = lifecycle.claim(
+            rollout,
+            attempt_id=t.new_id("at-"),
+            worker_id=worker_id,
+            lease_s=lease_s,
+            now=now,
+            resources_version=latest,
+        )
+        self._apply(updated, attempt)
+        self._attempts_of[rollout.rollout_id].append(attempt.attempt_id)
+        return t.Claim(rollout=updated, attempt=attempt)
 
     async def _heartbeat(self, attempt_ids: Sequence[str], lease_s: float) -> list[t.Attempt]:
         with self._lock:
@@ -377,19 +402,18 @@ class MemoryStore(MemoryRunsMixin, Store):
 
     def _check_spans(self, spans: Sequence[t.Span]) -> None:
         """``NotFoundError`` for spans of unknown rollouts or attempts (call with the lock held)."""
-        unknown = sorted({s.rollout_id for s in spans if s.rollout_id not in self._rollouts})  # type: ignore[misc]
+        rollout_ids = check_span_batch(spans)
+        unknown = sorted({rid for rid in rollout_ids if rid not in self._rollouts})
         if unknown:
             raise NotFoundError("rollout", unknown)
-        for span in spans:
-            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[span.rollout_id]:  # type: ignore[index]
-                raise NotFoundError(f"attempt of rollout {span.rollout_id}", span.attempt_id)
+        for span, rid in zip(spans, rollout_ids, strict=True):
+            if span.attempt_id is not None and span.attempt_id not in self._attempts_of[rid]:
+                raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
 
     def _store_spans(self, spans: Sequence[t.Span]) -> int:
         """Store checked spans (with the lock held); returns how many were new."""
         added = 0
-        for span in spans:
-            rid = span.rollout_id
-            assert rid is not None
+        for span, rid in zip(spans, check_span_batch(spans), strict=True):
             stored = self._spans[rid]
             if span.span_id in stored:
                 continue

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from ..errors import AgentboltError, UserError
 
-__all__ = ["WIRE_CONFIG", "Operation", "operation", "operations"]
+__all__ = ["WIRE_CONFIG", "Operation", "operation", "operation_of", "operations"]
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -70,7 +70,7 @@ class Operation:
             raise ValueError(f"route must look like 'POST /v1/...', got {route!r}")
         self.name: str = fn.__name__
         """The method's name; also the OpenAPI operation id."""
-        self.method: Literal["GET", "POST"] = method  # type: ignore[assignment]
+        self.method: Literal["GET", "POST"] = "GET" if method == "GET" else "POST"
         """HTTP method: ``GET`` sends the arguments as query parameters, ``POST`` as a JSON body."""
         self.path = path
         """URL path; ``{name}`` parts are arguments."""
@@ -161,7 +161,7 @@ class Operation:
         fields: dict[str, Any] = {self.returns: (self.result_type, Field(description=self.summary))}
         if self.reports_done:
             fields["done"] = (bool, Field(description="True when the wait is over; otherwise wait again."))
-        return create_model(  # type: ignore[call-overload, no-any-return]
+        return create_model(
             f"{_camel(self.name)}Response", __config__=WIRE_CONFIG, __doc__=f"Answer of ``{self.name}``.", **fields
         )
 
@@ -181,7 +181,7 @@ class Operation:
             for n, p in params.items()
         }
         doc = f"``{self.name}``: {self.summary}"
-        return create_model(name, __config__=WIRE_CONFIG, __doc__=doc, **fields)  # type: ignore[call-overload, no-any-return]
+        return create_model(name, __config__=WIRE_CONFIG, __doc__=doc, **fields)  # type: ignore[call-overload]  # fields built at run time
 
     # -- calls --------------------------------------------------------------------------------------
 
@@ -299,10 +299,18 @@ def operation(
         async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             return await self._dispatch(op, op.bind(args, kwargs))
 
-        call.operation = op  # type: ignore[attr-defined]
-        return call  # type: ignore[return-value]
+        call.operation = op  # type: ignore[attr-defined]  # read back by operation_of() and operations()
+        return call  # type: ignore[return-value]  # fn's signature (functools.wraps), which mypy cannot tie to call's
 
     return decorate
+
+
+def operation_of(method: Callable[..., Any]) -> Operation:
+    """The :class:`Operation` a store method declares (``TypeError`` for another method)."""
+    op = getattr(method, "operation", None)
+    if not isinstance(op, Operation):
+        raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a declared store operation")
+    return op
 
 
 def operations(store_class: type) -> Iterator[Operation]:

@@ -15,19 +15,19 @@ from ..plugins.hookspecs import Register, hookimpl
 def _memory(url: str, **options: Any) -> Any:
     from .memory import MemoryStore
 
-    return MemoryStore(url, **options)
+    return MemoryStore(url, **options)  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
 
 
 def _sql(url: str, **options: Any) -> Any:
     from .sql import SqlStore  # SQLAlchemy
 
-    return SqlStore(url, **options)
+    return SqlStore(url, **options)  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
 
 
 def _http(url: str, **options: Any) -> Any:
     from .http import HttpStore  # httpx
 
-    return HttpStore(url, **options)
+    return HttpStore(url, **options)  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
 
 
 @hookimpl

@@ -74,6 +74,7 @@ from .sql_schema import (
     _attempt_state,
     _chunks,
     _cursor,
+    _driver,
     _marks,
     _parse_url,
     _rollout_from,
@@ -219,18 +220,19 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
 
     async def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> R:
         if self.dialect == "sqlite" and not self._closed:
-            done, value = self._run_inline(fn, write)
-            if done:
-                return value
+            inline = self._run_inline(fn, write)
+            if inline is not None:
+                return inline[0]
         return await asyncio.wrap_future(self._submit(fn, write=write))
 
-    def _run_inline(self, fn: Callable[[Connection], R], write: bool) -> tuple[bool, R | None]:
-        """SQLite fast path: run on the calling thread if the file lock is free right now.
+    def _run_inline(self, fn: Callable[[Connection], R], write: bool) -> tuple[R] | None:
+        """SQLite fast path: run on the calling thread if the file lock is free right now;
+        ``(result,)`` when it ran.
 
         Most of an operation's time is Python holding the GIL, so a worker thread buys little
         concurrency, while each hand-off between threads costs ~0.15 ms on a small VM. The
         calling thread's connection has ``busy_timeout = 0``: if another connection (the
-        writer thread, another process) holds the lock, this returns ``(False, None)`` at once
+        writer thread, another process) holds the lock, this returns ``None`` at once
         and the caller queues the operation on the writer/reader thread, which waits.
         """
         lock: _WriteLock | None = getattr(self._local, "lock", None)
@@ -240,13 +242,13 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
         conn = getattr(self._local, "inline", None)
         if conn is None:
             conn = self._local.inline = self._engine.connect()
-            conn.connection.driver_connection.execute("PRAGMA busy_timeout = 0")  # type: ignore[union-attr]
+            _driver(conn).execute("PRAGMA busy_timeout = 0")
             self._inline_conns.append(conn)
         if write and not lock.acquire(blocking=False):
-            return False, None  # another writer is busy: queue behind it on the writer thread
+            return None  # another writer is busy: queue behind it on the writer thread
         try:
             with conn.execution_options(agentbolt_write=write).begin():
-                return True, fn(conn)
+                return (fn(conn),)
         except (sa.exc.OperationalError, sqlite3.OperationalError) as exc:
             orig = getattr(exc, "orig", exc)
             if getattr(orig, "sqlite_errorcode", None) in (5, 6) or "locked" in str(orig):
@@ -254,7 +256,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
                 # can leave the connection's transaction state half-made: start afresh next time.
                 conn.close()
                 self._local.inline = None
-                return False, None
+                return None
             raise StoreUnavailableError(f"store {self.url}: {orig}") from exc
         finally:
             if write:
@@ -412,14 +414,26 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
         return out
 
     async def _dequeue(
-        self, worker_id: str, limit: int, lease_s: float, mode: t.RolloutMode | None, wait_s: float
+        self,
+        worker_id: str,
+        limit: int,
+        lease_s: float,
+        mode: t.RolloutMode | None,
+        wait_s: float,
+        rollout_ids: list[str] | None,
     ) -> list[t.Claim]:
         where = "status = 'queued'" + ("" if mode is None else f" AND mode = '{_mode(mode).value}'")
+        wanted: tuple[str, ...] = ()
+        if rollout_ids is not None:
+            wanted = tuple(dict.fromkeys(rollout_ids))
+            if not wanted:
+                return []
+            where += f" AND rollout_id IN ({_marks(len(wanted))})"
         sql = self._q(f"{_SELECT_ROLLOUTS} WHERE {where} ORDER BY id LIMIT ?") + self._q.lock(skip_locked=True)
 
         def tx(conn: Connection) -> list[t.Claim]:
             cur = _cursor(conn)
-            cur.execute(sql, (limit,))
+            cur.execute(sql, (*wanted, limit))
             rows = cur.fetchall()
             if not rows:
                 return []

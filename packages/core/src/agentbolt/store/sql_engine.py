@@ -26,7 +26,7 @@ from ..errors import (
     UserError,
 )
 from .base import Notifier
-from .sql_schema import _GROUP_COMMIT_MAX, R, _cursor
+from .sql_schema import _GROUP_COMMIT_MAX, R, _cursor, _driver
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class _GroupCommitWriter:
                 self._conn = self._engine.connect().execution_options(agentbolt_write=True)
             conn = self._conn
             with conn.begin() as tx:
-                raw = conn.connection.driver_connection
+                raw = _driver(conn)
                 for fn, fut in batch:
                     # Raw SAVEPOINTs: SQLAlchemy's nested transactions cost ~0.2 ms each here.
                     if len(batch) > 1:
@@ -142,9 +142,9 @@ class _GroupCommitWriter:
             results = [(fut, None, error) for _, fut in batch]
         finally:
             self._lock.release()
-        for fut, value, error in results:
-            if error is not None:
-                fut.set_exception(error)
+        for fut, value, failure in results:
+            if failure is not None:
+                fut.set_exception(failure)
             else:
                 fut.set_result(value)
 
@@ -186,7 +186,7 @@ def _setup_sqlite(engine: Engine, synchronous: str, busy_timeout_ms: int) -> Non
         # BEGIN IMMEDIATE takes the write lock up front, so a write transaction never fails
         # half-way on a lock upgrade; other connections wait up to busy_timeout, except the
         # inline fast path, which must not wait on the event loop.
-        raw = conn.connection.driver_connection
+        raw = _driver(conn)
         raw.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get("agentbolt_write") else "BEGIN")
 
 

@@ -89,9 +89,11 @@ class SqlRunsMixin:
     dialect: str
     _q: _Sql
 
-    def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...  # type: ignore[empty-body]
+    if TYPE_CHECKING:  # SqlStore's, for the type checker only
 
-    def _now(self) -> float: ...  # type: ignore[empty-body]
+        def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...
+
+        def _now(self) -> float: ...
 
     @staticmethod
     def _load_run(conn: Connection, run_id: str, *, lock: bool = False) -> Any:

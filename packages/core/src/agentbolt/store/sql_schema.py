@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import (
+    StoreUnavailableError,
     UserError,
 )
 
@@ -189,9 +190,17 @@ class _Sql:
         return " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
 
 
+def _driver(conn: Connection) -> Any:
+    """The DBAPI connection (sqlite3's or psycopg's) under ``conn``."""
+    raw = conn.connection.driver_connection
+    if raw is None:  # SQLAlchemy drops it only when the connection was invalidated
+        raise StoreUnavailableError("the database connection was invalidated; retry the call")
+    return raw
+
+
 def _cursor(conn: Connection) -> Any:
     """A DBAPI cursor on the connection's current transaction."""
-    return conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    return _driver(conn).cursor()
 
 
 def _marks(n: int) -> str:
@@ -288,7 +297,9 @@ def _parse_url(url: str) -> tuple[str, str, dict[str, str]]:
     parts = urlsplit(url)
     scheme = parts.scheme.split("+", 1)[0]
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    ours = {k: query.pop(k) for k in ("schema", "synchronous", "busy_timeout_ms", "pool_size") if k in query}
+    ours: dict[str, str] = {
+        k: query.pop(k) for k in ("schema", "synchronous", "busy_timeout_ms", "pool_size") if k in query
+    }
     rest = urlencode(query)
     if scheme == "sqlite":
         path = parts.path

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import NotFoundError
+from .base import check_span_batch
 from .sql_schema import _INSERT_SPAN, _INSERT_SPAN_WITH_ID, _chunks, _cursor, _marks, span_key
 from .sql_schema import resources as resources_table
 
@@ -46,9 +47,11 @@ class SqlSpansMixin:
     _known_attempts: set[tuple[str, str]]
     """(rollout, attempt) pairs already found valid (attempts never change rollout)."""
 
-    def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...  # type: ignore[empty-body]
+    if TYPE_CHECKING:  # SqlStore's, for the type checker only
 
-    def _now(self) -> float: ...  # type: ignore[empty-body]
+        def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> Awaitable[R]: ...
+
+        def _now(self) -> float: ...
 
     # -- spans --------------------------------------------------------------------------------
 
@@ -67,11 +70,11 @@ class SqlSpansMixin:
         # Everything per span is prepared here, so the writer thread only assigns seq values.
         by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
         attempts_seen: set[tuple[str, str]] = set()
-        for span in spans:
-            rid, aid = span.rollout_id, span.attempt_id
-            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))  # type: ignore[arg-type]
+        for span, rid in zip(spans, check_span_batch(spans), strict=True):
+            aid = span.attempt_id
+            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))
             if aid is not None:
-                attempts_seen.add((rid, aid))  # type: ignore[arg-type]
+                attempts_seen.add((rid, aid))
         rids = sorted(by_rollout)
         unchecked = sorted(attempts_seen - self._known_attempts)
         in_rids = f"rollout_id IN ({_marks(len(rids))})"
@@ -114,7 +117,7 @@ class SqlSpansMixin:
                 bad = [f"{r}/{a}" for r, a in unchecked if (r, a) not in known]
                 if bad:
                     raise NotFoundError("attempt of rollout", bad)
-            rows = []
+            rows: list[tuple[Any, ...]] = []
             if self._q.pg:
                 for rid, rkey, last in found:
                     group = by_rollout[rid]
@@ -135,7 +138,7 @@ class SqlSpansMixin:
             if unchecked:  # attempts never change rollout; remember the pairs that checked out
                 if len(self._known_attempts) > 100_000:
                     self._known_attempts.clear()
-                self._known_attempts.update(unchecked)  # type: ignore[arg-type]
+                self._known_attempts.update(unchecked)
 
         return _SpanWrite(rids, insert, committed)
 
@@ -160,9 +163,9 @@ class SqlSpansMixin:
             if missing:
                 raise NotFoundError("rollout", missing)
             raw: dict[str, list[tuple[int, str | None, str]]] = {r: [] for r in ids}
-            for chunk in _chunks(sorted(keys)):
-                sql = f"SELECT rkey, seq, attempt_id, body FROM {{spans}} WHERE rkey IN ({_marks(len(chunk))})"
-                params: tuple[Any, ...] = tuple(chunk)
+            for key_chunk in _chunks(sorted(keys)):
+                sql = f"SELECT rkey, seq, attempt_id, body FROM {{spans}} WHERE rkey IN ({_marks(len(key_chunk))})"
+                params: tuple[Any, ...] = tuple(key_chunk)
                 if after_seq is not None:
                     sql += " AND seq > ?"
                     params += (after_seq,)

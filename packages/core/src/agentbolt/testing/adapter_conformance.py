@@ -104,7 +104,7 @@ class AdapterConformance:
     def run_dev(self, *, concurrency: int = 4, tasks: Sequence[Any] | None = None) -> AdapterRun:
         """Run the agent on :meth:`tasks` through the gateway and collect spans and transitions."""
 
-        store = MemoryStore()
+        store = MemoryStore()  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
         with FakeLLMServer(self.make_backend()) as server:
             trainer = Trainer(
                 self.make_agent(),

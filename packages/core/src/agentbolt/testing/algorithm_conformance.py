@@ -114,7 +114,7 @@ class AlgorithmConformance:
         )
 
     async def _fit(self, tmp_path: Path, *, train: list[dict[str, Any]] | None = None, **kw: Any) -> tuple[Any, Any]:
-        store = MemoryStore("memory://")
+        store = MemoryStore("memory://")  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
         algorithm = self.make_algorithm(tmp_path, steps=kw.pop("steps", self.steps), **kw)
         result = await self.trainer(algorithm, store).afit(
             conformance_tasks(self.n_train) if train is None else train, conformance_tasks(self.n_val)
@@ -154,7 +154,7 @@ class AlgorithmConformance:
         assert any(r.status is t.RolloutStatus.FAILED for r in await self._rollouts(store))
 
     async def test_handles_empty_batches(self, tmp_path: Path) -> None:
-        store = MemoryStore("memory://")
+        store = MemoryStore("memory://")  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
         algorithm = self.make_algorithm(tmp_path, steps=self.steps)
         try:
             await self.trainer(algorithm, store).afit(
@@ -171,7 +171,7 @@ class AlgorithmConformance:
         assert train and all(r.status is t.RolloutStatus.FAILED for r in train)
 
     async def test_respects_cancellation(self, tmp_path: Path) -> None:
-        store = MemoryStore("memory://")
+        store = MemoryStore("memory://")  # type: ignore[abstract]  # Store's operations are derived from its declarations at run time (store.operations)
         algorithm = self.make_algorithm(tmp_path, steps=max(self.steps, 50))
         fit = asyncio.ensure_future(
             self.trainer(algorithm, store).afit(conformance_tasks(self.n_train), conformance_tasks(self.n_val))
@@ -190,7 +190,8 @@ class AlgorithmConformance:
             pytest.skip("the algorithm does not claim to resume from a checkpoint")
         first, _ = await self._fit(tmp_path / "first")
         checkpoint = self.checkpoint_of(first)
-        assert checkpoint and await asyncio.to_thread(Path(checkpoint).exists), f"no checkpoint at {checkpoint!r}"
+        assert checkpoint, "checkpoint_of() returned no checkpoint"
+        assert await asyncio.to_thread(Path(checkpoint).exists), f"no checkpoint at {checkpoint!r}"
         resumed, store = await self._fit(tmp_path / "resumed", resume_from=checkpoint)
         (run,) = await store.list_runs()
         assert run.status is RunStatus.SUCCEEDED, run.error

@@ -56,14 +56,15 @@ class OutboundGuard:
                 guard._refuse(f"resolve {name}")
             return getaddrinfo(host, *args, **kwargs)
 
-        socket.socket.connect = guarded_connect  # type: ignore[method-assign]
-        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign]
+        # Patching methods of a builtin class: typeshed types them on ``_socket.socket``.
+        socket.socket.connect = guarded_connect  # type: ignore[method-assign,assignment]  # restored by __exit__
+        socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign,assignment]  # restored by __exit__
         socket.getaddrinfo = guarded_getaddrinfo
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._saved is not None:
-            socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = self._saved  # type: ignore[method-assign]
+            socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = self._saved  # type: ignore[method-assign]  # undoes __enter__'s patch
             self._saved = None
 
     def _check(self, sock: socket.socket, address: Any) -> None:

@@ -34,8 +34,9 @@ def find_postgres_bindir() -> Path | None:
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
             candidates.append(subprocess.check_output(["pg_config", "--bindir"], text=True).strip())
     candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    if shutil.which("initdb"):
-        candidates.append(str(Path(shutil.which("initdb")).parent))  # type: ignore[arg-type]
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(str(Path(initdb).parent))
     for c in candidates:
         if (Path(c) / "initdb").exists() and (Path(c) / "pg_ctl").exists():
             return Path(c)

@@ -103,7 +103,7 @@ class RunStoreConformance:
         await store.finish_attempt(by_id["a4"], t.AttemptStatus.FAILED, error=err)
 
         async def ids(**kw: object) -> list[str]:
-            page = await store.search_rollouts(RolloutSearch(**kw))  # type: ignore[arg-type]
+            page = await store.search_rollouts(RolloutSearch(**kw))
             assert page.total >= len(page.items)
             return [r.rollout_id for r in page.items]
 

@@ -32,14 +32,42 @@ class RunSeries {
   }
 }
 
-/** One uPlot chart of ``metric`` over steps, one series per run. */
+const POLICY = "{policy}";
+
+/** Policies by role of a run (from its recorded config), [] for one shared policy. */
+function policiesOf(runId) { return (window.AGENTBOLT_POLICIES || {})[runId] || []; }
+
+/** ``train/{policy}/loss`` for ``train/writer/loss`` when ``writer`` is one of ``policies``. */
+function policyFamily(metric, policies) {
+  const parts = metric.split("/");
+  const i = parts.findIndex((p) => policies.includes(p));
+  if (i < 0) return null;
+  parts[i] = POLICY;
+  return parts.join("/");
+}
+
+/** The curves of ``metric`` for each run: one, or one per policy for a per-policy family. */
+function lines(metric, series, labels) {
+  const out = [];
+  series.forEach((s, i) => {
+    if (!metric.includes(POLICY)) { out.push({ s, key: metric, label: labels[i] }); return; }
+    for (const name of policiesOf(s.runId)) {
+      out.push({ s, key: metric.replace(POLICY, name), label: series.length > 1 ? `${labels[i]} · ${name}` : name });
+    }
+  });
+  return out;
+}
+
+/** One uPlot chart of ``metric`` over steps, one series per run (and per policy for ``{policy}`` families). */
 class Chart {
   constructor(el) { this.el = el; this.plot = null; this.key = ""; }
-  draw(metric, series, labels) {
-    const maps = series.map((s) => s.points(metric));
+  draw(metric, series, runLabels) {
+    const drawn = lines(metric, series, runLabels);
+    const labels = drawn.map((l) => l.label);
+    const maps = drawn.map((l) => l.s.points(l.key));
     const steps = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
     const data = [steps, ...maps.map((m) => steps.map((x) => (m.has(x) ? m.get(x) : null)))];
-    const key = metric + "|" + series.map((s) => s.runId).join(",");
+    const key = metric + "|" + labels.join(",");
     this.el.dataset.points = String(steps.length);
     if (this.plot && this.key === key) { this.plot.setData(data); return; }
     if (this.plot) this.plot.destroy();
@@ -49,7 +77,7 @@ class Chart {
       width, height: 300,
       scales: { x: { time: false } },
       axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, { label: metric, size: 70 }],
-      series: [{ label: "step" }, ...series.map((s, i) => ({
+      series: [{ label: "step" }, ...drawn.map((l, i) => ({
         label: labels[i], stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
         points: { show: true, size: 6 }, value: (u, v) => fmt(v),
       }))],
@@ -126,8 +154,13 @@ function runPage() {
     if (fresh.length) {
       addRows(fresh);
       const known = new Set([...select.options].map((o) => o.value));
-      for (const row of fresh) for (const k of Object.keys(row.values)) if (!known.has(k)) {
-        select.add(new Option(k, k)); known.add(k);
+      const policies = policiesOf(runId);
+      for (const row of fresh) for (const k of Object.keys(row.values)) {
+        const family = policyFamily(k, policies);
+        if (family && !known.has(family)) {
+          select.add(new Option(`${family.replace("/" + POLICY, "")} per policy (${family})`, family)); known.add(family);
+        }
+        if (!known.has(k)) { select.add(new Option(k, k)); known.add(k); }
       }
       document.getElementById("run-steps").textContent = Math.max(...series.rows.map((r) => r.step));
     }

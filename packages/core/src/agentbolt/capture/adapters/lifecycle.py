@@ -50,6 +50,8 @@ class Adapter(abc.ABC):
     auto: ClassVar[bool] = True
     """Instrumented by runners that instrument every installed adapter (``adapters=None``, the
     default); ``False``: an opt-in adapter, instrumented only when named (``adapters=[...]``)."""
+    _shared_hooks: ClassVar[AdapterHooks]
+    """Set by :meth:`shared_hooks` on each concrete class (in its own ``__dict__``, never inherited)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -69,8 +71,8 @@ class Adapter(abc.ABC):
                 hooks = cls.__dict__.get("_shared_hooks")
                 if hooks is None:
                     hooks = cls.make_hooks()
-                    cls._shared_hooks = hooks  # type: ignore[attr-defined]
-        return hooks  # type: ignore[no-any-return]
+                    cls._shared_hooks = hooks
+        return hooks
 
     @property
     def hooks(self) -> AdapterHooks:
@@ -126,7 +128,7 @@ def check_distribution(distribution: str, supported: str, what: str) -> str:
 def capture_span(adapters: Iterable[Adapter], failures: Iterable[str]) -> t.Span:
     """The ``agentbolt.capture`` span a runner records on each attempt: which adapters record it
     and which failed to instrument (``agentbolt doctor`` reports both)."""
-    attrs = {
+    attrs: dict[str, t.AttributeValue] = {
         semconv.SPAN_KIND_ATTR: "capture",
         semconv.CAPTURE_ADAPTERS: [str(a.name) for a in adapters],
         semconv.CAPTURE_ADAPTER_FAILURES: list(failures),

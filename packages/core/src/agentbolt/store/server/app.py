@@ -42,7 +42,7 @@ What runs before routing (token, ``Host`` check, size limit, the span-ingest fas
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -74,7 +74,7 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 class _GuardedRoute(APIRoute):
     """Turns every exception of a route (validation included) into a JSON error response."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:
@@ -190,4 +190,4 @@ def _add_openapi(app: FastAPI, *, secured: bool) -> None:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the schema

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...hosts import host_name, is_loopback_name
 from .. import wire as w
 from ..base import Store
+from ..operations import operation_of
 from .http_errors import JSON, BodyTooLarge, error, error_response
 
 __all__ = ["OPEN_PATHS", "Front", "ingest_spans", "ok"]
@@ -126,6 +127,6 @@ def ok(model: BaseModel) -> Response:
 async def ingest_spans(store: Store, body: bytes) -> Response:
     """``POST /v1/spans`` straight from bytes (no dict round trip), as the route derived from
     ``Store.add_spans`` would answer it."""
-    op = Store.add_spans.operation  # type: ignore[attr-defined]
-    spans = op.request.model_validate_json(body).spans
+    op = operation_of(Store.add_spans)
+    spans = op.arguments(op.request.model_validate_json(body))["spans"]
     return ok(op.answer(await store.add_spans(spans)))

@@ -5,6 +5,7 @@ unexpected error goes to the server log, never into a response)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -74,7 +75,7 @@ def error_status(exc: BaseException) -> tuple[int, str]:
     return 500, "InternalServerError"
 
 
-def error(status: int, type_: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> Response:
+def error(status: int, type_: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
     """``{"error": {"type": ..., "message": ..., **extra}}`` with ``status``."""
     body = {"error": {"type": type_, "message": message, **{k: v for k, v in extra.items() if v is not None}}}
     return Response(orjson.dumps(body, default=str), status_code=status, media_type=JSON, headers=headers)

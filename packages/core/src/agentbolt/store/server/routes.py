@@ -118,13 +118,14 @@ def _endpoint(op: Operation, store: Store, waits: Waits) -> Callable[..., Awaita
         return ok(op.answer(await _wait(op, method, arguments, request, waits)))
 
     params = [inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, annotation=Request)]
+    annotation: Any  # types built at run time from the declaration, for FastAPI to read
     for name in op.path_params:
         annotation = Annotated[op.parameters[name].annotation, Path(description=op.arg_docs.get(name))]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
     if wire is not None:
         annotation = wire if op.method == "POST" else Annotated[wire, Query()]
         params.append(inspect.Parameter("_wire", inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
-    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what FastAPI reads the parameters from
     endpoint.__name__ = op.name
     return endpoint
 

@@ -65,7 +65,8 @@ class _Client:
         sleeper = asyncio.ensure_future(asyncio.sleep(seconds))
         app._sleepers.add(sleeper)
         try:
-            done, _ = await asyncio.wait({sleeper, gone}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {sleeper, gone}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         finally:
             app._sleepers.discard(sleeper)
         if sleeper in done and not sleeper.cancelled():
@@ -283,8 +284,13 @@ class _Renderer:
             offsets.append(offset)
             if t >= CHAR_BASE:
                 offset += len(self.tok.token_text(t))
-        lp = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops_out, "text_offset": offsets}
-        return lp, offset
+        logprobs = {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": tops_out,
+            "text_offset": offsets,
+        }
+        return logprobs, offset
 
     def response(self) -> dict[str, Any]:
         """The non-streaming response body."""

@@ -396,7 +396,9 @@ class FakeLLM:
             if chat and (params.max_tokens is None or len(all_ids) <= params.max_tokens):
                 pieces: list[tuple[Any, list[int]]] = [({"content": tok.token_text(t)}, [t]) for t in content_ids]
                 tool_calls = []
-                for k, ((call_id, name, args), (head, arg_text, tail)) in enumerate(zip(calls, segments, strict=True)):
+                for k, ((call_id, name, args), (head, arg_text, call_tail)) in enumerate(
+                    zip(calls, segments, strict=True)
+                ):
                     tool_calls.append(
                         {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
                     )
@@ -411,7 +413,7 @@ class FakeLLM:
                         pieces.append(
                             ({"tool_calls": [{"index": k, "function": {"arguments": tok.token_text(t)}}]}, [t])
                         )
-                    pieces[-1][1].extend(_encode(tail))
+                    pieces[-1][1].extend(_encode(call_tail))
                 return Choice(index, prompt_index, content or "", tool_calls, pieces, all_ids, [], "tool_calls")
             # Completions (or a truncated call): the rendering is plain text.
             reply = tok.decode(all_ids)

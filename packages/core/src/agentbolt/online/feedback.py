@@ -1,0 +1,228 @@
+"""Feedback: a reward for a session or one response, minutes or days after the calls.
+
+``POST /v1/feedback`` with a :class:`Feedback` body::
+
+    {"feedback_id": "fb-81", "session_id": "chat-42", "reward": 1.0}
+    {"feedback_id": "fb-82", "response_id": "chatcmpl-9", "reward": -1, "dimensions": {"helpful": 0}}
+
+becomes a reward span (``agentbolt.reward``) of the session's attempt, the same record an agent's
+``emit_reward`` makes, so LightningRL reads it as it reads any reward:
+
+- feedback on a session is its **final reward** (the episode return; the latest one wins), on
+  every segment of the session;
+- feedback on a response is an **intermediate reward** of that call (``target_response_id``)
+  unless ``final: true`` makes it the return of the call's session segment.
+
+It is **idempotent**: the span id is derived from ``feedback_id``, so a repeated request stores
+nothing new and answers ``duplicate``; the same id with other content is refused (409) and
+changes nothing. It is **validated** before anything is written: an unknown session or response
+is a 404, a non-finite number a 422. Judges record their scores the same way (``source:
+judge``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .. import semconv
+from .. import types as t
+from ..store.base import Store
+from .sessions import Session, SessionBook
+
+__all__ = ["Feedback", "FeedbackConflict", "FeedbackResult", "UnknownTarget", "record_feedback", "reward_span"]
+
+_BODY = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
+_Id = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class Feedback(BaseModel):
+    """``POST /v1/feedback``: a reward for a session or for one response."""
+
+    model_config = _BODY
+
+    feedback_id: _Id
+    """Your id for this feedback (e.g. a UUID): sending it again is harmless (idempotent)."""
+    session_id: _Id | None = None
+    """The session (the ``X-Agentbolt-Session-Id`` of its answers). Give this or ``response_id``."""
+    response_id: _Id | None = None
+    """The ``id`` of one response (Chat Completions ``chatcmpl-...``, Responses ``resp_...``,
+    Messages ``msg_...``)."""
+    reward: float
+    """The reward (any finite number; the scale is yours, keep it consistent)."""
+    dimensions: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], float], Field(max_length=64)] = (
+        Field(default_factory=dict)
+    )
+    """Further named scores (finite), kept with the reward for analysis."""
+    final: bool | None = None
+    """Whether this is the episode's return: always for a session; for a response, ``true``
+    makes it the return of that response's session (default: a reward of that call only)."""
+    comment: Annotated[str, Field(max_length=4000)] | None = None
+    """Free text kept with the reward."""
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Feedback:
+        if (self.session_id is None) == (self.response_id is None):
+            raise ValueError("give exactly one of session_id or response_id")
+        if self.session_id is not None and self.final is False:
+            raise ValueError("feedback on a session is its final reward; final=false applies to a response_id only")
+        return self
+
+    @property
+    def is_final(self) -> bool:
+        return self.session_id is not None or bool(self.final)
+
+    def fingerprint(self) -> str:
+        """A hash of the content (the id included): equal for a repeated request."""
+        return hashlib.sha256(orjson.dumps(self.model_dump(), option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+class FeedbackResult(BaseModel):
+    """The answer to ``POST /v1/feedback``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    feedback_id: str
+    status: Literal["recorded", "duplicate"]
+    """``duplicate``: this feedback id was recorded before, with the same content; nothing changed."""
+    session_id: str
+    """The session the reward belongs to."""
+    rollout_ids: list[str]
+    """The session segments (rollouts) that carry it."""
+
+
+class UnknownTarget(LookupError):
+    """The feedback names a session or response the serve process does not know."""
+
+
+class FeedbackConflict(ValueError):
+    """The feedback id was recorded before with other content."""
+
+
+def span_id_for(feedback_id: str) -> str:
+    """The reward span id of a feedback id (16 hex digits, the same on every retry)."""
+    return hashlib.sha256(f"agentbolt-feedback:{feedback_id}".encode()).hexdigest()[:16]
+
+
+def reward_span(
+    session: Session,
+    *,
+    feedback_id: str,
+    reward: float,
+    final: bool,
+    source: str,
+    dimensions: Mapping[str, float] | None = None,
+    response_id: str | None = None,
+    comment: str | None = None,
+    fingerprint: str | None = None,
+) -> t.Span:
+    """The reward span recording one feedback (or judge score) on one session segment."""
+    dims = {"reward": float(reward), **{k: float(v) for k, v in (dimensions or {}).items() if k != "reward"}}
+    attrs: dict[str, Any] = {
+        semconv.SPAN_KIND_ATTR: semconv.KIND_REWARD,
+        semconv.REWARD_VALUE: float(reward),
+        semconv.REWARD_PRIMARY: "reward",
+        semconv.REWARD_DIMENSIONS: orjson.dumps(dims).decode(),
+        semconv.REWARD_IS_FINAL: final,
+        semconv.FEEDBACK_ID: feedback_id,
+        semconv.FEEDBACK_SOURCE: source,
+    }
+    if response_id is not None and not final:
+        attrs[semconv.REWARD_TARGET_RESPONSE_ID] = response_id
+    if comment:
+        attrs[semconv.FEEDBACK_COMMENT] = comment
+    if fingerprint:
+        attrs[semconv.FEEDBACK_FINGERPRINT] = fingerprint
+    now = time.time_ns()
+    return t.Span.create(
+        semconv.SPAN_REWARD,
+        rollout_id=session.rollout_id,
+        attempt_id=session.attempt_id,
+        span_id=span_id_for(feedback_id),
+        start_time_ns=now,
+        end_time_ns=now,
+        attributes=attrs,
+    )
+
+
+def targets(book: SessionBook, feedback: Feedback) -> list[Session]:
+    """The session segments a feedback applies to; raises :class:`UnknownTarget`."""
+    if feedback.session_id is not None:
+        segments = book.session_segments(feedback.session_id)
+        if not segments:
+            raise UnknownTarget(
+                f"unknown session {feedback.session_id!r}: use the X-Agentbolt-Session-Id of its answers "
+                "(sessions beyond the serve process's retention are forgotten)"
+            )
+        return segments
+    assert feedback.response_id is not None
+    session = book.of_response(feedback.response_id)
+    if session is None:
+        raise UnknownTarget(
+            f"unknown response id {feedback.response_id!r}: use the id of a response this server gave "
+            "(the `id` field of the completion)"
+        )
+    return [session]
+
+
+async def record_feedback(
+    store: Store, book: SessionBook, feedback: Feedback, *, source: str = "client"
+) -> FeedbackResult:
+    """Store ``feedback`` as reward spans (see the module docstring); raises
+    :class:`UnknownTarget` or :class:`FeedbackConflict`, having changed nothing."""
+    segments = targets(book, feedback)
+    fingerprint = feedback.fingerprint()
+    spans = [
+        reward_span(
+            s,
+            feedback_id=feedback.feedback_id,
+            reward=feedback.reward,
+            final=feedback.is_final,
+            source=source,
+            dimensions=feedback.dimensions,
+            response_id=feedback.response_id,
+            comment=feedback.comment,
+            fingerprint=fingerprint,
+        )
+        for s in segments
+    ]
+    ids = [s.rollout_id for s in segments]
+    existing = await _stored(store, ids, spans[0].span_id)
+    if existing and any(fp != fingerprint for fp in existing.values()):
+        raise FeedbackConflict(
+            f"feedback id {feedback.feedback_id!r} was recorded before with other content; "
+            "use a new feedback_id for a new reward"
+        )
+    added = await store.add_spans([s for s in spans if s.rollout_id not in existing])
+    key = segments[0].key
+    status: Literal["recorded", "duplicate"] = "duplicate" if existing and added == 0 else "recorded"
+    if added < len(spans) - len(existing):  # a concurrent request with the same id won the race
+        stored = await _stored(store, ids, spans[0].span_id)
+        if any(fp != fingerprint for fp in stored.values()):
+            raise FeedbackConflict(f"feedback id {feedback.feedback_id!r} was just recorded with other content")
+        status = "duplicate"
+    return FeedbackResult(feedback_id=feedback.feedback_id, status=status, session_id=key, rollout_ids=ids)
+
+
+async def _stored(store: Store, rollout_ids: Sequence[str], span_id: str) -> dict[str, str]:
+    """Rollout id -> fingerprint of the span ``span_id`` where it is already stored."""
+    found: dict[str, str] = {}
+    spans = await store.query_spans(rollout_ids)
+    for rollout_id, items in spans.items():
+        for span in items:
+            if span.span_id == span_id:
+                found[rollout_id] = str(span.attributes.get(semconv.FEEDBACK_FINGERPRINT, ""))
+    return found
