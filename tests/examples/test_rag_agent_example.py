@@ -177,13 +177,14 @@ def test_reward_is_f1_over_aliases_plus_format() -> None:
 # -- the agent, end to end ----------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(900)
 def test_agent_searches_and_answers_through_the_gateway(tmp_path: Path) -> None:
     """A scripted model that searches then answers from the result: reward 1, two exact transitions each."""
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "rag_agent_fake_llm.py"), str(tmp_path / "cache"), "6"],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,  # a loaded 2-core machine: minutes; pytest-timeout caps the test itself
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -197,6 +198,7 @@ def test_agent_searches_and_answers_through_the_gateway(tmp_path: Path) -> None:
     assert run["apis"] == ["responses"]  # the SDK's default model speaks the Responses API
 
 
+@pytest.mark.timeout(900)
 def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
     """The README's command, shrunk: every LLM call of a training rollout is a transition or an exclusion.
 
@@ -219,7 +221,7 @@ def test_train_script_two_steps_on_the_tiny_model(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,  # a loaded 2-core machine: minutes; pytest-timeout caps the test itself
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

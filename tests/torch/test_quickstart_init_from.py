@@ -22,7 +22,7 @@ def _train(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, str(SCRIPT), *args, "--store", f"sqlite:///{tmp_path}/q.db", "--no-progress"],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,  # a loaded 2-core machine: minutes; pytest-timeout caps the test itself
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         cwd=tmp_path,
     )
@@ -35,6 +35,7 @@ def test_init_from_without_a_model_there_is_a_usage_error(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sft_then_grpo_from_its_checkpoint(tmp_path: Path) -> None:
     small = ("--model", "tiny", "--steps", "1", "--val", "4", "--batch-size", "2", "--group-size", "2")
     sft = _train(

@@ -131,6 +131,7 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     """The README's main command, shrunk: runner processes, SQLite, checkpoint, curve, result.json."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -143,7 +144,7 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,  # a loaded 2-core machine: minutes; pytest-timeout caps the test itself
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
