@@ -2,7 +2,8 @@
 
 Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
       uv run python benchmarks/async.py [--model tiny|smollm2] [--steps 6] [--agents tail plain]
-      [--bounds sync 1 2] [--rounds 1] [--record docs/runs/async_benchmark.json]
+      [--bounds sync 1 2] [--rounds 1] [--record docs/runs/async_benchmark.json] [--plot curve.png]
+      uv run python benchmarks/async.py --report docs/runs/async_benchmark.json [--plot curve.png]  # from a record
 
 Two agents on the quickstart's arithmetic questions (``examples/quickstart/math_tasks.py``):
 
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -170,6 +172,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "untrained_rollouts": result.untrained_rollouts,
         "accuracy_before": result.accuracy_before,
         "evaluations": evaluations,
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
 
 
@@ -202,6 +205,53 @@ def compare(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def report(results: list[dict[str, Any]]) -> None:
+    """Print the arms' table and each async arm against its agent's sync arm."""
+    print(
+        f"\n{'agent':<6} {'arm':<5} {'steps':>5} {'train s':>8} {'s/step':>7} {'steps/h':>8} {'trainer wait':>12} "
+        f"{'rollouts wait':>13} {'update s':>8} {'RSS GB':>7}  staleness (calls)  stale  untrained  held-out accuracy by step"
+    )
+    for r in results:
+        curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}@{e['train_wall_s']:.0f}s" for e in r["evaluations"])
+        print(
+            f"{r['agent']:<6} {r['bound']:<5} {r['steps']:>5} {r['train_wall_s']:>8.0f} {r['s_per_step']:>7.1f} "
+            f"{r['steps_per_hour']:>8.0f} {r['trainer_wait_share']:>12.0%} {r['rollouts_wait_share']:>13.0%} "
+            f"{r['update_s']:>8.1f} {r.get('peak_rss_gb', float('nan')):>7.2f}  {json.dumps(r['staleness']):<17}  {r['stale_calls']:>5}  "
+            f"{r['untrained_rollouts']:>9}  {r['accuracy_before']} -> {curve}"
+        )
+    print()
+    for line in compare([r for r in results if r["round"] == 1]):
+        print(line)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Held-out accuracy against training wall-clock, one panel per agent, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = list(dict.fromkeys(r["agent"] for r in results))
+    fig, axes = plt.subplots(1, len(agents), figsize=(5.5 * len(agents), 3.6), squeeze=False)
+    for ax, agent in zip(axes[0], agents, strict=True):
+        for r in results:
+            if r["agent"] != agent or r["round"] != 1:
+                continue
+            xs = [0.0] + [e["train_wall_s"] for e in r["evaluations"]]
+            ys = [r["accuracy_before"]] + [e["accuracy"] for e in r["evaluations"]]
+            label = "sync" if r["bound"] == "sync" else f"max_staleness={r['bound']}"
+            ax.plot(xs, ys, marker="o", label=label)
+        ax.set_title(f"{agent} agent")
+        ax.set_xlabel("training wall-clock (s, evaluations excluded)")
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"curve: {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="tiny (default: random, measures time only) or smollm2")
@@ -219,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/async_benchmark")
     p.add_argument("--record", type=Path, help="write every arm's figures here as JSON")
+    p.add_argument("--plot", type=Path, help="draw held-out accuracy against wall-clock here (PNG)")
+    p.add_argument("--report", type=Path, help="print the table (and --plot) from a record; run nothing")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--agent", default="tail", help=argparse.SUPPRESS)
     p.add_argument("--bound", default="sync", help=argparse.SUPPRESS)
@@ -228,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.WARNING)
         print("ARM " + json.dumps(child(args)), flush=True)
+        return 0
+    if args.report:
+        results = json.loads(args.report.read_text())["results"]
+        report(results)
+        if args.plot:
+            plot(results, args.plot)
         return 0
     results = []
     passthrough = [a for a in (sys.argv[1:] if argv is None else argv) if a]
@@ -248,21 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                 result = {**json.loads(line[4:]), "round": round_ + 1}
                 print("  " + json.dumps(result), flush=True)
                 results.append(result)
-    print(
-        f"\n{'agent':<6} {'arm':<5} {'steps':>5} {'train s':>8} {'s/step':>7} {'steps/h':>8} {'trainer wait':>12} "
-        f"{'rollouts wait':>13} {'update s':>8}  staleness (calls)  stale  untrained  held-out accuracy by step"
-    )
-    for r in results:
-        curve = " ".join(f"{e['step']}:{e['accuracy']:.2f}@{e['train_wall_s']:.0f}s" for e in r["evaluations"])
-        print(
-            f"{r['agent']:<6} {r['bound']:<5} {r['steps']:>5} {r['train_wall_s']:>8.0f} {r['s_per_step']:>7.1f} "
-            f"{r['steps_per_hour']:>8.0f} {r['trainer_wait_share']:>12.0%} {r['rollouts_wait_share']:>13.0%} "
-            f"{r['update_s']:>8.1f}  {json.dumps(r['staleness']):<17}  {r['stale_calls']:>5}  "
-            f"{r['untrained_rollouts']:>9}  {r['accuracy_before']} -> {curve}"
-        )
-    print()
-    for line in compare([r for r in results if r["round"] == 1]):
-        print(line)
+    report(results)
+    if args.plot:
+        plot(results, args.plot)
     if args.record:
         args.record.parent.mkdir(parents=True, exist_ok=True)
         record = {
