@@ -3,6 +3,7 @@
     uv run python benchmarks/examples.py                         # run every example's train.py (its defaults), one after the other
     uv run python benchmarks/examples.py --only sql_agent        # a subset (repeat --only or give a comma list)
     uv run python benchmarks/examples.py --publish sql_agent     # runs/sql_agent/'s record into docs/runs/sql_agent/, with its curve
+    uv run python benchmarks/examples.py --publish sql_agent --source runs/x --variant per_role  # docs/runs/sql_agent/variants/per_role/
     uv run python benchmarks/examples.py --report                # print the table from docs/runs/ and write the READMEs' figures
     uv run python benchmarks/examples.py --report --check        # exit 1 when a README figure differs from its record (CI)
 
@@ -17,7 +18,9 @@ policy that does not do the task gets.
 ``--report`` regenerates the figures between marker comments in the READMEs:
 ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->`` in ``examples/NAME/README.md`` (the
 record's provenance, its held-out table, the trivial policies, the curve) and
-``<!-- figures:examples -->`` / ``<!-- figures:quickstart -->`` in the top README.
+``<!-- figures:examples -->`` / ``<!-- figures:quickstart -->`` in the top README, and
+``<!-- figures:NAME-variants -->`` (the example's main run beside its published variants,
+``docs/runs/NAME/variants/*/``: another setting of the same example) where a README has it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ def example_names(repo: Path = REPO) -> list[str]:
 def load_record(name: str, runs: Path = RUNS) -> RunRecord | None:
     path = runs / name / "result.json"
     return RunRecord.load(path) if path.is_file() else None
+
+
+VARIANTS = "variants"
+"""``docs/runs/<example>/variants/<variant>/``: other published runs of an example (another
+setting, e.g. ``--policies per-role``), compared with its main run in the README's
+``<!-- figures:<example>-variants -->`` block."""
+
+
+def variant_records(name: str, runs: Path = RUNS) -> dict[str, RunRecord]:
+    """An example's published variant runs, by variant name (sorted)."""
+    folder = runs / name / VARIANTS
+    return {p.parent.name: RunRecord.load(p) for p in sorted(folder.glob("*/result.json"))}
 
 
 _TRIVIAL_SNIPPET = """
@@ -298,6 +313,58 @@ def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) ->
 # -- the README blocks ----------------------------------------------------------------------------
 
 
+def _setting(record: RunRecord) -> str:
+    """What a run trained, from its record's ``extra``: policies, LoRA rank, learning rate."""
+    extra = record.extra
+    policies = extra.get("policies", "shared")
+    names = extra.get("policy_names") or []
+    rank = extra.get("lora_rank")
+    weights = (
+        "full fine-tune"
+        if rank is None
+        else f"LoRA rank {rank}" + (f", {len(names)} adapters" if len(names) > 1 else "")
+    )
+    lr = f", lr {extra['lr']:g}" if "lr" in extra else ""
+    return f"{policies} ({weights}{lr})"
+
+
+def variants_block(name: str, main: RunRecord | None, variants: dict[str, RunRecord]) -> str:
+    """The README table comparing an example's main run with its variants (held-out sets before
+    → after ± se, s/step, the trainer's peak RSS), each from its record."""
+    runs = [(f"`docs/runs/{name}/`", main)] if main is not None else []
+    runs += [(f"`docs/runs/{name}/{VARIANTS}/{v}/`", r) for v, r in variants.items()]
+    if not runs:
+        return f"No published runs to compare yet (`docs/runs/{name}/{VARIANTS}/`)."
+    sets = list(dict.fromkeys(s for _, r in runs for s in r.heldout))
+    header = [
+        "run (record)",
+        "setting",
+        *[f"{s} before → after (n)" for s in sets],
+        "s/step",
+        "trainer peak RSS",
+        "commit",
+    ]
+    rows = []
+    for where, record in runs:
+        cells = [where, _setting(record)]
+        for set_name in sets:
+            score = record.heldout.get(set_name)
+            cells.append(
+                "—"
+                if score is None
+                else f"{_f(score.before)} ± {_f(score.before_se)} → **{_f(score.after)} ± {_f(score.after_se)}** "
+                f"({score.n}; {_gain(record, set_name)})"
+            )
+        rss = record.extra.get("peak_rss_gb")
+        cells += [
+            _f(record.s_per_step, 1),
+            "not recorded" if rss is None else f"{rss:.1f} GB",
+            f"`{record.commit[:7]}`, {record.date}",
+        ]
+        rows.append(cells)
+    return "\n".join(_table(header, rows))
+
+
 def replace_block(text: str, marker: str, body: str) -> str:
     """``text`` with the lines between ``<!-- figures:MARKER -->`` and ``<!-- /figures:MARKER -->`` replaced."""
     pattern = re.compile(rf"(<!-- figures:{re.escape(marker)} -->\n).*?(<!-- /figures:{re.escape(marker)} -->)", re.S)
@@ -322,9 +389,14 @@ def readme_updates(
     for name in names:
         path = repo / "examples" / name / "README.md"
         if path.is_file() and f"<!-- figures:{name} -->" in path.read_text(encoding="utf-8"):
-            out[path] = replace_block(
+            text = replace_block(
                 path.read_text(encoding="utf-8"), name, example_block(name, records[name], trivial[name])
             )
+            if f"<!-- figures:{name}-variants -->" in text:
+                text = replace_block(
+                    text, f"{name}-variants", variants_block(name, records[name], variant_records(name, runs))
+                )
+            out[path] = text
     top = (repo / "README.md").read_text(encoding="utf-8")
     table_names = [n for n in names if n != "quickstart"]
     top = replace_block(top, "examples", examples_table(table_names, records, trivial))
@@ -413,16 +485,16 @@ def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
     return out
 
 
-def publish(name: str, source: Path, runs: Path = RUNS) -> Path:
-    """Copy a run's record (validated) and metrics from ``source`` into ``runs/<name>/`` and draw
-    its curve there from them (:func:`plot_record`)."""
+def publish(name: str, source: Path, runs: Path = RUNS, variant: str | None = None) -> Path:
+    """Copy a run's record (validated) and metrics from ``source`` into ``runs/<name>/`` (or
+    ``runs/<name>/variants/<variant>/``) and draw its curve there from them (:func:`plot_record`)."""
     record = RunRecord.load(source / "result.json")
     if record.example != name:
         raise ValueError(f"{source / 'result.json'} is a record of {record.example!r}, not {name!r}")
     metrics = source / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size > MAX_METRICS_BYTES:
         raise ValueError(f"{metrics} is {metrics.stat().st_size:,} bytes (> {MAX_METRICS_BYTES:,}); trim it first")
-    target = runs / name
+    target = runs / name if variant is None else runs / name / VARIANTS / variant
     target.mkdir(parents=True, exist_ok=True)
     for file in ("result.json", "metrics.jsonl"):
         if (source / file).is_file():
@@ -438,6 +510,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="with --report: write nothing, exit 1 if a README differs")
     p.add_argument("--publish", metavar="NAME", help="copy runs/NAME (or --source) into docs/runs/NAME")
     p.add_argument("--source", type=Path, help="with --publish: the run's --out folder (default runs/NAME)")
+    p.add_argument("--variant", help="with --publish: publish as docs/runs/NAME/variants/VARIANT (another setting)")
     p.add_argument("extra", nargs="*", help="arguments passed to every train.py (after --)")
     args = p.parse_args(argv)
     known = example_names()
@@ -451,7 +524,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.publish:
-        target = publish(args.publish, args.source or REPO / "runs" / args.publish)
+        target = publish(args.publish, args.source or REPO / "runs" / args.publish, variant=args.variant)
         print(f"published {args.publish}: {', '.join(sorted(p.name for p in target.iterdir()))} in {target}")
         return 0
     if args.report:

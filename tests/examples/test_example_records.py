@@ -21,6 +21,7 @@ from agentbolt.runs.evaluation import RunRecord
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "docs" / "runs"
 RECORDS = sorted(p.parent.name for p in RUNS.glob("*/result.json"))
+VARIANTS = sorted(str(p.parent.relative_to(RUNS)) for p in RUNS.glob("*/variants/*/result.json"))
 
 
 def _load(path: Path, name: str) -> ModuleType:
@@ -40,13 +41,14 @@ def test_the_published_runs_are_there() -> None:
     assert {"sql_agent", "calc_agent", "rag_agent"} <= set(RECORDS)
 
 
-@pytest.mark.parametrize("name", RECORDS)
-def test_a_record_is_complete(name: str) -> None:
-    record = RunRecord.load(RUNS / name / "result.json")
+@pytest.mark.parametrize("where", RECORDS + VARIANTS)
+def test_a_record_is_complete(where: str) -> None:
+    record = RunRecord.load(RUNS / where / "result.json")
+    name = where.split("/")[0]
     assert record.example == name
     assert f"python examples/{name}/train.py" in record.command, record.command
     assert len(record.commit.removesuffix("+dirty")) == 40 and record.steps > 0
-    lines = (RUNS / name / "metrics.jsonl").read_text().splitlines()
+    lines = (RUNS / where / "metrics.jsonl").read_text().splitlines()
     steps = {json.loads(line)["step"] for line in lines if line.strip()}
     assert set(range(1, record.steps + 1)) <= steps  # every trained step's metrics are there
     for score in record.heldout.values():
