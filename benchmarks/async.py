@@ -193,6 +193,12 @@ def compare(results: list[dict[str, Any]]) -> list[str]:
         for r in results:
             if r["agent"] != agent or r["bound"] == "sync" or not r["evaluations"]:
                 continue
+            if not any(e["accuracy"] for x in (sync, r) for e in x["evaluations"]):
+                lines.append(
+                    f"{agent:<6} K={r['bound']}: wall-clock {r['train_wall_s'] / wall:.2f}x sync's for the same "
+                    f"{steps} steps; held-out accuracy 0 in both arms (nothing learned: time only)"
+                )
+                continue
             reached = [e["train_wall_s"] for e in r["evaluations"] if e["accuracy"] >= target]
             ratio = f"{reached[0] / wall:.2f}" if reached and wall else "never"
             lines.append(
