@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import types as t
 from .capture.retokenize import ChatTemplateRetokenizer
 from .capture.roles import AgentNamer, as_agent_namer
-from .errors import UserError
+from .errors import UserError, invalid_fields_message
 from .gateway import Gateway, GatewayThread, Upstream
 from .runners.pool import RunnerPool
 from .runners.ray import RayRunnerPool, RayWorkerOptions, options_from_mapping
@@ -58,18 +58,8 @@ class _Options(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as exc:
-            raise UserError(_describe(type(self), exc)) from None
-
-
-def _describe(cls: type[BaseModel], exc: ValidationError) -> str:
-    lines = [f"invalid {cls.__name__}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown option; valid: {', '.join(cls.model_fields)}"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+            unknown = f"unknown option; valid: {', '.join(type(self).model_fields)}"
+            raise UserError(invalid_fields_message(f"invalid {type(self).__name__}", exc, unknown=unknown)) from None
 
 
 class CaptureOptions(_Options):

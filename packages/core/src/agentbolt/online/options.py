@@ -20,7 +20,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import UserError
+from ..errors import UserError, invalid_fields_message
 from ..lightningrl.config import LightningRLConfig
 from .grouping import Grouping
 
@@ -52,14 +52,8 @@ class _Group(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as exc:
-            lines = [f"invalid {type(self).__name__}:"]
-            for err in exc.errors():
-                where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "extra_forbidden":
-                    msg = f"unknown option; valid: {', '.join(type(self).model_fields)}"
-                lines.append(f"  {where}: {msg}")
-            raise UserError("\n".join(lines)) from None
+            unknown = f"unknown option; valid: {', '.join(type(self).model_fields)}"
+            raise UserError(invalid_fields_message(f"invalid {type(self).__name__}", exc, unknown=unknown)) from None
 
 
 class SessionOptions(_Group):
