@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from ..errors import UserError, invalid_fields_message
 from ..lightningrl.config import LightningRLConfig
+from ..options import OptionGroup
 from .grouping import Grouping
 
 __all__ = ["GateOptions", "JudgeOptions", "SessionOptions", "UpdateOptions", "online_lightningrl"]
@@ -34,26 +34,13 @@ def online_lightningrl() -> LightningRLConfig:
     return LightningRLConfig(credit="intermediate", advantage="grpo", allow_empty=True)
 
 
-class _Group(BaseModel):
+class _Group(OptionGroup):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     @classmethod
     def from_value(cls, value: Self | Mapping[str, Any] | None, /, *, option: str) -> Self | None:
         """The options from an instance, a mapping of its fields, or ``None``."""
-        if value is None or isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise UserError(
-                f"{option}= takes {cls.__name__}(...) or a mapping of its fields, got {type(value).__name__}"
-            )
-        return cls(**value)
-
-    def __init__(self, **fields: Any) -> None:
-        try:
-            super().__init__(**fields)
-        except ValidationError as exc:
-            unknown = f"unknown option; valid: {', '.join(type(self).model_fields)}"
-            raise UserError(invalid_fields_message(f"invalid {type(self).__name__}", exc, unknown=unknown)) from None
+        return None if value is None else cls.coerce(value, option=option)
 
 
 class SessionOptions(_Group):
