@@ -162,20 +162,15 @@ def expire(rollout: t.Rollout, attempt: t.Attempt, now: float) -> tuple[t.Rollou
     if attempt.status is not t.AttemptStatus.RUNNING:
         return None
     if attempt.deadline_at is not None and now >= attempt.deadline_at:
-        error = t.ErrorInfo(
-            kind=t.ErrorKind.TIMEOUT,
-            type="timeout",
-            message=f"attempt {attempt.index} ran past the rollout's timeout of {rollout.timeout_s} s",
-        )
-        return _end(rollout, attempt, t.AttemptStatus.TIMED_OUT, error, now, reward=None)
-    if attempt.lease_expires_at is not None and now >= attempt.lease_expires_at:
-        error = t.ErrorInfo(
-            kind=t.ErrorKind.LOST,
-            type="lease_expired",
-            message=f"worker {attempt.worker_id} stopped renewing its lease on attempt {attempt.index}",
-        )
-        return _end(rollout, attempt, t.AttemptStatus.LOST, error, now, reward=None)
-    return None
+        status, kind, reason = t.AttemptStatus.TIMED_OUT, t.ErrorKind.TIMEOUT, "timeout"
+        message = f"attempt {attempt.index} ran past the rollout's timeout of {rollout.timeout_s} s"
+    elif attempt.lease_expires_at is not None and now >= attempt.lease_expires_at:
+        status, kind, reason = t.AttemptStatus.LOST, t.ErrorKind.LOST, "lease_expired"
+        message = f"worker {attempt.worker_id} stopped renewing its lease on attempt {attempt.index}"
+    else:
+        return None
+    error = t.ErrorInfo(kind=kind, type=reason, message=message)
+    return _end(rollout, attempt, status, error, now, reward=None)
 
 
 def renew(attempt: t.Attempt, lease_s: float, now: float) -> t.Attempt:
