@@ -210,3 +210,26 @@ def test_unix_ns_reads_the_timestamps_frameworks_report() -> None:
     assert unix_ns(moment) == unix_ns(moment.isoformat()) == expected
     assert abs(unix_ns(moment.timestamp()) - expected) < 1000  # float seconds: within a microsecond
     assert unix_ns(None) == unix_ns("not a time") == 0
+
+
+class DeclaredHooksAdapter(Adapter):
+    """Names its hooks class instead of overriding make_hooks (what the adapter packages do)."""
+
+    name: ClassVar[str] = "declared"
+    distribution: ClassVar[str] = "agentbolt"
+    supported: ClassVar[str] = ">=0"
+    hooks_class: ClassVar[str] = f"{__name__}:ToyHooks"
+
+
+def test_hooks_class_is_imported_and_built_with_the_adapter_name() -> None:
+    hooks = DeclaredHooksAdapter.make_hooks()
+    assert type(hooks) is ToyHooks
+    assert hooks.adapter == "declared"
+
+
+def test_an_adapter_without_hooks_says_what_to_set() -> None:
+    class NoHooks(Adapter):
+        name: ClassVar[str] = "no-hooks"
+
+    with pytest.raises(TypeError, match=r"NoHooks must set hooks_class \('module:Class'\) or override make_hooks"):
+        NoHooks.make_hooks()

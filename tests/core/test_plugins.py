@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from agentbolt import hookimpl
 from agentbolt.cli import app
 from agentbolt.errors import PluginError, UserError
-from agentbolt.plugins import PluginLoadWarning, Plugins, default_plugins
+from agentbolt.plugins import PluginLoadWarning, Plugins, default_plugins, lazy_factory
 from agentbolt.store import open_store
 from agentbolt.store.memory import MemoryStore
 
@@ -224,3 +224,13 @@ def test_cli_plugins_reports_failures(site: Path) -> None:
         result = CliRunner().invoke(app, ["plugins"])
     assert result.exit_code == 1
     assert "failed" in result.output and "needs torch" in result.output
+
+
+def test_lazy_factory_imports_only_when_called() -> None:
+    sys.modules.pop("json.tool", None)
+    lazy_factory("json.tool:main")
+    assert "json.tool" not in sys.modules  # registering imports nothing
+    decoder = lazy_factory("json:JSONDecoder")()  # calling imports and builds
+    assert decoder.decode("[1]") == [1]
+    with pytest.raises(ValueError, match=r"must look like 'package\.module:name'"):
+        lazy_factory("json.JSONDecoder")

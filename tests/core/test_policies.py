@@ -205,7 +205,7 @@ def test_gateway_serve_routes_by_policy_from_the_command_line(tmp_path: Any) -> 
 
         store = open_store(url)
         await store.enqueue([t.RolloutSpec(rollout_id="r")])
-        (claim,) = await store.dequeue("w")
+        (claim,) = await store.dequeue("w", lease_s=3600)  # the CLI may take long to start on a busy machine
         await store.close()
         return "r", claim.attempt.attempt_id
 

@@ -38,14 +38,11 @@ twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from agentbolt.capture.adapters import Adapter
 
 from .errors import AutogenCaptureWarning
-
-if TYPE_CHECKING:
-    from ._hooks import AutogenHooks
 
 __all__ = ["AutogenAdapter", "AutogenCaptureWarning"]
 
@@ -59,9 +56,4 @@ class AutogenAdapter(Adapter):
     name: ClassVar[str] = "autogen"
     distribution: ClassVar[str] = "autogen-agentchat"
     supported: ClassVar[str] = ">=0.7,<0.8"
-
-    @classmethod
-    def make_hooks(cls) -> AutogenHooks:
-        from ._hooks import AutogenHooks
-
-        return AutogenHooks(cls.name)
+    hooks_class: ClassVar[str] = "._hooks:AutogenHooks"

@@ -5,18 +5,10 @@ AutoGen itself is imported only when the adapter is instrumented.
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentbolt import hookimpl
-from agentbolt.plugins import Register
-
-
-def _make_adapter() -> Any:
-    from .adapter import AutogenAdapter
-
-    return AutogenAdapter()
+from agentbolt.plugins import Register, lazy_factory
 
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("autogen", _make_adapter)
+    register("autogen", lazy_factory("agentbolt_autogen.adapter:AutogenAdapter"))

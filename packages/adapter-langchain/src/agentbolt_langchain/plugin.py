@@ -5,18 +5,10 @@ LangChain itself is imported only when the adapter is instrumented.
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentbolt import hookimpl
-from agentbolt.plugins import Register
-
-
-def _make_adapter() -> Any:
-    from .adapter import LangChainAdapter
-
-    return LangChainAdapter()
+from agentbolt.plugins import Register, lazy_factory
 
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("langchain", _make_adapter)
+    register("langchain", lazy_factory("agentbolt_langchain.adapter:LangChainAdapter"))

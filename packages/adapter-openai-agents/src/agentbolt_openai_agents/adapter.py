@@ -8,14 +8,11 @@ runner builds never record a unit twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from agentbolt.capture.adapters import Adapter
 
 from .errors import CaptureOffError, CaptureWarning
-
-if TYPE_CHECKING:
-    from ._processor import AgentboltTraceProcessor
 
 __all__ = ["CaptureOffError", "CaptureWarning", "OpenAIAgentsAdapter"]
 
@@ -32,9 +29,4 @@ class OpenAIAgentsAdapter(Adapter):
     name: ClassVar[str] = "openai-agents"
     distribution: ClassVar[str] = "openai-agents"
     supported: ClassVar[str] = ">=0.24,<0.25"
-
-    @classmethod
-    def make_hooks(cls) -> AgentboltTraceProcessor:
-        from ._processor import AgentboltTraceProcessor
-
-        return AgentboltTraceProcessor(cls.name)
+    hooks_class: ClassVar[str] = "._processor:AgentboltTraceProcessor"

@@ -5,18 +5,10 @@ The SDK (``agents``) itself is imported only when the adapter is instrumented.
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentbolt import hookimpl
-from agentbolt.plugins import Register
-
-
-def _make_adapter() -> Any:
-    from .adapter import OpenAIAgentsAdapter
-
-    return OpenAIAgentsAdapter()
+from agentbolt.plugins import Register, lazy_factory
 
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("openai-agents", _make_adapter)
+    register("openai-agents", lazy_factory("agentbolt_openai_agents.adapter:OpenAIAgentsAdapter"))

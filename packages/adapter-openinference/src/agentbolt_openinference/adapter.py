@@ -26,12 +26,9 @@ id (smolagents' model spans), and each transition gets the name of its nearest a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from agentbolt.capture.adapters import Adapter
-
-if TYPE_CHECKING:
-    from ._hooks import OpenInferenceHooks
 
 __all__ = ["OpenInferenceAdapter"]
 
@@ -45,9 +42,4 @@ class OpenInferenceAdapter(Adapter):
     name: ClassVar[str] = "openinference"
     distribution: ClassVar[str] = "openinference-semantic-conventions"
     supported: ClassVar[str] = ">=0.1.20,<0.2"
-
-    @classmethod
-    def make_hooks(cls) -> OpenInferenceHooks:
-        from ._hooks import OpenInferenceHooks
-
-        return OpenInferenceHooks(cls.name)
+    hooks_class: ClassVar[str] = "._hooks:OpenInferenceHooks"

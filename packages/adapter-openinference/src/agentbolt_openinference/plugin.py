@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentbolt import hookimpl
-from agentbolt.plugins import Register
-
-
-def _make_adapter() -> Any:
-    from .adapter import OpenInferenceAdapter
-
-    return OpenInferenceAdapter()
+from agentbolt.plugins import Register, lazy_factory
 
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("openinference", _make_adapter)
+    register("openinference", lazy_factory("agentbolt_openinference.adapter:OpenInferenceAdapter"))

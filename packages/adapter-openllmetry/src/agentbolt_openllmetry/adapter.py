@@ -29,12 +29,9 @@ requests sent to the gateway also carry the current span as W3C ``traceparent``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from agentbolt.capture.adapters import Adapter
-
-if TYPE_CHECKING:
-    from ._hooks import OpenLLMetryHooks
 
 __all__ = ["OpenLLMetryAdapter"]
 
@@ -48,9 +45,4 @@ class OpenLLMetryAdapter(Adapter):
     name: ClassVar[str] = "openllmetry"
     distribution: ClassVar[str] = "opentelemetry-semantic-conventions-ai"
     supported: ClassVar[str] = ">=0.4.13,<0.6"
-
-    @classmethod
-    def make_hooks(cls) -> OpenLLMetryHooks:
-        from ._hooks import OpenLLMetryHooks
-
-        return OpenLLMetryHooks(cls.name)
+    hooks_class: ClassVar[str] = "._hooks:OpenLLMetryHooks"

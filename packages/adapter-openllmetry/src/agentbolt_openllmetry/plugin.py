@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentbolt import hookimpl
-from agentbolt.plugins import Register
-
-
-def _make_adapter() -> Any:
-    from .adapter import OpenLLMetryAdapter
-
-    return OpenLLMetryAdapter()
+from agentbolt.plugins import Register, lazy_factory
 
 
 @hookimpl
 def agentbolt_register_adapters(register: Register) -> None:
-    register("openllmetry", _make_adapter)
+    register("openllmetry", lazy_factory("agentbolt_openllmetry.adapter:OpenLLMetryAdapter"))

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -154,6 +154,26 @@ def _usage(prompt_tokens: int, completions: Sequence[Completion]) -> dict[str, i
     }
 
 
+def _cancel(handles: Iterable[RequestHandle]) -> None:
+    """Stop the requests (those already finished are left as they are)."""
+    for h in handles:
+        h.cancel()
+
+
+async def _results(handles: Sequence[RequestHandle]) -> list[list[Completion]]:
+    """Every request's completions, in order; the caller's cancellation cancels the requests."""
+    try:
+        return [await h.result() for h in handles]
+    except asyncio.CancelledError:
+        _cancel(handles)
+        raise
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    """A streaming request's ``stream_options.include_usage``."""
+    return bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+
+
 async def _merged_events(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, TokenStep | Finished]]:
     """Events of several requests as they come: ``(request index, event)``."""
     if len(handles) == 1:
@@ -221,6 +241,21 @@ class PolicyRoutes:
             return self.engine.submit(prompt_ids, params, n, adapter=adapter)
         except UserError as exc:
             raise _HTTPError(400, str(exc)) from exc
+
+    async def admit(
+        self, prompts: Sequence[list[int]], params: SamplingParams, n: int, adapter: str | None
+    ) -> tuple[list[RequestHandle], int]:
+        """Submit one request per prompt and wait until every one generates: the requests and
+        the oldest policy version they were admitted under. A failure, or the client going away,
+        cancels them all."""
+        handles: list[RequestHandle] = []
+        try:
+            for ids in prompts:
+                handles.append(self.submit(ids, params, n, adapter))
+            return handles, min([await h.admitted() for h in handles])
+        except BaseException:
+            _cancel(handles)
+            raise
 
     def adapter_for(self, body: Mapping[str, Any]) -> str | None:
         """The adapter a request's ``model`` asks for (policies by role); ``None`` for a single
@@ -312,25 +347,16 @@ class PolicyRoutes:
         return_ids = _get(body, "return_token_ids", bool, False)
         want_logprobs = _get(body, "logprobs", bool, False)
         adapter = self.adapter_for(body)
-        handle = self.submit(prompt_ids, params, n, adapter)
-        try:
-            version = await handle.admitted()
-        except BaseException:
-            handle.cancel()
-            raise
+        (handle,), version = await self.admit([prompt_ids], params, n, adapter)
         response_id = f"chatcmpl-{handle.request_id:x}{int(time.time() * 1000):x}"
         headers = self.headers(adapter, version)
         if _get(body, "stream", bool, False):
-            include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+            include_usage = _include_usage(body)
             stream = self._chat_stream(
                 handle, response_id, version, prompt_ids, use_tools, want_logprobs, return_ids, include_usage, forced
             )
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        try:
-            outputs = await handle.result()
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
+        (outputs,) = await _results([handle])
         choices = []
         for out in outputs:
             content: str | None = out.text
@@ -456,8 +482,7 @@ class PolicyRoutes:
                 yield _sse({**base, "choices": [], "usage": _usage(len(prompt_ids), outputs)})
             yield b"data: [DONE]\n\n"
         finally:
-            if not handle.done:
-                handle.cancel()
+            _cancel([handle])
 
     async def completions(self, request: Request) -> Any:
         """``POST /v1/completions`` (streaming or not, ``echo``, token ids, logprobs)."""
@@ -476,32 +501,18 @@ class PolicyRoutes:
                 encoded.append((prompt, self.tokenizer(prompt, add_special_tokens=add_special)["input_ids"]))
             else:
                 encoded.append((decode_text(self.tokenizer, prompt) if echo else "", list(prompt)))
-        handles: list[RequestHandle] = []
         adapter = self.adapter_for(body)
-        try:
-            for _, ids in encoded:
-                handles.append(self.submit(ids, params, n, adapter))
-            versions = [await h.admitted() for h in handles]
-        except BaseException:
-            for h in handles:
-                h.cancel()
-            raise
-        version = min(versions)
+        handles, version = await self.admit([ids for _, ids in encoded], params, n, adapter)
         response_id = f"cmpl-{handles[0].request_id:x}{int(time.time() * 1000):x}"
         headers = self.headers(adapter, version)
         prompt_tokens = sum(len(ids) for _, ids in encoded)
         if _get(body, "stream", bool, False):
-            include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+            include_usage = _include_usage(body)
             stream = self._completion_stream(
                 handles, encoded, response_id, version, echo, want_logprobs, return_ids, include_usage, prompt_tokens
             )
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        try:
-            results = [await h.result() for h in handles]
-        except asyncio.CancelledError:
-            for h in handles:
-                h.cancel()
-            raise
+        results = await _results(handles)
         choices = []
         all_outputs: list[Completion] = []
         for p, ((prompt_text, prompt_ids), outputs) in enumerate(zip(encoded, results, strict=True)):
@@ -590,9 +601,7 @@ class PolicyRoutes:
                 yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, outputs)})
             yield b"data: [DONE]\n\n"
         finally:
-            for h in handles:
-                if not h.done:
-                    h.cancel()
+            _cancel(handles)
 
 
 def create_app(engine: GenerationEngine, *, served_model_name: str | None = None) -> FastAPI:

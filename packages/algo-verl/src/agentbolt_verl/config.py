@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentbolt.errors import UserError
+from agentbolt.errors import UserError, invalid_fields_message
 from agentbolt.lightningrl import LightningRLConfig
 from agentbolt.policies import Policies
 
@@ -272,16 +272,7 @@ def load_config(source: TrainConfig | Mapping[str, Any] | str | os.PathLike[str]
     try:
         return TrainConfig.model_validate(source)
     except ValidationError as exc:
-        raise UserError(_describe(exc)) from None
-
-
-def _describe(exc: ValidationError) -> str:
-    lines = ["invalid agentbolt-verl config:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+        raise UserError(invalid_fields_message("invalid agentbolt-verl config", exc)) from None
 
 
 def verl_config_dir() -> Path:
@@ -512,4 +503,4 @@ def settings_from_verl_config(cfg: Any) -> AgentboltSettings:
     try:
         return AgentboltSettings.model_validate(data)
     except ValidationError as exc:
-        raise UserError(_describe(exc)) from None
+        raise UserError(invalid_fields_message("invalid agentbolt-verl config", exc)) from None

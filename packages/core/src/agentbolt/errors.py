@@ -9,6 +9,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 __all__ = [
     "AgentboltError",
     "AuthenticationError",
@@ -22,6 +27,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "UserError",
+    "invalid_fields_message",
 ]
 
 
@@ -102,3 +108,19 @@ class ConflictError(StoreError):
 
 class StoreUnavailableError(StoreError):
     """The store could not be reached (network, server down); the operation may be retried."""
+
+
+def invalid_fields_message(title: str, exc: ValidationError, *, unknown: str | None = None) -> str:
+    """A pydantic validation error as ``title:`` and one ``  field: message`` line per error.
+
+    ``unknown`` replaces pydantic's message for a field the model does not have (say which are
+    valid, e.g. ``unknown option; valid: a, b``); pydantic's ``Value error, `` prefix is dropped.
+    """
+    lines = [f"{title}:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if unknown is not None and err["type"] == "extra_forbidden":
+            msg = unknown
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)

@@ -26,25 +26,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import types as t
 from .capture.retokenize import ChatTemplateRetokenizer
 from .capture.roles import AgentNamer, as_agent_namer
-from .errors import UserError
+from .errors import UserError, invalid_fields_message
 from .gateway import Gateway, GatewayThread, Upstream
 from .runners.pool import RunnerPool
 from .runners.ray import RayRunnerPool, RayWorkerOptions, options_from_mapping
 from .runners.runner import AgentLike, RunnerConfig
 from .store.base import Store
 
-__all__ = ["CaptureOptions", "GatewayOptions", "RunnerOptions"]
+__all__ = ["CaptureOptions", "GatewayOptions", "OptionGroup", "RunnerOptions"]
 
 
-class _Options(BaseModel):
+class OptionGroup(BaseModel):
+    """Base of the option groups (here and :mod:`agentbolt.online.options`): frozen, and a wrong
+    field name or value is a :class:`~agentbolt.errors.UserError` naming the valid fields."""
+
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     @classmethod
-    def from_value(cls, value: Self | Mapping[str, Any] | None, /, *, option: str) -> Self:
-        """The options from an instance, a mapping of its fields or ``None`` (the defaults);
-        ``option`` names the argument in errors (``runners``)."""
-        if value is None:
-            return cls()
+    def coerce(cls, value: Self | Mapping[str, Any], /, *, option: str) -> Self:
+        """The options from an instance or a mapping of its fields; ``option`` names the
+        argument in errors (``runners``)."""
         if isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
@@ -58,18 +59,15 @@ class _Options(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as exc:
-            raise UserError(_describe(type(self), exc)) from None
+            unknown = f"unknown option; valid: {', '.join(type(self).model_fields)}"
+            raise UserError(invalid_fields_message(f"invalid {type(self).__name__}", exc, unknown=unknown)) from None
 
 
-def _describe(cls: type[BaseModel], exc: ValidationError) -> str:
-    lines = [f"invalid {cls.__name__}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown option; valid: {', '.join(cls.model_fields)}"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+class _Options(OptionGroup):
+    @classmethod
+    def from_value(cls, value: Self | Mapping[str, Any] | None, /, *, option: str) -> Self:
+        """The options from an instance, a mapping of its fields or ``None`` (the defaults)."""
+        return cls() if value is None else cls.coerce(value, option=option)
 
 
 class CaptureOptions(_Options):

@@ -9,11 +9,11 @@ each weight update, so every call's span records the version that served it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from agentbolt.errors import UserError
+from agentbolt.runners.runner import import_reference
 
 __all__ = ["GatewayControl", "load_object", "make_gateway_control", "upstream_urls"]
 
@@ -60,22 +60,10 @@ def load_object(spec: str) -> Any:
     """Import ``module:attr`` (or ``module.attr``)."""
     if not isinstance(spec, str) or not spec:
         raise UserError(f"expected 'module:attribute', got {spec!r}")
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
+    if ":" not in spec:
         module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise UserError(f"expected 'module:attribute', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"cannot import {module_name!r} (from {spec!r}): {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UserError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
-    return obj
+        spec = f"{module_name}:{attr}"
+    return import_reference(spec, "callable")
 
 
 def make_gateway_control(spec: str | None, *, url: str | None) -> GatewayControl:

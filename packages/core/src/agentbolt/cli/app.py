@@ -32,6 +32,7 @@ from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
+from .options import ListenHost, ListenPort, secret_option, store_option
 from .runs import open_existing_store
 from .runs import register as _register_run_commands
 from .serve import register as _register_serve
@@ -129,18 +130,15 @@ def plugins(
 @store_app.command("serve")
 def store_serve(
     store: Annotated[
-        str, typer.Option("--store", "-s", help="Store to serve, e.g. sqlite:///runs.db or postgresql://host/db.")
+        str, store_option("Store to serve, e.g. sqlite:///runs.db or postgresql://host/db.")
     ] = "sqlite:///agentbolt.db",
-    host: Annotated[
-        str, typer.Option(help="Address to listen on; anything but loopback requires --token.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 4747,
+    host: ListenHost = "127.0.0.1",
+    port: ListenPort = 4747,
     token: Annotated[
         str | None,
-        typer.Option(
-            envvar="AGENTBOLT_STORE_TOKEN",
-            help="Bearer token every request must carry (prefer the environment variable to keep it out of ps).",
-            show_envvar=True,
+        secret_option(
+            "AGENTBOLT_STORE_TOKEN",
+            "Bearer token every request must carry (prefer the environment variable to keep it out of ps).",
         ),
     ] = None,
     max_wait: Annotated[
@@ -169,22 +167,14 @@ def gateway_serve(
             "calls get 503 until a trainer sets upstreams (POST /gateway/upstreams, GatewayClient).",
         ),
     ] = None,
-    store: Annotated[
-        str, typer.Option("--store", "-s", help="Store for spans and attempt checks.")
-    ] = "sqlite:///agentbolt.db",
-    host: Annotated[
-        str, typer.Option(help="Address to listen on; anything but loopback requires --token.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 4800,
+    store: Annotated[str, store_option("Store for spans and attempt checks.")] = "sqlite:///agentbolt.db",
+    host: ListenHost = "127.0.0.1",
+    port: ListenPort = 4800,
     token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="AGENTBOLT_GATEWAY_TOKEN", show_envvar=True, help="Bearer token agents send as their api_key."
-        ),
+        str | None, secret_option("AGENTBOLT_GATEWAY_TOKEN", "Bearer token agents send as their api_key.")
     ] = None,
     upstream_key: Annotated[
-        str | None,
-        typer.Option(envvar="AGENTBOLT_UPSTREAM_API_KEY", show_envvar=True, help="API key sent to the upstreams."),
+        str | None, secret_option("AGENTBOLT_UPSTREAM_API_KEY", "API key sent to the upstreams.")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model name forced into every request.")] = None,
     request_timeout: Annotated[
@@ -273,15 +263,12 @@ def runner(
     agent: Annotated[
         str, typer.Argument(help="The agent as 'package.module:function' (or :Class with a rollout method).")
     ],
-    store: Annotated[str, typer.Option("--store", "-s", help="Store URL: http://HOST:PORT for a store server.")],
+    store: Annotated[str, store_option("Store URL: http://HOST:PORT for a store server.")],
     processes: Annotated[int, typer.Option("--processes", "-n", help="Runner processes.")] = 1,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Rollouts each process runs at once.")] = 8,
     lease: Annotated[float, typer.Option(help="Lease seconds (renewed every third of it).")] = 30.0,
     mode: Annotated[str | None, typer.Option(help="Only claim 'train' or 'val' rollouts.")] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(envvar="AGENTBOLT_STORE_TOKEN", show_envvar=True, help="Bearer token of the store server."),
-    ] = None,
+    token: Annotated[str | None, secret_option("AGENTBOLT_STORE_TOKEN", "Bearer token of the store server.")] = None,
     ray: Annotated[
         str | None,
         typer.Option(

@@ -34,6 +34,7 @@ from .. import types as t
 from ..errors import AgentboltError, UserError
 from ..plugins.registry import default_plugins
 from ..store.run_records import RolloutSearch
+from .options import ListenHost, ListenPort, secret_option
 from .tables import Column, show, table
 from .tables import console as make_console
 
@@ -52,10 +53,7 @@ StoreOption = Annotated[
     ),
 ]
 TokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--store-token", envvar="AGENTBOLT_STORE_TOKEN", show_envvar=True, help="Bearer token of a store server."
-    ),
+    str | None, secret_option("AGENTBOLT_STORE_TOKEN", "Bearer token of a store server.", "--store-token")
 ]
 
 runs_app = typer.Typer(help="Training and evaluation runs recorded in a store.", no_args_is_help=True)
@@ -492,16 +490,12 @@ def export(
 
 def dashboard(
     store: StoreOption,
-    host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback requires --token.")] = (
-        "127.0.0.1"
-    ),
-    port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 4780,
+    host: ListenHost = "127.0.0.1",
+    port: ListenPort = 4780,
     token: Annotated[
         str | None,
-        typer.Option(
-            envvar="AGENTBOLT_DASHBOARD_TOKEN",
-            show_envvar=True,
-            help="Token the browser must present (open the printed URL with ?token=... once).",
+        secret_option(
+            "AGENTBOLT_DASHBOARD_TOKEN", "Token the browser must present (open the printed URL with ?token=... once)."
         ),
     ] = None,
     store_token: TokenOption = None,

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from . import translate
 from .translate import ChunkStream, Dialect, TranslationError, choice0, sse_event, stream_options, text_of
 
 __all__ = ["DIALECT", "MessagesStream", "from_chat", "response_id", "to_chat"]
@@ -107,10 +108,7 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
             f"{_API}: tool type {tool.get('type')!r} is a server tool the agentbolt gateway cannot run; "
             "only client tools (name, description, input_schema) are supported"
         )
-    fn: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
-    if tool.get("description"):
-        fn["description"] = tool["description"]
-    return {"type": "function", "function": fn}
+    return translate.function_tool(tool, schema="input_schema")
 
 
 def to_chat(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from . import translate
 from .translate import ChunkStream, Dialect, TranslationError, choice0, sse_event, stream_options, text_of
 
 __all__ = ["DIALECT", "ResponsesStream", "from_chat", "response_id", "to_chat"]
@@ -40,12 +41,7 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
             f"{_API}: tool type {tool.get('type')!r} is a hosted tool the agentbolt gateway cannot run; "
             "only function tools are supported"
         )
-    fn: dict[str, Any] = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-    if tool.get("description"):
-        fn["description"] = tool["description"]
-    if tool.get("strict") is not None:
-        fn["strict"] = tool["strict"]
-    return {"type": "function", "function": fn}
+    return translate.function_tool(tool, schema="parameters", strict=True)
 
 
 def _tool_choice(choice: Any) -> Any:

@@ -159,6 +159,18 @@ def text_of(content: Any, *, allowed: tuple[str, ...], api: str) -> str:
     return "".join(texts)
 
 
+def function_tool(tool: Mapping[str, Any], *, schema: str, strict: bool = False) -> dict[str, Any]:
+    """The Chat Completions ``function`` tool of another API's client tool: its name, the JSON
+    schema under ``schema`` (an empty object schema when missing), its description and, with
+    ``strict``, its ``strict`` flag when set."""
+    fn: dict[str, Any] = {"name": tool["name"], "parameters": tool.get(schema) or {"type": "object"}}
+    if tool.get("description"):
+        fn["description"] = tool["description"]
+    if strict and tool.get("strict") is not None:
+        fn["strict"] = tool["strict"]
+    return {"type": "function", "function": fn}
+
+
 def stream_options(chat: dict[str, Any]) -> None:
     """Ask a streaming upstream for the usage chunk (both APIs report usage at the end)."""
     if chat.get("stream"):

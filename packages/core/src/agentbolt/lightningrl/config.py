@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import UserError
+from ..errors import UserError, invalid_fields_message
 from .advantage import AdvantageEstimator
 from .aggregation import DEFAULT_LOSS_AGGREGATION, LossAggregation
 from .correction import RolloutCorrection
@@ -169,7 +169,8 @@ class LightningRLConfig(BaseModel):
         try:
             return cls(**{**fields, **overrides})
         except ValidationError as exc:
-            raise UserError(describe_errors("invalid LightningRLConfig", exc)) from None
+            unknown = f"unknown field; valid fields: {', '.join(LightningRLConfig.model_fields)}"
+            raise UserError(invalid_fields_message("invalid LightningRLConfig", exc, unknown=unknown)) from None
 
     def replace(self, **overrides: Any) -> LightningRLConfig:
         """A copy with ``overrides`` applied (validated)."""
@@ -185,18 +186,6 @@ class LightningRLConfig(BaseModel):
                 value = list(value)
             out[name] = value if _jsonable(value) else repr(value)
         return out
-
-
-def describe_errors(title: str, exc: ValidationError) -> str:
-    """A pydantic validation error as ``title:`` and one ``field: message`` line per error."""
-    lines = [f"{title}:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field; valid fields: {', '.join(LightningRLConfig.model_fields)}"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
 
 
 def _jsonable(value: Any) -> bool:

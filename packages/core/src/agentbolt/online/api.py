@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 
 _JSON = [("content-type", "application/json")]
 
+Reply = tuple[int, bytes, list[tuple[str, str]]]
+"""An answer: status, body, headers."""
+
+M = TypeVar("M", bound=BaseModel)
+
 
 class CloseSession(BaseModel):
     """``POST /v1/sessions/close``: close a session now."""
@@ -41,32 +46,32 @@ class CloseSession(BaseModel):
     """The session to close."""
 
 
-def _error(status: int, message: str, type_: str = "invalid_request_error") -> tuple[int, bytes, list[tuple[str, str]]]:
+def _error(status: int, message: str, type_: str = "invalid_request_error") -> Reply:
     return status, orjson.dumps({"error": {"message": message, "type": type_, "code": None}}), _JSON
 
 
-def _post_json(request: Request) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+def _posted(request: Request, model: type[M]) -> M | Reply:
+    """The request's JSON body as ``model``, else the answer refusing it (405, 415 or 422)."""
     if request.method != "POST":
         return _error(405, f"{request.path} takes POST")
     if not control.is_json(request.headers.get("content-type")):
         return _error(415, "send the body as JSON with 'Content-Type: application/json'")
-    return None
+    try:
+        return model.model_validate_json(request.body)
+    except ValidationError as exc:
+        return _error(422, control.validation_message(exc))
 
 
-Handler = Callable[[Request], Awaitable[tuple[int, bytes, list[tuple[str, str]]]]]
+Handler = Callable[[Request], Awaitable[Reply]]
 
 
 def online_routes(server: Any) -> dict[str, ExtraRoute]:
     """The routes of an :class:`~agentbolt.online.serve.OnlineServer` (``server``)."""
 
-    async def feedback(request: Request) -> tuple[int, bytes, list[tuple[str, str]]]:
-        refused = _post_json(request)
-        if refused is not None:
-            return refused
-        try:
-            body = Feedback.model_validate_json(request.body)
-        except ValidationError as exc:
-            return _error(422, control.validation_message(exc))
+    async def feedback(request: Request) -> Reply:
+        body = _posted(request, Feedback)
+        if not isinstance(body, Feedback):
+            return body
         try:
             result = await server.record_feedback(body)
         except UnknownTarget as exc:
@@ -78,19 +83,15 @@ def online_routes(server: Any) -> dict[str, ExtraRoute]:
             return _error(503, f"the store could not record the feedback ({exc}); retry", "agentbolt_store_error")
         return 200, result.model_dump_json().encode(), _JSON
 
-    async def close_session(request: Request) -> tuple[int, bytes, list[tuple[str, str]]]:
-        refused = _post_json(request)
-        if refused is not None:
-            return refused
-        try:
-            body = CloseSession.model_validate_json(request.body)
-        except ValidationError as exc:
-            return _error(422, control.validation_message(exc))
+    async def close_session(request: Request) -> Reply:
+        body = _posted(request, CloseSession)
+        if not isinstance(body, CloseSession):
+            return body
         if not await server.sessions.close(body.session_id):
             return _error(404, f"unknown session {body.session_id!r}", "agentbolt_unknown_session")
         return 200, orjson.dumps({"session_id": body.session_id, "closed": True}), _JSON
 
-    async def status(request: Request) -> tuple[int, bytes, list[tuple[str, str]]]:
+    async def status(request: Request) -> Reply:
         if request.method != "GET":
             return _error(405, f"{request.path} takes GET")
         return 200, orjson.dumps(server.status()), _JSON

@@ -38,12 +38,28 @@ _METADATA = {
     "additionalProperties": {"type": "string", "maxLength": 64},
     "maxProperties": 4,
 }
+_TOKENS = {"type": "integer", "minimum": 1, "maximum": 64}
 _COMMON = {
     "model": {"type": "string", "maxLength": 64},
     "stream": {"type": "boolean"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "metadata": _METADATA,
 }
+
+
+def _messages(roles: list[str], content: dict[str, Any]) -> dict[str, Any]:
+    """1 to 4 messages, each a ``role`` of ``roles`` and a ``content``."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 4,
+        "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {"role": {"enum": roles}, "content": content},
+        },
+    }
+
 
 _BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "/v1/chat/completions": (
@@ -53,17 +69,8 @@ _BODIES: dict[str, tuple[str, dict[str, Any]]] = {
             "required": ["messages"],
             "properties": {
                 **_COMMON,
-                "messages": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 4,
-                    "items": {
-                        "type": "object",
-                        "required": ["role", "content"],
-                        "properties": {"role": {"enum": ["system", "user", "assistant"]}, "content": _CONTENT},
-                    },
-                },
-                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+                "messages": _messages(["system", "user", "assistant"], _CONTENT),
+                "max_tokens": _TOKENS,
                 "n": {"type": "integer", "minimum": 1, "maximum": 2},
                 "stop": {"anyOf": [_TEXT, {"type": "array", "maxItems": 4, "items": _TEXT}]},
             },
@@ -74,7 +81,7 @@ _BODIES: dict[str, tuple[str, dict[str, Any]]] = {
         {
             "type": "object",
             "required": ["prompt"],
-            "properties": {**_COMMON, "prompt": _TEXT, "max_tokens": {"type": "integer", "minimum": 1, "maximum": 64}},
+            "properties": {**_COMMON, "prompt": _TEXT, "max_tokens": _TOKENS},
         },
     ),
     "/v1/responses": (
@@ -84,26 +91,9 @@ _BODIES: dict[str, tuple[str, dict[str, Any]]] = {
             "required": ["input"],
             "properties": {
                 **_COMMON,
-                "input": {
-                    "anyOf": [
-                        _TEXT,
-                        {
-                            "type": "array",
-                            "minItems": 1,
-                            "maxItems": 4,
-                            "items": {
-                                "type": "object",
-                                "required": ["role", "content"],
-                                "properties": {
-                                    "role": {"enum": ["system", "developer", "user", "assistant"]},
-                                    "content": _TEXT,
-                                },
-                            },
-                        },
-                    ]
-                },
+                "input": {"anyOf": [_TEXT, _messages(["system", "developer", "user", "assistant"], _TEXT)]},
                 "instructions": _TEXT,
-                "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+                "max_output_tokens": _TOKENS,
             },
         },
     ),
@@ -115,18 +105,9 @@ _BODIES: dict[str, tuple[str, dict[str, Any]]] = {
             "properties": {
                 **_COMMON,
                 "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+                "max_tokens": _TOKENS,
                 "system": _TEXT,
-                "messages": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 4,
-                    "items": {
-                        "type": "object",
-                        "required": ["role", "content"],
-                        "properties": {"role": {"enum": ["user", "assistant"]}, "content": _CONTENT},
-                    },
-                },
+                "messages": _messages(["user", "assistant"], _CONTENT),
                 "stop_sequences": {"type": "array", "maxItems": 4, "items": _TEXT},
             },
         },

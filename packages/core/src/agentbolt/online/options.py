@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from ..errors import UserError
 from ..lightningrl.config import LightningRLConfig
+from ..options import OptionGroup
 from .grouping import Grouping
 
 __all__ = ["GateOptions", "JudgeOptions", "SessionOptions", "UpdateOptions", "online_lightningrl"]
@@ -34,32 +34,13 @@ def online_lightningrl() -> LightningRLConfig:
     return LightningRLConfig(credit="intermediate", advantage="grpo", allow_empty=True)
 
 
-class _Group(BaseModel):
+class _Group(OptionGroup):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     @classmethod
     def from_value(cls, value: Self | Mapping[str, Any] | None, /, *, option: str) -> Self | None:
         """The options from an instance, a mapping of its fields, or ``None``."""
-        if value is None or isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise UserError(
-                f"{option}= takes {cls.__name__}(...) or a mapping of its fields, got {type(value).__name__}"
-            )
-        return cls(**value)
-
-    def __init__(self, **fields: Any) -> None:
-        try:
-            super().__init__(**fields)
-        except ValidationError as exc:
-            lines = [f"invalid {type(self).__name__}:"]
-            for err in exc.errors():
-                where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "extra_forbidden":
-                    msg = f"unknown option; valid: {', '.join(type(self).model_fields)}"
-                lines.append(f"  {where}: {msg}")
-            raise UserError("\n".join(lines)) from None
+        return None if value is None else cls.coerce(value, option=option)
 
 
 class SessionOptions(_Group):

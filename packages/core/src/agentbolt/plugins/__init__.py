@@ -22,6 +22,7 @@ from .registry import (
     Registry,
     default_plugins,
     distribution_version,
+    lazy_factory,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "distribution_version",
     "hookimpl",
     "hookspec",
+    "lazy_factory",
 ]

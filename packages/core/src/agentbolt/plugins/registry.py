@@ -40,6 +40,7 @@ __all__ = [
     "Registry",
     "default_plugins",
     "distribution_version",
+    "lazy_factory",
 ]
 
 log = logging.getLogger(__name__)
@@ -386,6 +387,20 @@ def distribution_version(distribution: str) -> str:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "0.0.0+unknown"
+
+
+def lazy_factory(reference: str) -> Callable[[], Any]:
+    """A factory that imports ``"package.module:name"`` when first called and returns
+    ``name()``: how a plugin module registers an implementation without importing it (or the
+    framework it wraps), e.g. ``register("langchain", lazy_factory("agentbolt_langchain.adapter:LangChainAdapter"))``."""
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reference must look like 'package.module:name', got {reference!r}")
+
+    def make() -> Any:
+        return getattr(importlib.import_module(module_name), attr)()
+
+    return make
 
 
 def _dist_of_module(module: str) -> tuple[str | None, str | None]:

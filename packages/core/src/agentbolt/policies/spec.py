@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from ..errors import UserError
+from ..errors import UserError, invalid_fields_message
 from ..lightningrl.config import LightningRLConfig
 from ..lightningrl.episode import agent_selector
 
@@ -82,14 +82,8 @@ class PolicySpec(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as exc:
-            lines = ["invalid policy:"]
-            for err in exc.errors():
-                where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "extra_forbidden":
-                    msg = f"unknown setting; valid: {', '.join(type(self).model_fields)}"
-                lines.append(f"  {where}: {msg}")
-            raise UserError("\n".join(lines)) from None
+            unknown = f"unknown setting; valid: {', '.join(type(self).model_fields)}"
+            raise UserError(invalid_fields_message("invalid policy", exc, unknown=unknown)) from None
 
     def model_post_init(self, context: Any, /) -> None:
         self._selector = agent_selector(self.match)

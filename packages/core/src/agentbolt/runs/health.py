@@ -41,11 +41,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
-
 from .. import semconv
 from .. import types as t
-from ..lightningrl.spans import is_gateway_call
+from ..lightningrl.spans import is_gateway_call, parse_json_attr
 from ..store.base import Store
 from ..store.run_records import RolloutSearch
 from .findings import Finding
@@ -96,17 +94,8 @@ class _Sample:
     called_tools: bool
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in "[{":
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-    return value
-
-
 def _offers_tools(span: t.Span) -> bool:
-    request = _json(span.attributes.get(semconv.LLM_REQUEST))
+    request = parse_json_attr(span, semconv.LLM_REQUEST)
     return isinstance(request, dict) and bool(request.get("tools"))
 
 
@@ -114,7 +103,7 @@ def _calls_tools(span: t.Span) -> bool:
     reasons = span.attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
     if isinstance(reasons, list | tuple) and "tool_calls" in reasons:
         return True
-    messages = _json(span.attributes.get(semconv.GEN_AI_OUTPUT_MESSAGES))
+    messages = parse_json_attr(span, semconv.GEN_AI_OUTPUT_MESSAGES)
     for m in messages if isinstance(messages, list) else []:
         if not isinstance(m, dict):
             continue

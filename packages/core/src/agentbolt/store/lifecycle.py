@@ -20,10 +20,11 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import types as t
-from ..errors import InvalidTransitionError, StaleAttemptError, UserError
+from ..errors import ConflictError, InvalidTransitionError, StaleAttemptError, UserError
 from ..fields import finite_number
 from .wire import MAX_LEASE_S, MAX_LIMIT
 
@@ -42,6 +43,7 @@ __all__ = [
     "expire_due",
     "finish",
     "new_rollout",
+    "plan_enqueue",
     "renew",
 ]
 
@@ -69,6 +71,24 @@ def new_rollout(spec: t.RolloutSpec, rollout_id: str, now: float) -> t.Rollout:
         run_id=spec.run_id,
         step=spec.step,
     )
+
+
+def plan_enqueue(
+    ids: Sequence[str], specs: Sequence[t.RolloutSpec], stored: Mapping[str, t.Rollout], now: float
+) -> tuple[list[t.Rollout], dict[str, t.Rollout]]:
+    """What ``enqueue`` returns (one rollout per spec, in order) and the new rollouts to write (by
+    id). A spec whose id is ``stored``, or earlier in the batch, with the same content gives that
+    rollout; with other content it is a :class:`~agentbolt.errors.ConflictError`."""
+    planned: dict[str, t.Rollout] = {}
+    out: list[t.Rollout] = []
+    for rid, spec in zip(ids, specs, strict=True):
+        have = stored.get(rid) or planned.get(rid)
+        if have is None:
+            have = planned[rid] = new_rollout(spec, rid, now)
+        elif not have.matches_spec(spec):
+            raise ConflictError(f"rollout {rid} already exists with different content; use a new rollout_id")
+        out.append(have)
+    return out, planned
 
 
 def check_limit(limit: int) -> None:
@@ -162,20 +182,15 @@ def expire(rollout: t.Rollout, attempt: t.Attempt, now: float) -> tuple[t.Rollou
     if attempt.status is not t.AttemptStatus.RUNNING:
         return None
     if attempt.deadline_at is not None and now >= attempt.deadline_at:
-        error = t.ErrorInfo(
-            kind=t.ErrorKind.TIMEOUT,
-            type="timeout",
-            message=f"attempt {attempt.index} ran past the rollout's timeout of {rollout.timeout_s} s",
-        )
-        return _end(rollout, attempt, t.AttemptStatus.TIMED_OUT, error, now, reward=None)
-    if attempt.lease_expires_at is not None and now >= attempt.lease_expires_at:
-        error = t.ErrorInfo(
-            kind=t.ErrorKind.LOST,
-            type="lease_expired",
-            message=f"worker {attempt.worker_id} stopped renewing its lease on attempt {attempt.index}",
-        )
-        return _end(rollout, attempt, t.AttemptStatus.LOST, error, now, reward=None)
-    return None
+        status, kind, reason = t.AttemptStatus.TIMED_OUT, t.ErrorKind.TIMEOUT, "timeout"
+        message = f"attempt {attempt.index} ran past the rollout's timeout of {rollout.timeout_s} s"
+    elif attempt.lease_expires_at is not None and now >= attempt.lease_expires_at:
+        status, kind, reason = t.AttemptStatus.LOST, t.ErrorKind.LOST, "lease_expired"
+        message = f"worker {attempt.worker_id} stopped renewing its lease on attempt {attempt.index}"
+    else:
+        return None
+    error = t.ErrorInfo(kind=kind, type=reason, message=message)
+    return _end(rollout, attempt, status, error, now, reward=None)
 
 
 def renew(attempt: t.Attempt, lease_s: float, now: float) -> t.Attempt:

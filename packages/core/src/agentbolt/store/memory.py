@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from .. import types as t
-from ..errors import ConflictError, InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
+from ..errors import InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
 from . import lifecycle
 from .base import AttemptReport, Notifier, Store, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
@@ -111,23 +111,11 @@ class MemoryStore(MemoryRunsMixin, Store):
             self._check_open()
             now = self._clock()
             known = {r.version for r in self._resources}
-            planned: dict[str, t.Rollout] = {}
-            result: list[t.Rollout] = []
             for spec in specs:
                 if spec.resources_version is not None and spec.resources_version not in known:
                     raise NotFoundError("resources version", spec.resources_version)
-                rid = spec.rollout_id or t.new_id("ro-")  # Store.enqueue names every spec
-                existing = self._rollouts.get(rid) or planned.get(rid)
-                if existing is not None:
-                    if not existing.matches_spec(spec):
-                        raise ConflictError(
-                            f"rollout {rid} already exists with different content; use a new rollout_id"
-                        )
-                    result.append(existing)
-                    continue
-                rollout = lifecycle.new_rollout(spec, rid, now)
-                planned[rid] = rollout
-                result.append(rollout)
+            ids = [spec.rollout_id or t.new_id("ro-") for spec in specs]  # Store.enqueue names every spec
+            result, planned = lifecycle.plan_enqueue(ids, specs, self._rollouts, now)
             for rid, rollout in planned.items():
                 self._qseq += 1
                 self._order[rid] = self._qseq

@@ -39,7 +39,6 @@ from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import (
-    ConflictError,
     InvalidTransitionError,
     MissingDependencyError,
     NotFoundError,
@@ -391,19 +390,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
             for chunk in _chunks(sorted(set(ids))):
                 cur.execute(self._q(f"{_SELECT_ROLLOUTS} WHERE rollout_id IN ({_marks(len(chunk))})"), tuple(chunk))
                 existing.update((row[0], _rollout_from(row)) for row in cur.fetchall())
-            planned: dict[str, t.Rollout] = {}
-            out = []
-            for rid, spec in zip(ids, specs, strict=True):
-                have = existing.get(rid) or planned.get(rid)
-                if have is not None:
-                    if not have.matches_spec(spec):
-                        raise ConflictError(
-                            f"rollout {rid} already exists with different content; use a new rollout_id"
-                        )
-                    out.append(have)
-                    continue
-                planned[rid] = lifecycle.new_rollout(spec, rid, now)
-                out.append(planned[rid])
+            out, planned = lifecycle.plan_enqueue(ids, specs, existing, now)
             if planned:
                 cur.executemany(self._q(_INSERT_ROLLOUT), [_rollout_insert(r) for r in planned.values()])
                 self._notify_final(conn)  # wakes workers waiting in dequeue(wait_s=...)

@@ -18,7 +18,7 @@ Every adapter package has the same skeleton (``agentbolt_<framework>``)::
 
     plugin.py     registers the adapter factory (imports neither the framework nor the adapter)
     adapter.py    the Adapter subclass: name, framework distribution and supported versions,
-                  options, make_hooks() (imports the hooks module lazily)
+                  options, hooks_class (the hooks class, imported on first instrument)
     _hooks.py     (or _handler.py, _processor.py) the AdapterHooks subclass: the framework
                   translation; it and the private modules it uses are the only ones that
                   import the framework

@@ -5,11 +5,12 @@ idempotent instrument/uninstrument) and how runners instrument the installed ada
 from __future__ import annotations
 
 import abc
+import importlib
 import importlib.metadata
 import logging
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -34,8 +35,8 @@ class Adapter(abc.ABC):
     """Base class of framework adapters: the lifecycle every adapter shares.
 
     Subclasses set :attr:`name`, :attr:`distribution` (the framework's distribution, whose
-    version is checked) and :attr:`supported` (a PEP 440 specifier), and implement
-    :meth:`make_hooks`, which builds the adapter's :class:`AdapterHooks` (the framework
+    version is checked), :attr:`supported` (a PEP 440 specifier) and :attr:`hooks_class` (or
+    override :meth:`make_hooks`), which names the adapter's :class:`AdapterHooks` (the framework
     translation). The hooks are process-wide: built once per adapter class, on the class (the
     one place an adapter's state lives), installed into the framework when the first instance is
     instrumented and removed when the last one is uninstrumented, so two instances never record
@@ -50,6 +51,10 @@ class Adapter(abc.ABC):
     auto: ClassVar[bool] = True
     """Instrumented by runners that instrument every installed adapter (``adapters=None``, the
     default); ``False``: an opt-in adapter, instrumented only when named (``adapters=[...]``)."""
+    hooks_class: ClassVar[str] = ""
+    """The adapter's :class:`AdapterHooks` subclass as ``"module:Class"`` (``".module:Class"``:
+    relative to the adapter's package), imported by :meth:`make_hooks` only, so that importing
+    the adapter imports neither the hooks module nor the framework."""
     _shared_hooks: ClassVar[AdapterHooks]
     """Set by :meth:`shared_hooks` on each concrete class (in its own ``__dict__``, never inherited)."""
 
@@ -58,9 +63,14 @@ class Adapter(abc.ABC):
         self._instrumented = False
 
     @classmethod
-    @abc.abstractmethod
     def make_hooks(cls) -> AdapterHooks:
-        """Build the process's hooks into the framework (imports the framework; called once)."""
+        """Build the process's hooks into the framework (imports the framework; called once):
+        ``hooks_class(name)``; override it where the hooks are built otherwise."""
+        module, _, qualname = cls.hooks_class.partition(":")
+        if not module or not qualname:
+            raise TypeError(f"{cls.__name__} must set hooks_class ('module:Class') or override make_hooks")
+        hooks_type = getattr(importlib.import_module(module, cls.__module__.rpartition(".")[0]), qualname)
+        return cast("AdapterHooks", hooks_type(cls.name))
 
     @classmethod
     def shared_hooks(cls) -> AdapterHooks:
