@@ -24,7 +24,7 @@ What it runs, on one event loop (the model's servers and updates on threads of t
 - the judge sweep for sessions nobody rated (:mod:`.judging`);
 - the background trainer and the gate (:mod:`.training`, :mod:`.gate`);
 - the run's metrics, every ``metrics_every_s`` (sessions, feedback rate, judge scores, live
-  version, gate decisions: what the dashboard's Online page shows).
+  version, gate decisions: what the dashboard's Serving page shows).
 
 **Restarts lose nothing**: sessions, their calls and their rewards are in the store (feedback is
 written before it is acknowledged); which sessions were trained, the gate's decisions and the
