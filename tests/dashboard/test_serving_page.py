@@ -133,40 +133,54 @@ def test_bad_requests_say_what_to_do(serve_dashboard: DashboardThread, serve_fac
     assert _get(serve_dashboard, "/runs/no-such-run/serving").status_code == 404
 
 
-async def test_empty_states_tell_what_to_do(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    try:
-        app = create_app(store)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash") as client:
-            empty = await client.get("/serve")
-            assert empty.status_code == 200 and "No <code>agentbolt serve</code> run in this store" in empty.text
-            assert "agentbolt serve --upstream" in empty.text
-            training = await store.start_run(RunSpec(name="a training run", algorithm="torch-grpo"))
-            wrong = await client.get(f"/runs/{training.run_id}/serving")
-            assert wrong.status_code == 400 and "not an `agentbolt serve` run" in wrong.text
-            assert "serving" not in (await client.get("/runs")).text.split("<main>")[1]
-    finally:
-        await store.close()
+# The next two run their coroutines on a thread of their own (not as async tests): this module's
+# browser fixture keeps Playwright's event loop on the main thread while the module runs.
 
 
-async def test_a_record_only_server_says_it_trains_nothing(tmp_path: Path) -> None:
+def test_empty_states_tell_what_to_do(tmp_path: Path) -> None:
+    async def check() -> None:
+        store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+        try:
+            app = create_app(store)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash") as client:
+                empty = await client.get("/serve")
+                assert empty.status_code == 200 and "No <code>agentbolt serve</code> run in this store" in empty.text
+                assert "agentbolt serve --upstream" in empty.text
+                training = await store.start_run(RunSpec(name="a training run", algorithm="torch-grpo"))
+                wrong = await client.get(f"/runs/{training.run_id}/serving")
+                assert wrong.status_code == 400 and "not an `agentbolt serve` run" in wrong.text
+                assert "serving" not in (await client.get("/runs")).text.split("<main>")[1]
+        finally:
+            await store.close()
+
+    _off_loop(check())
+
+
+def test_a_record_only_server_says_it_trains_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'serve.db'}"
-    async with (
-        FakeLLMServer(FakeLLM(default_reply="Paris.")) as upstream,
-        OnlineServer(url, upstream.base_url, state_dir=tmp_path / "state", token=TOKEN) as server,
-    ):
-        run_id = server.run_id
-    store = open_store(url)
-    try:
-        app = create_app(store)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash") as client:
-            page = await client.get(f"/runs/{run_id}/serving")
-            view = (await client.get(f"/api/runs/{run_id}/serving")).json()
-    finally:
-        await store.close()
+
+    async def serve_and_read() -> tuple[str, httpx.Response, dict[str, Any]]:
+        async with (
+            FakeLLMServer(FakeLLM(default_reply="Paris.")) as upstream,
+            OnlineServer(url, upstream.base_url, state_dir=tmp_path / "state", token=TOKEN) as server,
+        ):
+            run_id = server.run_id
+        store = open_store(url)
+        try:
+            app = create_app(store)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash") as client:
+                return (
+                    run_id,
+                    await client.get(f"/runs/{run_id}/serving"),
+                    (await client.get(f"/api/runs/{run_id}/serving")).json(),
+                )
+        finally:
+            await store.close()
+
+    run_id, page, view = _off_loop(serve_and_read())
     assert page.status_code == 200
     assert "This server records only" in page.text and "No judge" in page.text and "No sessions yet" in page.text
-    assert view["trains"] is False and view["judge"]["configured"] is False
+    assert view["run"]["run_id"] == run_id and view["trains"] is False and view["judge"]["configured"] is False
     assert [(v["version"], v["status"]) for v in view["versions"]] == [(1, "live")] and view["decisions"] == []
 
 
