@@ -1,5 +1,5 @@
 """agentbolt-dashboard: a read-only web console over any agentbolt store (runs, rollouts,
-trajectory replay, reward debugging, queue health), served by ``agentbolt dashboard``.
+trajectory replay, reward debugging, queue health, ``agentbolt serve``'s sessions and versions), served by ``agentbolt dashboard``.
 See :func:`agentbolt_dashboard.app.create_app`."""
 
 from __future__ import annotations

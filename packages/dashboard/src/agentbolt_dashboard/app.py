@@ -3,8 +3,10 @@
 Pages: ``/runs`` (live; compare runs' curves), ``/runs/{id}`` (a run's curves and steps, live,
 and its training health: :mod:`agentbolt.runs.health`),
 ``/runs/{id}/rewards`` (reward debugger), ``/rollouts`` (filterable, paginated),
-``/rollouts/{id}`` (trajectory replay), ``/health``. JSON for the live parts: ``/api/runs`` and
-``/api/runs/{id}/metrics?after_seq=``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
+``/rollouts/{id}`` (trajectory replay), ``/health``, ``/serve`` and ``/runs/{id}/serving`` (an
+``agentbolt serve`` run: sessions, feedback, judge, versions and the gate's decisions;
+:mod:`agentbolt_dashboard.serving`). JSON for the live parts: ``/api/runs``,
+``/api/runs/{id}/metrics?after_seq=`` and ``/api/runs/{id}/serving``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
 licence beside it); nothing is fetched from elsewhere.
 
 Read-only: anything but GET/HEAD answers 405. With a token, every request must carry it
@@ -37,6 +39,8 @@ from agentbolt.runs import views
 from agentbolt.runs.health import run_health
 from agentbolt.store import RolloutSearch
 from agentbolt.store.base import Store
+
+from . import serving
 
 __all__ = ["TOKEN_COOKIE", "create_app"]
 
@@ -74,10 +78,30 @@ def _duration(a: float | None, b: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _ago(ts: float | None) -> str:
+    """``ts`` as an age: ``12 s ago``, ``3.5 min ago``, ``2.0 h ago``, ``4.1 d ago``."""
+    if ts is None:
+        return "\u2013"
+    seconds = max(0.0, time.time() - ts)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} d ago"
+
+
+def _percent(value: float | None) -> str:
+    return "\u2013" if value is None else f"{100 * value:.0f}%"
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
     env.filters["time"] = _fmt_time
     env.filters["num"] = _fmt_num
+    env.filters["ago"] = _ago
+    env.filters["percent"] = _percent
     env.globals["duration"] = _duration
     env.globals["version"] = __version__
     return env
@@ -210,6 +234,20 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         fidelity = await views.fidelity(store, [r.rollout_id for r in recent.items])
         return page("health.html", request, h=health, fidelity=fidelity, sampled=len(recent.items), nav="health")
 
+    async def serve_index(request: Request) -> Response:
+        runs = await serving.serve_runs(store)
+        if runs:
+            return RedirectResponse(f"/runs/{runs[0].run_id}/serving", 307)
+        return page("serving.html", request, view=None, serve_runs=[], nav="serve")
+
+    async def serving_page(request: Request) -> Response:
+        view = await serving.serving_view(store, request.path_params["run_id"], sessions=_sessions(request))
+        return page("serving.html", request, view=view, serve_runs=await serving.serve_runs(store), nav="serve")
+
+    async def api_serving(request: Request) -> Response:
+        view = await serving.serving_view(store, request.path_params["run_id"], sessions=_sessions(request))
+        return JSONResponse(view.as_json())
+
     async def api_runs(request: Request) -> Response:
         runs = await store.list_runs(limit=200)
         return JSONResponse([r.model_dump(mode="json", exclude={"config"}) for r in runs])
@@ -227,12 +265,15 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         Route("/", index),
         Route("/runs", runs_page),
         Route("/runs/{run_id:path}/rewards", rewards_page),
+        Route("/runs/{run_id:path}/serving", serving_page),
         Route("/runs/{run_id:path}", run_page),
         Route("/rollouts", rollouts_page),
         Route("/rollouts/{rollout_id:path}", trajectory_page),
         Route("/health", health_page),
+        Route("/serve", serve_index),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id:path}/metrics", api_metrics),
+        Route("/api/runs/{run_id:path}/serving", api_serving),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
@@ -241,6 +282,17 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
     )
     app.add_middleware(_Guard, token=token)
     return app
+
+
+def _sessions(request: Request) -> int:
+    """The ``sessions`` query parameter (how many newest sessions the Serving page shows)."""
+    value = request.query_params.get("sessions")
+    if not value:
+        return serving.DEFAULT_SESSIONS
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"sessions must be an integer, got {value!r}") from None
 
 
 def _search(q: Any) -> RolloutSearch:

@@ -24,7 +24,7 @@ What it runs, on one event loop (the model's servers and updates on threads of t
 - the judge sweep for sessions nobody rated (:mod:`.judging`);
 - the background trainer and the gate (:mod:`.training`, :mod:`.gate`);
 - the run's metrics, every ``metrics_every_s`` (sessions, feedback rate, judge scores, live
-  version, gate decisions: what the dashboard's Online page shows).
+  version, gate decisions: what the dashboard's Serving page shows).
 
 **Restarts lose nothing**: sessions, their calls and their rewards are in the store (feedback is
 written before it is acknowledged); which sessions were trained, the gate's decisions and the
@@ -270,7 +270,7 @@ class OnlineServer:
                 name=self.run_name or "agentbolt serve",
                 algorithm="serve",
                 model=self.policy.model or None,
-                config={"updates": self.updates.model_dump(mode="json", exclude={"lightningrl"})},
+                config=self._run_config(),
             )
             await self.store.start_run(spec)
             self.ledger.append("start", run_id=self.run_id)
@@ -278,6 +278,23 @@ class OnlineServer:
             run = await self.store.get_run(self.run_id)
             self._metrics_step = run.steps
         return checkpoint
+
+    def _run_config(self) -> dict[str, Any]:
+        """The serve run's recorded settings (what the dashboard's serving page reads: whether it
+        trains, the gate's and the judge's settings, how often metrics are written)."""
+        gate = self.gate
+        judge = self.judge_options
+        return {
+            "updates": self.updates.model_dump(mode="json", exclude={"lightningrl"}),
+            "trains": self.policy.trains,
+            "sessions": self.session_options.model_dump(mode="json"),
+            "gate": None
+            if gate is None
+            else gate.model_dump(mode="json", include={"samples", "z", "tolerance", "max_failed"})
+            | {"tasks": len(gate.tasks)},
+            "judge": None if judge is None else judge.model_dump(mode="json", include={"mode", "after_s", "max_tries"}),
+            "metrics_every_s": self.metrics_every_s,
+        }
 
     def resources(self, role: str) -> t.Resources:
         """The resources snapshot of a version: the endpoint its evaluation rollouts call."""

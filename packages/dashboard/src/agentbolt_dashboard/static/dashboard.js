@@ -1,7 +1,8 @@
-// agentbolt dashboard: live runs table, run curves and run comparison (uPlot). No build step.
+// agentbolt dashboard: live runs table, run curves, run comparison and the Serving page (uPlot). No build step.
 "use strict";
 
 const POLL_MS = 2000;
+const SERVING_POLL_MS = 5000;
 const COLORS = ["#3056d3", "#d9480f", "#2b8a3e", "#9c36b5", "#c92a2a", "#0b7285", "#e67700", "#5c940d"];
 
 async function getJSON(url) {
@@ -25,10 +26,11 @@ class RunSeries {
     for (const row of fresh) { this.rows.push(row); this.lastSeq = row.seq; }
     return fresh;
   }
-  points(metric) {
-    const byStep = new Map();
-    for (const row of this.rows) if (metric in row.values) byStep.set(row.step, row.values[metric]);
-    return byStep;
+  /** ``metric`` by step (or by recording time, Unix seconds, with ``byTime``). */
+  points(metric, byTime = false) {
+    const byX = new Map();
+    for (const row of this.rows) if (metric in row.values) byX.set(byTime ? row.time : row.step, row.values[metric]);
+    return byX;
   }
 }
 
@@ -58,30 +60,39 @@ function lines(metric, series, labels) {
   return out;
 }
 
-/** One uPlot chart of ``metric`` over steps, one series per run (and per policy for ``{policy}`` families). */
+/** One uPlot chart of ``metric`` over steps (or over time with ``{ time: true }``), one series per
+ * run (and per policy for ``{policy}`` families). */
 class Chart {
-  constructor(el) { this.el = el; this.plot = null; this.key = ""; }
+  constructor(el, options = {}) { this.el = el; this.plot = null; this.key = ""; this.time = !!options.time; }
   draw(metric, series, runLabels) {
     const drawn = lines(metric, series, runLabels);
     const labels = drawn.map((l) => l.label);
-    const maps = drawn.map((l) => l.s.points(l.key));
+    const maps = drawn.map((l) => l.s.points(l.key, this.time));
     const steps = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
     const data = [steps, ...maps.map((m) => steps.map((x) => (m.has(x) ? m.get(x) : null)))];
     const key = metric + "|" + labels.join(",");
     this.el.dataset.points = String(steps.length);
-    if (this.plot && this.key === key) { this.plot.setData(data); return; }
+    if (this.plot && this.key === key) { this.plot.setData(data); this.narrow(steps); return; }
     if (this.plot) this.plot.destroy();
     this.key = key;
     const width = Math.max(320, this.el.clientWidth || 800);
     this.plot = new uPlot({
       width, height: 300,
-      scales: { x: { time: false } },
-      axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, { label: metric, size: 70 }],
-      series: [{ label: "step" }, ...drawn.map((l, i) => ({
+      scales: { x: { time: this.time } },
+      axes: [
+        this.time ? { label: "time" } : { label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+        { label: metric, size: 70 },
+      ],
+      series: [{ label: this.time ? "time" : "step" }, ...drawn.map((l, i) => ({
         label: labels[i], stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true,
         points: { show: true, size: 6 }, value: (u, v) => fmt(v),
       }))],
     }, data, this.el);
+    this.narrow(steps);
+  }
+  /** One point in time (a server that just started): a minute around it, not years. */
+  narrow(xs) {
+    if (this.time && xs.length === 1) this.plot.setScale("x", { min: xs[0] - 60, max: xs[0] + 60 });
   }
 }
 
@@ -173,7 +184,37 @@ function runPage() {
   setInterval(() => tick().catch(console.error), POLL_MS);
 }
 
+/** The Serving page: the metrics chart over time, and the server-rendered parts marked
+ * ``data-live`` (sessions, tiles, decisions, feedback, judge) replaced from a fresh render. */
+function servingPage() {
+  const runId = window.AGENTBOLT_RUN;
+  const series = new RunSeries(runId);
+  const chart = new Chart(document.getElementById("serve-chart"), { time: true });
+  const select = document.getElementById("serve-metric");
+
+  async function drawChart() {
+    await series.poll();
+    chart.draw(select.value, [series], [window.AGENTBOLT_RUN_LABEL || runId]);
+  }
+
+  async function refresh() {
+    const res = await fetch(location.href, { headers: { accept: "text/html" }, credentials: "same-origin" });
+    if (!res.ok) return;
+    const fresh = new DOMParser().parseFromString(await res.text(), "text/html");
+    for (const el of document.querySelectorAll("[data-live][id]")) {
+      const next = fresh.getElementById(el.id);
+      if (next) el.replaceWith(document.importNode(next, true));
+    }
+    document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+  }
+
+  select.addEventListener("change", () => { chart.key = ""; drawChart().catch(console.error); });
+  drawChart().catch(console.error);
+  setInterval(() => { refresh().catch(console.error); drawChart().catch(console.error); }, SERVING_POLL_MS);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   if (window.AGENTBOLT_PAGE === "runs") runsPage();
   if (window.AGENTBOLT_PAGE === "run") runPage();
+  if (window.AGENTBOLT_PAGE === "serving") servingPage();
 });
