@@ -21,7 +21,8 @@ def off_loop(coro: Any) -> Any:
 
 
 def test_every_page_loads(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
-    runs = sql(store_db, "SELECT run_id, name FROM runs ORDER BY id")
+    # the fixture's two runs come first (other tests may add runs to the session's store later)
+    runs = sql(store_db, "SELECT run_id, name FROM runs ORDER BY id LIMIT 2")
     assert len(runs) == 2
     page.goto(f"{dashboard.url}/")
     assert page.url.endswith("/runs")
@@ -45,7 +46,7 @@ def test_every_page_loads(dashboard: DashboardThread, page: Any, store_db: Path)
         response = page.goto(dashboard.url + path)
         assert response.status == 200, path
         assert page.locator(marker).count() == 1
-    (total,) = sql(store_db, "SELECT COUNT(*) FROM rollouts")[0]
+    (total,) = sql(store_db, "SELECT COUNT(*) FROM rollouts WHERE run_id IN (?, ?)", runs[0][0], runs[1][0])[0]
     page.goto(f"{dashboard.url}/health")
     assert page.locator("#fidelity").inner_text().split()[1] == str(
         sql(store_db, 'SELECT COUNT(*) FROM spans WHERE body LIKE \'%"agentbolt.llm.token_source":"exact"%\'')[0][0]
@@ -140,10 +141,11 @@ def test_the_run_page_shows_training_health(dashboard: DashboardThread, page: An
 
 
 def test_two_runs_compare_on_one_chart(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
-    names = [n for (n,) in sql(store_db, "SELECT name FROM runs")]
+    runs = sql(store_db, "SELECT run_id, name FROM runs ORDER BY id LIMIT 2")  # the fixture's (others may follow)
+    names = [name for _, name in runs]
     page.goto(f"{dashboard.url}/runs")
-    for box in page.locator("input.pick").all()[:2]:
-        box.check()
+    for run_id, _ in runs:
+        page.locator(f"tr[data-run='{run_id}'] input.pick").check()
     page.select_option("#compare-metric", "update/loss")
     page.wait_for_selector("#compare-chart .uplot")
     legend = page.locator("#compare-chart .u-legend").inner_text()
@@ -237,6 +239,8 @@ def test_policies_by_role_get_one_curve_per_policy(dashboard: DashboardThread, p
     page.goto(f"{dashboard.url}/runs/{first}")
     page.select_option("#run-metric", "train/{policy}/loss")
     page.wait_for_selector("#run-chart .uplot")
+    # the chart is redrawn for the new metric asynchronously: wait for its per-policy legend
+    page.wait_for_function("(document.querySelector('#run-chart .u-legend') || {}).innerText?.includes('rewriter')")
     legend = page.locator("#run-chart .u-legend").inner_text()
     assert "writer" in legend and "rewriter" in legend
     assert page.locator("#run-chart").get_attribute("data-points") == "3"
@@ -247,6 +251,9 @@ def test_policies_by_role_get_one_curve_per_policy(dashboard: DashboardThread, p
         page.locator(f"tr[data-run='{run_id}'] input.pick").check()
     page.select_option("#compare-metric", "train/{policy}/loss")
     page.wait_for_selector("#compare-chart .uplot")
+    page.wait_for_function(
+        "(document.querySelector('#compare-chart .u-legend') || {}).innerText?.includes('roles-b · rewriter')"
+    )
     legend = page.locator("#compare-chart .u-legend").inner_text()
     for label in ("roles-a · writer", "roles-a · rewriter", "roles-b · writer", "roles-b · rewriter"):
         assert label in legend, legend
