@@ -280,9 +280,41 @@ def test_a_lora_policy_saves_only_its_adapter_and_restarts_from_it(tmp_path: Pat
         again.stop()
 
 
-def test_the_command_line_reference_names_a_torch_online_policy() -> None:
-    from agentbolt.cli.serve import load_reference
+def test_agentbolt_serve_on_the_command_line_serves_a_torch_online_policy(tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
 
-    policy = load_reference("agentbolt_torch.online:tiny", "--policy")
-    assert isinstance(policy, TorchOnlinePolicy) and isinstance(policy, OnlinePolicy)
-    assert policy.model == "tiny" and policy.trains
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    args = [sys.executable, "-m", "agentbolt.cli", "serve", "--policy", "agentbolt_torch.online:tiny"]
+    args += ["--port", str(port), "--store", f"sqlite:///{tmp_path / 'serve.db'}", "--state-dir", str(tmp_path / "s")]
+    env = {**os.environ, "AGENTBOLT_SERVE_TOKEN": TOKEN}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    chat = {"model": "any", "messages": PROMPT, "max_tokens": 4}
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    try:
+        for _ in range(1200):  # the gateway answers 503 until the model is loaded and served
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat, headers=headers)
+                if answer.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail("agentbolt serve --policy agentbolt_torch.online:tiny did not answer")
+        assert answer.json()["model"] == "tiny" and answer.headers[VERSION_HEADER] == "1"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "agentbolt serve on" in err
