@@ -35,7 +35,9 @@ Memory: the model once, **plus two copies of the trainable weights** (the slots)
 two moments of the trainable weights, plus a snapshot of those moments from an update until the
 gate decides (what :meth:`~TorchOnlinePolicy.revert` restores). Full fine-tuning of
 SmolLM2-135M in fp32: 0.54 GB of weights, 1.08 GB for the slots, 1.08 GB of moments and up to
-1.08 GB of snapshot; with LoRA the copies, moments and snapshot are the adapters' only.
+1.08 GB of snapshot; with LoRA the copies, moments and snapshot are the adapters' only. Full
+fine-tuning with ``UpdateConfig(kl_coef > 0)`` adds the updater's frozen reference copy of the
+model (LoRA's reference is the base with the adapters off: free).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from agentbolt.gateway import Upstream
 from agentbolt.lightningrl import DEFAULT_LOSS_AGGREGATION, LossAggregation
 
 if TYPE_CHECKING:
+    import torch
+
     from .policy import LoraSettings, Policy
     from .server import PolicyServer
     from .update import PolicyUpdater, UpdateConfig
@@ -101,7 +105,7 @@ class TorchOnlinePolicy:
         engine: Mapping[str, Any] | None = None,
         device: str = "cpu",
         seed: int = 0,
-        autocast_dtype: Any = "auto",
+        autocast_dtype: torch.dtype | str | None = "auto",
         served_model_name: str | None = None,
         swap_timeout_s: float = 600.0,
     ) -> None:
