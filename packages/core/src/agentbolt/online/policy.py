@@ -10,12 +10,20 @@ clients are being answered with:
 
 A swap is then a change of upstream at the gateway (new calls go to the standby slot at once,
 nothing waits) followed by a drain of the former live slot, which becomes the standby. The
-methods are synchronous (they run on a worker thread). No model backend implements them yet
-(agentbolt-torch's is planned: it needs the weight swap of its async mode);
-:class:`agentbolt.testing.scripted_policy.ScriptedPolicy` implements the contract over two
-fake LLM servers and is what the tests train. :class:`StaticPolicy` serves a fixed
-upstream and trains nothing: ``agentbolt serve --upstream URL`` records sessions and feedback
-in front of any OpenAI-compatible server (vLLM, an API) for training elsewhere.
+methods are synchronous (they run on a worker thread), called one at a time in this order:
+``start``, then per update ``train``, ``stage``, and either ``save``, ``promote``, ``release``
+(the candidate goes live) or ``revert`` (it stays out); ``stop``.
+
+Implementations:
+
+- ``agentbolt_torch.online.TorchOnlinePolicy`` (agentbolt-torch): a real model, trained by
+  agentbolt-torch's updater, the two slots being its policy server over copies of the trainable
+  weights (``agentbolt serve --policy agentbolt_torch.online:smollm2``);
+- :class:`agentbolt.testing.scripted_policy.ScriptedPolicy`: the contract over two fake LLM
+  servers, whose "weights" are named reply functions (what core's tests train);
+- :class:`StaticPolicy` serves a fixed upstream and trains nothing: ``agentbolt serve
+  --upstream URL`` records sessions and feedback in front of any OpenAI-compatible server
+  (vLLM, an API) for training elsewhere.
 """
 
 from __future__ import annotations
@@ -67,7 +75,9 @@ class OnlinePolicy(Protocol):
         ...
 
     def save(self, directory: Path) -> None:
-        """Save the live weights (what :meth:`start` loads after a restart) to ``directory``."""
+        """Save the weights going live to ``directory`` (what :meth:`start` loads after a
+        restart): the staged candidate (the server saves it just before :meth:`promote`), or the
+        live weights when nothing is staged."""
         ...
 
     def stop(self) -> None:
