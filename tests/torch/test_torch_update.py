@@ -245,7 +245,10 @@ def test_shared_weights_serve_the_update(autocast: bool) -> None:
     prompt = tok("shared?")["input_ids"]
     with GenerationEngine(policy, batch_window_s=0) as engine:
         before = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
+        assert (engine._cast is not None) == autocast and engine._prompts
         with engine.paused():
+            # the update gets the memory of what depended on the old weights (cast copies, prompt cache)
+            assert engine._cast is None and not engine._prompts and engine._prompts_bytes == 0
             updater.update(transitions)
         after = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
     assert after.policy_version == before.policy_version + 1
