@@ -46,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "packages" / "algo-torch" / "src" / "agentbolt_torch"
-CHANGED = ("update.py", "update_config.py", "update_forward.py", "update_batches.py", "engine.py")
+CHANGED = ("update.py", "update_config.py", "update_forward.py", "update_batches.py", "engine.py", "policy.py")
 """The files of agentbolt_torch the memory change touched (``before`` takes them from ``--before-rev``)."""
 
 
