@@ -1,26 +1,27 @@
-"""The quickstart's peak memory, before and after agentbolt-torch's memory change, side by side.
+"""The quickstart's peak memory, before and after agentbolt-torch's memory changes, side by side.
 
-Run:  uv run python benchmarks/quickstart_memory.py [--model smollm2] [--steps 2] [--val 8] [--arms before after]
-      [--rounds 1] [--record docs/runs/quickstart_memory.json]
+Run:  uv run python benchmarks/quickstart_memory.py [--model smollm2] [--steps 2] [--val 8]
+      [--arms before after after-async] [--rounds 1] [--record docs/runs/quickstart_memory.json]
 
-Each arm runs ``examples/quickstart/train.py`` under ``/usr/bin/time -v`` with the glibc malloc
-settings ``./dev`` gives training processes (freed memory is kept, so the peak RSS is the
-high-water mark of the heap) and prints the main process's peak RSS, the wall time, s/step and
-where a step's time went, read from the quickstart's own output:
+Each arm runs ``examples/quickstart/train.py`` under ``/usr/bin/time -v`` with the malloc
+settings ``./dev`` gives training processes at that revision (read from its ``dev`` script:
+``MALLOC_*`` and, where installed, the ``LD_PRELOAD`` allocator) and prints the main process's
+peak RSS, the wall time, s/step and where a step's time went, read from the quickstart's own output:
 
-- ``after``: this checkout (the update runs the response hidden states through the output head
-  in recomputed chunks of at most 64 MiB of fp32 logits; fused AdamW);
-- ``before``: the same checkout with only ``agentbolt_torch/update.py`` and ``update_forward.py``
-  taken from ``--before-rev`` (default ``74737bd^``, the commit before the memory change: full
-  response logits, their softmax and gradient held per micro-batch; multi-tensor AdamW), put
-  first on ``PYTHONPATH``.
+- ``after``: this checkout and this ``./dev``'s settings;
+- ``before``: the same checkout with the files of :data:`CHANGED` taken from ``--before-rev``
+  (default ``0d07096``, main before the change) put first on ``PYTHONPATH``, and that
+  revision's ``./dev`` settings;
+- ``before-async`` / ``after-async``: the same with ``--async 1`` (asynchronous training: a
+  serving copy of the weights generates while the update runs).
 
-``--update-only`` measures one policy update instead of the whole quickstart, in a fresh process
-per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's vocabulary (49,152 tokens,
-``--hidden``, ``--layers``), ``--groups`` GRPO groups of 4 responses of 64 tokens to a
-200-token prompt, the updater's defaults (fp32, 2,048-token micro-batches, shared prompts): the
-part of the quickstart the memory change touches, small enough for a machine whose memory is
-taken by other work.
+``--update-only`` measures policy updates instead of the whole quickstart, in a fresh process
+per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's shape (vocabulary 49,152,
+``--hidden``, ``--layers``; SmolLM2 has 30), ``--groups`` GRPO groups of 4 responses of 64
+tokens to a 200-token prompt, the updater's defaults, the policy's default autocast (bf16 where
+the CPU has bf16 units, as in the quickstart), ``--updates`` updates each on a fresh thread
+(as ``asyncio.to_thread`` may run the quickstart's): the part of the quickstart the change
+touches, small enough for a machine whose memory is taken by other work.
 
 Arms alternate (``--rounds``) so that contention on a shared machine hits both. A watchdog stops
 an arm (and says so) when the machine's available memory falls below ``--min-available-gb``:
@@ -45,12 +46,27 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "packages" / "algo-torch" / "src" / "agentbolt_torch"
-CHANGED = ("update.py", "update_forward.py")
-MALLOC = {
-    "MALLOC_MMAP_THRESHOLD_": "4294967296",
-    "MALLOC_TRIM_THRESHOLD_": "68719476736",
-    "MALLOC_TOP_PAD_": "1073741824",
-}
+CHANGED = ("update.py", "update_config.py", "update_forward.py", "update_batches.py", "engine.py", "policy.py")
+"""The files of agentbolt_torch the memory change touched (``before`` takes them from ``--before-rev``)."""
+
+
+def dev_environment(rev: str | None) -> dict[str, str]:
+    """The allocator settings ``./dev`` exports to training processes at ``rev`` (``None``: this
+    checkout): ``export NAME="${NAME:-VALUE}"`` lines, and ``LD_PRELOAD`` when that revision's
+    ``./dev`` preloads an allocator that is installed here."""
+    if rev is None:
+        text = (REPO / "dev").read_text()
+    else:
+        text = subprocess.run(
+            ["git", "show", f"{rev}:dev"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
+    env = dict(re.findall(r'^export (MALLOC_\w+)="\$\{\1:-([^}]*)\}"', text, flags=re.MULTILINE))
+    preload = re.search(r'^AGENTBOLT_ALLOCATOR_PATHS="([^"]*)"', text, flags=re.MULTILINE)
+    if preload:
+        found = [path for path in preload.group(1).split() if Path(path).exists()]
+        if found:
+            env["LD_PRELOAD"] = found[0]
+    return env
 
 
 def available_gb() -> float:
@@ -75,7 +91,7 @@ def before_tree(rev: str, into: Path) -> Path:
 
 
 UPDATE_CHILD = """
-import resource, sys, time
+import resource, sys, threading, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from agentbolt.types import Transition
@@ -83,14 +99,14 @@ from agentbolt_torch.models import tiny_tokenizer
 from agentbolt_torch.policy import Policy
 from agentbolt_torch.update import PolicyUpdater, UpdateConfig
 
-hidden, layers, groups = (int(a) for a in sys.argv[1:4])
+hidden, layers, groups, updates = (int(a) for a in sys.argv[1:5])
 vocab = 49152
 torch.manual_seed(0)
 tokenizer = tiny_tokenizer(512)
 config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
     num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 192), tie_word_embeddings=True,
     pad_token_id=tokenizer.pad_token_id, max_position_embeddings=1024)
-policy = Policy(LlamaForCausalLM(config), tokenizer, name="smollm2-vocab", autocast_dtype=None)
+policy = Policy(LlamaForCausalLM(config), tokenizer, name="smollm2-shape")
 updater = PolicyUpdater(policy, UpdateConfig(lr=1e-5))
 g = torch.Generator().manual_seed(0)
 rows = []
@@ -101,34 +117,43 @@ for i in range(groups):
         rows.append(Transition(rollout_id=f"r{i}-{k}", group_id=f"g{i}", index=0, prompt_ids=prompt,
             response_ids=response, response_logprobs=[-10.0] * 64, advantage=float(k % 2) - 0.5))
 seconds = []
-for _ in range(3):
-    seconds.append(updater.update(rows).seconds)
-import agentbolt_torch.update_forward as forward
-path = "chunked" if hasattr(forward, "_head_logprobs") else "full-logits"
-print(f"UPDATE peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} update_s={min(seconds[1:]):.3f} path={path}")
+for _ in range(updates):  # each on a fresh thread, as asyncio.to_thread may run them
+    worker = threading.Thread(target=lambda: seconds.append(updater.update(rows).seconds))
+    worker.start()
+    worker.join()
+print(f"UPDATE peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} update_s={min(seconds[1:] or seconds):.3f}")
 """
 
 
 def run_update_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None) -> dict[str, Any]:
-    env = {**os.environ, **MALLOC}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
-    command = [sys.executable, "-c", UPDATE_CHILD, str(args.hidden), str(args.layers), str(args.groups)]
+    env = arm_environment(arm, args, pythonpath)
+    command = [
+        sys.executable,
+        "-c",
+        UPDATE_CHILD,
+        *(str(v) for v in (args.hidden, args.layers, args.groups, args.updates)),
+    ]
     return _watched(arm, args, command, env, _parse_update)
 
 
 def _parse_update(output: str, result: dict[str, Any]) -> None:
-    found = re.search(r"UPDATE peak_rss_kb=(\d+) update_s=([\d.]+) path=(\S+)", output)
+    found = re.search(r"UPDATE peak_rss_kb=(\d+) update_s=([\d.]+)", output)
     if found:
         result["peak_rss_gb"] = round(int(found.group(1)) / 2**20, 2)
         result["update_s"] = float(found.group(2))
-        result["forward"] = found.group(3)
+
+
+def arm_environment(arm: str, args: argparse.Namespace, pythonpath: Path | None) -> dict[str, str]:
+    """The process environment of ``arm``: ./dev's allocator settings of its revision, its code first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env.update(dev_environment(args.before_rev if arm.startswith("before") else None))
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
+    return env
 
 
 def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Path) -> dict[str, Any]:
-    env = {**os.environ, **MALLOC}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
+    env = arm_environment(arm, args, pythonpath)
     command = [
         "/usr/bin/time",
         "-v",
@@ -145,6 +170,7 @@ def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Pa
         f"sqlite:///{out}/{arm}.db",
         "--out",
         str(out / arm),
+        *(["--async", "1"] if arm.endswith("-async") else []),
     ]
     return _watched(arm, args, command, env, _parse_quickstart)
 
@@ -199,9 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2", help="smollm2 (default) or tiny")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--val", type=int, default=8)
-    p.add_argument("--arms", nargs="+", default=["before", "after"], choices=["before", "after"])
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=["before", "after"],
+        choices=["before", "after", "before-async", "after-async"],
+        help="-async: the quickstart with --async 1",
+    )
     p.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times")
-    p.add_argument("--before-rev", default="74737bd^", help="the revision the 'before' arm's update files come from")
+    p.add_argument("--before-rev", default="0d07096", help="the revision the 'before' arms' files and ./dev come from")
     p.add_argument("--min-available-gb", type=float, default=2.0, help="stop an arm below this much available memory")
     p.add_argument("--min-start-gb", type=float, default=4.0, help="start an arm only with this much available memory")
     p.add_argument(
@@ -210,25 +242,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=576, help="--update-only: hidden size (SmolLM2: 576)")
     p.add_argument("--layers", type=int, default=4, help="--update-only: layers (SmolLM2: 30)")
     p.add_argument("--groups", type=int, default=8, help="--update-only: GRPO groups of 4 (the quickstart: 8)")
+    p.add_argument("--updates", type=int, default=3, help="--update-only: updates, each on a fresh thread")
     p.add_argument("--record", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="agentbolt-memory-") as tmp:
         base = Path(tmp)
-        before = before_tree(args.before_rev, base / "before") if "before" in args.arms else None
+        before = (
+            before_tree(args.before_rev, base / "before") if any(a.startswith("before") for a in args.arms) else None
+        )
         for round_ in range(args.rounds):
             for arm in args.arms:
                 out = base / f"round{round_}"
                 out.mkdir(exist_ok=True)
                 print(f"running {arm} (round {round_ + 1}/{args.rounds}) ...", flush=True)
-                path = before if arm == "before" else None
+                path = before if arm.startswith("before") else None
                 result = run_update_arm(arm, args, path) if args.update_only else run_arm(arm, args, path, out)
                 result["round"] = round_ + 1
                 print(json.dumps(result), flush=True)
                 results.append(result)
     if args.update_only:
         print(
-            f"\none update, vocabulary 49,152, hidden {args.hidden}, {args.layers} layers, {args.groups * 4} sequences:"
+            f"\n{args.updates} updates, vocabulary 49,152, hidden {args.hidden}, {args.layers} layers, "
+            f"{args.groups * 4} sequences:"
         )
     else:
         print(f"\nquickstart --model {args.model} --steps {args.steps} --val {args.val}, main process:")
@@ -250,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
             ).stdout.strip(),
             "before_rev": args.before_rev,
+            "environment": {"before": dev_environment(args.before_rev), "after": dev_environment(None)},
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cpus": os.cpu_count(),
             "results": results,

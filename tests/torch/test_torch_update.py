@@ -245,7 +245,10 @@ def test_shared_weights_serve_the_update(autocast: bool) -> None:
     prompt = tok("shared?")["input_ids"]
     with GenerationEngine(policy, batch_window_s=0) as engine:
         before = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
+        assert (engine._cast is not None) == autocast and engine._prompts
         with engine.paused():
+            # the update gets the memory of what depended on the old weights (cast copies, prompt cache)
+            assert engine._cast is None and not engine._prompts and engine._prompts_bytes == 0
             updater.update(transitions)
         after = engine.generate(prompt, SamplingParams(max_tokens=5, temperature=0), timeout=60)[0]
     assert after.policy_version == before.policy_version + 1
@@ -467,3 +470,33 @@ def test_output_head_is_used_only_when_logits_are_exactly_the_head() -> None:
     assert update_forward._output_head(policy.model) is policy.model.get_output_embeddings()
     policy.model.config.final_logit_softcapping = 30.0  # Gemma-style soft-capping: the model's own logits
     assert update_forward._output_head(policy.model) is None
+
+
+def test_updates_run_on_the_policys_one_training_thread() -> None:
+    """Whatever thread calls update(), the work runs on one thread per policy (an allocator keeps a
+    thread's freed memory for that thread, so varying threads each kept an update's activations)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy = fresh_policy(autocast=False)
+    transitions = rollout_transitions(policy, n_tasks=1)
+    updater = PolicyUpdater(policy, UpdateConfig(lr=1e-3))
+    seen: list[int] = []
+    original = updater._forward_backward
+
+    def recording(*args: object, **kwargs: object) -> dict[str, float]:
+        seen.append(threading.get_ident())
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    updater._forward_backward = recording  # type: ignore[method-assign]
+    callers = [ThreadPoolExecutor(1) for _ in range(2)]
+    for pool in callers:
+        assert pool.submit(updater.update, transitions).result().optimizer_steps == 1
+    updater.compute_logprobs(transitions[:1])
+    for pool in callers:
+        pool.shutdown()
+    assert len(seen) >= 2 and len(set(seen)) == 1 and seen[0] != threading.get_ident()
+    # a call from the training thread runs there directly (no deadlock), errors reach the caller
+    assert policy.on_training_thread(lambda: policy.on_training_thread(threading.get_ident)) == seen[0]
+    with pytest.raises(ZeroDivisionError):
+        policy.on_training_thread(lambda: 1 / 0)

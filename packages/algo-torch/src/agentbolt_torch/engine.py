@@ -29,7 +29,8 @@ Design (continuous batching, one engine thread):
 - Every forward pass runs under :attr:`Policy.lock <agentbolt_torch.policy.Policy.lock>`, in
   ``torch.inference_mode`` and the policy's autocast, so an update never races generation.
   :meth:`GenerationEngine.pause` additionally stops admitting requests and, by default, drains
-  the in-flight ones, so every response is sampled by a single policy version.
+  the in-flight ones, so every response is sampled by a single policy version; a drained pause
+  also frees the caches that depend on the weights (cast copies, prompt cache) for the update.
 - For asynchronous training, :meth:`GenerationEngine.serve_copy` makes generation read a copy
   of the trainable weights under the copy's own lock, so the updater trains the policy at the
   same time; :meth:`GenerationEngine.swap_weights` copies the new weights in at a version
@@ -377,6 +378,18 @@ class GenerationEngine:
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"generation still busy after {timeout} s ({len(self._rows)} sequences)")
                 self._cv.wait(remaining)
+            if drain and self.serving_copy is None:
+                self._release_weight_caches()
+
+    def _release_weight_caches(self) -> None:
+        """Drop what depends on the current weights (the autocast-dtype copies, the prompt cache):
+        a drained pause over the policy's own weights is where they change (an update), so the
+        memory goes to the update instead of sitting idle; generation rebuilds both after it."""
+        self._cast = None
+        self._cast_key = None
+        self._prompts.clear()
+        self._prompts_bytes = 0
+        self._prompts_key = None
 
     def resume(self) -> None:
         """Admit requests again after :meth:`pause`."""

@@ -20,13 +20,14 @@ slower than fp32 (measured: 45 vs 170-240 GFLOP/s on an AVX512 Xeon without BF16
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from agentbolt.errors import MissingDependencyError, UserError
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["LoraSettings", "Policy", "default_autocast_dtype"]
 
 logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ class Policy:
         """The named adapters (policies by role); empty for one policy."""
         self._adapter_versions = dict.fromkeys(self.adapters, int(version))
         self._weights_generation = 0
+        self._training_thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._training_thread_lock = threading.Lock()
+        self._training_ident: int | None = None
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         model.eval()
@@ -185,6 +192,30 @@ class Policy:
         call it; call it yourself after editing weights by hand)."""
         with self.lock:
             self._weights_generation += 1
+
+    # -- the training thread ---------------------------------------------------------------------
+
+    def on_training_thread(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run ``fn`` on this policy's one training thread (started on first use) and return its
+        result (or raise its exception); a call from that thread runs directly.
+
+        The updaters of a policy run their updates here, whatever thread calls them: allocators
+        keep a thread's freed memory for that thread (glibc's per-thread arenas), so work that
+        allocates an update's activations on varying threads (``asyncio.to_thread``) would keep
+        one update's worth of memory per thread.
+        """
+        with self._training_thread_lock:
+            if self._training_thread is None:
+                self._training_thread = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="agentbolt-training", initializer=self._enter_training_thread
+                )
+            executor = self._training_thread
+        if threading.get_ident() == self._training_ident:
+            return fn(*args, **kwargs)
+        return executor.submit(fn, *args, **kwargs).result()
+
+    def _enter_training_thread(self) -> None:
+        self._training_ident = threading.get_ident()
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -38,6 +38,11 @@ module of its own:
    temporaries) with gradient clipping under the policy's autocast (bf16 where fast, else fp32) and
    :attr:`Policy.lock`, so generation never runs against half-updated weights.
 
+Every update (and :meth:`PolicyUpdater.compute_logprobs`) runs on the policy's training thread
+(:meth:`Policy.on_training_thread`), whichever thread calls it: memory allocators keep a
+thread's freed memory for that thread (glibc's per-thread arenas), so updates on varying threads
+(``asyncio.to_thread``) each kept an update's activations (see docs/benchmarks.md, "Update memory").
+
 Hyper-parameters and metrics are :mod:`.update_config` (:class:`UpdateConfig`,
 :class:`UpdateMetrics`, re-exported here). Checkpoints (:meth:`PolicyUpdater.save_checkpoint` /
 :meth:`PolicyUpdater.load_checkpoint`, :mod:`.update_checkpoint`) hold the model (or only the
@@ -191,6 +196,9 @@ class PolicyUpdater:
             UserError: a transition has no advantage, mismatched logprob/mask lengths, no row has
                 a trainable token, or correction without behaviour logprobs.
         """
+        return self.policy.on_training_thread(self._update, rows)
+
+    def _update(self, rows: Sequence[TrainingRow] | Sequence[Transition]) -> UpdateMetrics:
         import torch
 
         cfg = self.config
@@ -303,6 +311,9 @@ class PolicyUpdater:
 
     def compute_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         """Logprobs of each transition's response tokens under the current policy (no update)."""
+        return self.policy.on_training_thread(self._compute_logprobs, transitions)
+
+    def _compute_logprobs(self, transitions: Sequence[Transition]) -> list[list[float]]:
         import torch
 
         items = self._prepare(transitions, keep_empty=True)
