@@ -9,9 +9,9 @@ servers, ``--latency`` seconds per answer; an update sleeps ``--train-seconds`` 
 as a real one would occupy one). Everything else is real: the gateway, the SQLite store, the
 sessions, the feedback API, the scripted judge over HTTP, LightningRL, the gate and the swap with
 drain. So the serving figures (latency added by the gateway, failures, lost feedback) are real;
-there is **no learning curve**: no model backend implements OnlinePolicy yet, and the held-out
-metric of a scripted policy would be a scripted result. The SmolLM2 run the issue asks for
-needs agentbolt-torch's OnlinePolicy.
+there is **no learning curve**: the held-out metric of a scripted policy would be a scripted
+result. The SmolLM2 run the issue asks for needs this benchmark driving
+``agentbolt_torch.online.TorchOnlinePolicy`` (built and tested on the tiny model; not yet run here).
 
 Simulated users: ``--users`` concurrent clients; each session asks 1-3 questions from a fixed
 pool of quickstart-style arithmetic questions (task key = the question); ``--rated`` of the
