@@ -55,7 +55,7 @@ MALLOC = {
 def make_agent(median_s: float, sigma: float, seed: int) -> Any:
     """The benchmark's agent: two model calls with one tool call between them (module doc)."""
     import openai
-    from math_tasks import CALCULATOR_TOOL, calculate, few_shot, reward
+    from math_tasks import CALCULATOR_TOOL, few_shot, reward, tool_replies
 
     rng = random.Random(seed)
 
@@ -73,12 +73,7 @@ def make_agent(median_s: float, sigma: float, seed: int) -> Any:
         await tool_latency()
         if message.tool_calls:
             messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls:
-                try:
-                    expression = json.loads(call.function.arguments).get("expression", "")
-                except json.JSONDecodeError:
-                    expression = ""
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+            messages.extend(tool_replies(message.tool_calls))
         else:
             messages += [
                 {"role": "assistant", "content": message.content or ""},

@@ -6,11 +6,10 @@ Nothing in it knows about training: it gets an OpenAI base URL and a model name 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import openai
-from math_tasks import CALCULATOR_TOOL, calculate, few_shot, reward
+from math_tasks import CALCULATOR_TOOL, few_shot, reward, tool_replies
 
 from agentbolt.types import Resources
 
@@ -31,12 +30,7 @@ async def math_agent(task: dict[str, Any], resources: Resources, *, with_tool: b
         if not message.tool_calls:
             break
         messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            try:
-                expression = json.loads(call.function.arguments).get("expression", "")
-            except json.JSONDecodeError:
-                expression = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+        messages.extend(tool_replies(message.tool_calls))
     return reward(text, int(task["answer"]))
 
 

@@ -7,6 +7,7 @@ Shared by the agent (``agent.py``), the training script (``train.py``) and
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
@@ -127,3 +128,16 @@ def calculate(expression: str) -> str:
     except (SyntaxError, ValueError, ZeroDivisionError) as exc:
         return f"error: {exc}"
     return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+
+
+def tool_replies(tool_calls: Any) -> list[dict[str, Any]]:
+    """The ``tool`` messages answering a reply's calculator calls (``message.tool_calls``); a call
+    whose arguments are not JSON gets the calculator's error for an empty expression."""
+    replies = []
+    for call in tool_calls:
+        try:
+            expression = json.loads(call.function.arguments).get("expression", "")
+        except json.JSONDecodeError:
+            expression = ""
+        replies.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+    return replies
