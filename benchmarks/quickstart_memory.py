@@ -220,7 +220,34 @@ def _watched(arm: str, args: argparse.Namespace, command: list[str], env: dict[s
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def print_table(results: list[dict[str, Any]], argv: list[str]) -> None:
+    """The arms' table (what a run prints, and ``--report`` from a record)."""
+    parsed = parser().parse_args(argv)
+    update_only, updates, hidden, layers, groups = (
+        parsed.update_only,
+        parsed.updates,
+        parsed.hidden,
+        parsed.layers,
+        parsed.groups,
+    )
+    model, steps, val = parsed.model, parsed.steps, parsed.val
+    if update_only:
+        print(f"\n{updates} updates, vocabulary 49,152, hidden {hidden}, {layers} layers, {groups * 4} sequences:")
+    else:
+        print(f"\nquickstart --model {model} --steps {steps} --val {val}, main process:")
+    print(f"{'arm':<8} {'round':>5} {'peak RSS GB':>12} {'s/step':>8} {'update s':>9} {'rollouts s':>11} {'wall s':>8}")
+    for r in results:
+        if "peak_rss_gb" not in r:
+            why = r.get("stopped", "exit {}".format(r["exit"]))
+            print(f"{r['arm']:<8} {r['round']:>5} failed: {why}")
+            continue
+        print(
+            f"{r['arm']:<8} {r['round']:>5} {r['peak_rss_gb']:>12.2f} {r.get('s_per_step', float('nan')):>8.1f} "
+            f"{r.get('update_s', float('nan')):>9.2f} {r.get('rollouts_s', float('nan')):>11.1f} {r['wall_s']:>8.0f}"
+        )
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (default) or tiny")
     p.add_argument("--steps", type=int, default=2)
@@ -244,7 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=8, help="--update-only: GRPO groups of 4 (the quickstart: 8)")
     p.add_argument("--updates", type=int, default=3, help="--update-only: updates, each on a fresh thread")
     p.add_argument("--record", type=Path, help="write the figures here as JSON")
-    args = p.parse_args(argv)
+    p.add_argument("--report", type=Path, help="print the table of a record (run nothing)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.report:
+        record = json.loads(args.report.read_text())
+        print_table(record["results"], [a for a in record["argv"] if a])
+        return 0
     results = []
     with tempfile.TemporaryDirectory(prefix="agentbolt-memory-") as tmp:
         base = Path(tmp)
@@ -261,23 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["round"] = round_ + 1
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    if args.update_only:
-        print(
-            f"\n{args.updates} updates, vocabulary 49,152, hidden {args.hidden}, {args.layers} layers, "
-            f"{args.groups * 4} sequences:"
-        )
-    else:
-        print(f"\nquickstart --model {args.model} --steps {args.steps} --val {args.val}, main process:")
-    print(f"{'arm':<8} {'round':>5} {'peak RSS GB':>12} {'s/step':>8} {'update s':>9} {'rollouts s':>11} {'wall s':>8}")
-    for r in results:
-        if "peak_rss_gb" not in r:
-            why = r.get("stopped", "exit {}".format(r["exit"]))
-            print(f"{r['arm']:<8} {r['round']:>5} failed: {why}")
-            continue
-        print(
-            f"{r['arm']:<8} {r['round']:>5} {r['peak_rss_gb']:>12.2f} {r.get('s_per_step', float('nan')):>8.1f} "
-            f"{r.get('update_s', float('nan')):>9.2f} {r.get('rollouts_s', float('nan')):>11.1f} {r['wall_s']:>8.0f}"
-        )
+    print_table(results, sys.argv[1:] if argv is None else argv)
     if args.record:
         record = {
             "benchmark": "benchmarks/quickstart_memory.py",
