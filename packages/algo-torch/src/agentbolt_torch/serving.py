@@ -83,7 +83,6 @@ class ServingWeights:
             memo: dict[int, Any] = {id(p): p for p in policy.model.parameters() if not p.requires_grad}
             self.model: Any = copy.deepcopy(policy.model, memo)
             self.version = policy.version
-            self.adapters = policy.adapters
             self._adapter_versions = {name: policy.version_of(name) for name in policy.adapters}
         self.model.eval()
         served = dict(self.model.named_parameters())
