@@ -147,3 +147,37 @@ async def test_a_swap_under_concurrent_traffic_fails_no_request_and_survives_a_r
             model="any", messages=[{"role": "user", "content": "Capital of Spain?"}]
         )
         assert reply.choices[0].message.content == "Madrid."
+
+
+async def test_sessions_that_ask_a_held_out_task_never_train_and_are_counted(tmp_path: Path) -> None:
+    # held-out tasks with a question text; a few-shot agent sends worked examples before the question
+    held_out = [
+        {"question": "Capital of France?", "answer": "Paris"},
+        {"question": "Capital of Italy?", "answer": "Rome"},
+    ]
+    shots = [{"role": "user", "content": "Capital of Peru?"}, {"role": "assistant", "content": "Lima."}]
+    server = OnlineServer(
+        db(tmp_path),
+        _policy("same"),
+        state_dir=tmp_path / "state",
+        token=TOKEN,
+        sessions=SessionOptions(idle_s=60),
+        updates=UpdateOptions(min_sessions=1, grouping="batch", check_every_s=3600),
+        gate=GateOptions(agent=held_out_agent, tasks=held_out),
+        metrics_every_s=3600,
+    )
+    asked = {
+        "few-shot": ([*shots, {"role": "user", "content": "capital of  FRANCE?"}], {}),  # the question comes last
+        "task-key": ([{"role": "user", "content": "Which city?"}], {"X-Agentbolt-Task-Key": "Capital of Italy?"}),
+        "fresh": ([*shots, {"role": "user", "content": "Capital of Spain?"}], {}),  # not held out: trains
+    }
+    async with server:
+        for session, (messages, headers) in asked.items():
+            client = openai_client(server, **{"X-Agentbolt-Session-Id": session, **headers})
+            await client.chat.completions.create(model="any", messages=messages)
+            answer = await post_feedback(server, {"feedback_id": f"fb-{session}", "session_id": session, "reward": 1})
+            assert answer.status_code == 200, answer.text
+            await server.sessions.close(session)
+        assert server.trainer is not None
+        assert [s.key for s in server.trainer.ready()] == ["fresh"]
+        assert server.metrics()["online/held_out_overlap"] == 2.0

@@ -11,9 +11,9 @@ tasks' own difficulty cancels). The candidate passes when
 i.e. it may be worse only by what ``z`` standard errors of noise (default 2, about a 2.5%
 one-sided false-rejection rate for a candidate exactly as good) plus ``tolerance`` allow. An
 evaluation where more than ``max_failed`` of the rollouts failed or gave no reward is a
-rejection too: the gate cannot tell. Held-out tasks never reach training: sessions whose first
-user message is a held-out task's text (case and whitespace ignored) are left out of every
-update (counted as ``held_out_overlap``).
+rejection too: the gate cannot tell. Held-out tasks never reach training: sessions whose question
+(the last user message of their first call, case and whitespace ignored) or task key is a
+held-out task's text are left out of every update (counted as ``online/held_out_overlap``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ given copies with the group chosen here):
 - ``task_key``: sessions with the same client-supplied task key
   (``X-Agentbolt-Task-Key`` / ``metadata.task_key``) form a group; sessions without one are
   groups of their own (advantage 0 under GRPO: nothing to compare with);
-- ``prompt``: sessions whose first user message is the same text (case and whitespace
-  ignored) form a group: repeated questions compare with each other;
+- ``prompt``: sessions that asked the same question (the last user message of their first
+  call, :func:`.keys.prompt_text`; case and whitespace ignored) form a group: repeated questions compare with each other;
 - ``batch``: every session of the update in one group, so each is compared with the batch's
   mean: the per-session baseline of REINFORCE++ (use ``advantage="reinforce_pp"`` or
   ``"grpo"``);

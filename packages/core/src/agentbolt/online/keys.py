@@ -10,7 +10,9 @@ A call's **session key**, first match wins:
 
 Its **task key** (how GRPO groups sessions, see :mod:`agentbolt.online.grouping`): the
 ``X-Agentbolt-Task-Key`` header or ``metadata.task_key``. Its **prompt key**: a hash of the
-first user message, normalized (case, whitespace), for grouping sessions that asked the same.
+session's question — the *last* user message of its first call (a conversation's first call has
+one; an agent with a few-shot prompt sends worked examples first and the question last) —
+normalized (case, whitespace), for grouping sessions that asked the same.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ __all__ = [
     "SESSION_HEADER",
     "TASK_HEADER",
     "KeySource",
-    "first_user_text",
     "prompt_key",
+    "prompt_text",
     "safe_id",
     "session_key",
     "task_key",
@@ -95,16 +97,20 @@ def _text(content: Any) -> str:
     return ""
 
 
-def first_user_text(body: Mapping[str, Any]) -> str:
-    """The text of the first user message of a Chat Completions, Responses or Messages request
-    (the prompt of a completions request); empty when there is none."""
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """The question of a Chat Completions, Responses or Messages request: the text of its last
+    user message (the prompt of a completions request); empty when there is none.
+
+    Read from a session's first call, this is what the user asked: a conversation's first call
+    holds one user message, and a few-shot prompt puts its worked examples before the question.
+    """
     items = body.get("messages")
     if items is None:
         items = body.get("input")
         if isinstance(items, str):
             return items
     if isinstance(items, list):
-        for item in items:
+        for item in reversed(items):
             if isinstance(item, Mapping) and item.get("role") == "user":
                 return _text(item.get("content"))
     prompt = body.get("prompt")

@@ -395,6 +395,7 @@ class OnlineServer:
             "online/feedback": float(self.feedback_count["client"]),
             "online/feedback_rate": len(rated) / len(closed) if closed else 0.0,
             "online/judged": float(len(judged)),
+            "online/held_out_overlap": float(len(self.trainer.held_out_overlap)) if self.trainer else 0.0,
             "serve/live_version": float(self.live_version),
         }
         if self.judge is not None:

@@ -6,7 +6,8 @@
 - the rollout (id ``{run}:s:{key}:{segment}``, mode ``train``, ``run_id`` the serve run, one
   attempt, ``max_attempts=1``) is enqueued and claimed by the serve process itself
   (``dequeue(rollout_ids=[...])``) when the session's first call arrives; its ``input`` holds the
-  session key and the first user message, its ``metadata`` the key, its source, the task key and
+  session key and its question (``first_message``: the last user message of the first call, see
+  :func:`.keys.prompt_text`), its ``metadata`` the key, its source, the task key and
   the prompt key (``agentbolt.session.*``);
 - every call is one LLM-call span of that attempt, exactly as for a training rollout (exact
   token ids, logprobs, policy version);
@@ -225,7 +226,7 @@ class SessionBook:
             if current is not None and not current.closed:
                 return current
             segment = 0 if current is None else current.segment + 1
-            text = keys.first_user_text(body)
+            text = keys.prompt_text(body)
             pkey = keys.prompt_key(text)
             version = self._live_version() if self._live_version is not None else None
             for _ in range(100):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import types as t
 from ..lightningrl import LightningRL
+from . import keys
 from .gate import GateDecision, decide
 from .grouping import group_ids
 
@@ -47,7 +48,8 @@ class OnlineTrainer:
         self.options = server.updates
         self.lightningrl = LightningRL(self.options.lightningrl)
         self.updates = 0
-        self.held_out_overlap = 0
+        self.held_out_overlap: set[str] = set()
+        """Rollout ids of the sessions left out because they asked a held-out task."""
         self.busy = False
 
     def ready(self) -> list[Session]:
@@ -57,11 +59,20 @@ class OnlineTrainer:
         for s in server.sessions.by_rollout.values():
             if not s.closed or not s.has_final or s.rollout_id in server.trained:
                 continue
-            if s.prompt_key is not None and s.prompt_key in server.held_out_keys:
+            if server.held_out_keys and self._overlaps(s):
+                self.held_out_overlap.add(s.rollout_id)
                 continue
             out.append(s)
         out.sort(key=lambda s: s.ended_at or 0.0)
         return out
+
+    def _overlaps(self, session: Session) -> bool:
+        """Whether a session asked a held-out task: its question's or its task key's normalized text
+        is a held-out task's."""
+        held = self.server.held_out_keys
+        if session.prompt_key is not None and session.prompt_key in held:
+            return True
+        return session.task_key is not None and keys.prompt_key(session.task_key) in held
 
     async def run(self) -> None:
         """Check for enough sessions every ``check_every_s``, forever."""
