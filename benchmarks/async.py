@@ -7,11 +7,12 @@ Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLO
 
 Two agents on the quickstart's arithmetic questions (``examples/quickstart/math_tasks.py``):
 
-- **tail**: a long-tailed agent. It asks the model (with the quickstart's calculator tool), then
-  runs one tool call that takes a log-normal time (median ``--median-s`` 0.5 s, sigma
-  ``--sigma`` 1.0: p99 = 10.2x the median) — the calculator when the model asked for it, else a
-  lookup it makes itself, so every rollout pays one — then asks the model for its final answer.
-- **plain**: the same two calls without the latency (CPU-bound: the cost of async where
+- **tail**: a long-tailed agent: the quickstart agent (its few-shot prompt, its calculator tool,
+  up to three model calls) whose tools are slow. Before asking the model it makes a lookup
+  (as an agent fetching context from an API does), and each calculator call the model makes
+  takes as long again: each a log-normal time (median ``--median-s`` 0.5 s, sigma ``--sigma``
+  1.0: p99 = 10.2x the median). Every rollout pays at least one.
+- **plain**: the same agent without the latency (CPU-bound: the cost of async where
   generation and the update compete for the cores).
 
 Each arm is a fresh subprocess (``torch-grpo``, in-process runner, in-memory store) and the arms
@@ -55,6 +56,7 @@ MALLOC = {
 def make_agent(median_s: float, sigma: float, seed: int) -> Any:
     """The benchmark's agent: two model calls with one tool call between them (module doc)."""
     import openai
+    from agent import MAX_TURNS
     from math_tasks import CALCULATOR_TOOL, few_shot, reward, tool_replies
 
     rng = random.Random(seed)
@@ -66,21 +68,20 @@ def make_agent(median_s: float, sigma: float, seed: int) -> Any:
     async def agent(task: dict[str, Any], resources: Any) -> float:
         client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
         messages: list[dict[str, Any]] = [*few_shot(True), {"role": "user", "content": task["question"]}]
-        reply = await client.chat.completions.create(
-            model=resources.llm.model, messages=messages, tools=[CALCULATOR_TOOL]
-        )
-        message = reply.choices[0].message
-        await tool_latency()
-        if message.tool_calls:
+        await tool_latency()  # the lookup every rollout makes before asking the model
+        text: str | None = None
+        for _ in range(MAX_TURNS):  # the quickstart agent's loop (examples/quickstart/agent.py)
+            reply = await client.chat.completions.create(
+                model=resources.llm.model, messages=messages, tools=[CALCULATOR_TOOL]
+            )
+            message = reply.choices[0].message
+            text = message.content
+            if not message.tool_calls:
+                break
+            await tool_latency()  # the slow calculator
             messages.append(message.model_dump(exclude_none=True))
             messages.extend(tool_replies(message.tool_calls))
-        else:
-            messages += [
-                {"role": "assistant", "content": message.content or ""},
-                {"role": "user", "content": "Check your answer and give it in <answer> tags."},
-            ]
-        final = await client.chat.completions.create(model=resources.llm.model, messages=messages)
-        return reward(final.choices[0].message.content, int(task["answer"]))
+        return reward(text, int(task["answer"]))
 
     return agent
 

@@ -13,7 +13,9 @@ peak RSS, the wall time, s/step and where a step's time went, read from the quic
   (default ``0d07096``, main before the change) put first on ``PYTHONPATH``, and that
   revision's ``./dev`` settings;
 - ``before-async`` / ``after-async``: the same with ``--async 1`` (asynchronous training: a
-  serving copy of the weights generates while the update runs).
+  serving copy of the weights generates while the update runs);
+- ``after-mb256`` / ``-mb512`` / ``-mb1024``: ``after`` with ``--micro-batch-tokens N`` (the
+  updater's default is 2,048 padded tokens per forward/backward pass).
 
 ``--update-only`` measures policy updates instead of the whole quickstart, in a fresh process
 per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's shape (vocabulary 49,152,
@@ -48,6 +50,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "packages" / "algo-torch" / "src" / "agentbolt_torch"
 CHANGED = ("update.py", "update_config.py", "update_forward.py", "update_batches.py", "engine.py", "policy.py")
 """The files of agentbolt_torch the memory change touched (``before`` takes them from ``--before-rev``)."""
+MICRO_BATCHES = (256, 512, 1024)
+"""``after-mbN`` arms: the updater's ``micro_batch_tokens`` (default 2048)."""
 
 
 def dev_environment(rev: str | None) -> dict[str, str]:
@@ -171,6 +175,7 @@ def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Pa
         "--out",
         str(out / arm),
         *(["--async", "1"] if arm.endswith("-async") else []),
+        *(["--micro-batch-tokens", arm.rsplit("-mb", 1)[1]] if "-mb" in arm else []),
     ]
     return _watched(arm, args, command, env, _parse_quickstart)
 
@@ -256,8 +261,8 @@ def parser() -> argparse.ArgumentParser:
         "--arms",
         nargs="+",
         default=["before", "after"],
-        choices=["before", "after", "before-async", "after-async"],
-        help="-async: the quickstart with --async 1",
+        choices=["before", "after", "before-async", "after-async", *(f"after-mb{n}" for n in MICRO_BATCHES)],
+        help="-async: the quickstart with --async 1; -mbN: with --micro-batch-tokens N",
     )
     p.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times")
     p.add_argument("--before-rev", default="0d07096", help="the revision the 'before' arms' files and ./dev come from")

@@ -66,6 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--no-tool", action="store_true", help="leave the calculator tool out (one call per question)")
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward/backward pass of an update (default: the updater's 2048; smaller "
+        "takes less memory, see docs/benchmarks.md 'Update memory')",
+    )
     add_async_argument(p)
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": 1.0,
         "max_tokens": args.max_tokens,
         "val_every": args.val_every,
-        "update": {"lr": args.lr, "seed": args.seed},
+        "update": {"lr": args.lr, "seed": args.seed}
+        | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {}),
         "out_dir": args.out,
         "checkpoint_every": args.steps or None,
         "autocast": None if args.autocast == "none" else args.autocast,
