@@ -397,6 +397,12 @@ class PolicyUpdater:
 
     # -- checkpoints -----------------------------------------------------------------------------
 
+    @property
+    def _checkpoint_target(self) -> update_checkpoint.CheckpointTarget:
+        """What this updater's checkpoints hold: the policy (this updater's adapter of it), the
+        optimizer and scheduler, and the mini-batch RNG."""
+        return update_checkpoint.CheckpointTarget(self.policy, self.optimizer, self.scheduler, self._rng, self.adapter)
+
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write a checkpoint directory atomically (replacing one at ``path``).
 
@@ -405,15 +411,7 @@ class PolicyUpdater:
         scheduler), ``rng.pt`` and ``state.json`` (step, policy version, config).
         """
         path = update_checkpoint.save_checkpoint(
-            path,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            rng=self._rng,
-            step=self.step,
-            config=self.config,
-            loss_aggregation=self.loss_aggregation,
-            adapter=self.adapter,
+            path, self._checkpoint_target, step=self.step, config=self.config, loss_aggregation=self.loss_aggregation
         )
         logger.info(
             "checkpoint saved to %s (step %d, policy version %d)", path, self.step, self.policy.version_of(self.adapter)
@@ -422,14 +420,7 @@ class PolicyUpdater:
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Restore weights (or adapter), optimizer, scheduler, step, policy version and RNG states."""
-        state = update_checkpoint.load_checkpoint(
-            path,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            rng=self._rng,
-            adapter=self.adapter,
-        )
+        state = update_checkpoint.load_checkpoint(path, self._checkpoint_target)
         self.step = int(state["step"])
         logger.info(
             "resumed from %s (step %d, policy version %d)", path, self.step, self.policy.version_of(self.adapter)

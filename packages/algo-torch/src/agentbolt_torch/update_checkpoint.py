@@ -3,7 +3,7 @@ update step, policy version and every RNG state, written atomically and restored
 
 :meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.PolicyUpdater.save_checkpoint>` and
 :meth:`~agentbolt_torch.update.PolicyUpdater.load_checkpoint` are the entry points; the functions
-here take the pieces of state explicitly.
+here take the pieces of state as a :class:`CheckpointTarget`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,28 +24,32 @@ if TYPE_CHECKING:
     from .policy import Policy
     from .update_config import UpdateConfig
 
-__all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointTarget", "load_checkpoint", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 """Version of the checkpoint layout, written to ``state.json``."""
 
 
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """The state a checkpoint holds and restores (one updater's)."""
+
+    policy: Policy
+    optimizer: Any
+    scheduler: Any
+    rng: random.Random
+    """The updater's own RNG (mini-batch shuffling)."""
+    adapter: str | None = None
+    """With a policy of several adapters: the one whose weights and version are saved."""
+
+
 def save_checkpoint(
-    path: str | os.PathLike[str],
-    *,
-    policy: Policy,
-    optimizer: Any,
-    scheduler: Any,
-    rng: random.Random,
-    step: int,
-    config: UpdateConfig,
-    loss_aggregation: str,
-    adapter: str | None = None,
+    path: str | os.PathLike[str], target: CheckpointTarget, *, step: int, config: UpdateConfig, loss_aggregation: str
 ) -> Path:
     """Write a checkpoint directory atomically (replacing one at ``path``).
 
     Contents: ``model/`` (full weights, a loadable Hugging Face directory with the
-    tokenizer) or ``adapter/`` (LoRA adapter only; with ``adapter``, that one of the policy's
+    tokenizer) or ``adapter/`` (LoRA adapter only; with ``target.adapter``, that one of the policy's
     adapters, as a peft adapter folder), ``optimizer.pt`` (optimizer and scheduler), ``rng.pt``
     (torch, Python, numpy and the updater's ``rng``) and ``state.json`` (``step``, policy version,
     ``adapter``, ``config``, ``loss_aggregation``). Written under ``policy.lock``.
@@ -53,6 +57,7 @@ def save_checkpoint(
     import numpy as np
     import torch
 
+    policy, adapter = target.policy, target.adapter
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -75,7 +80,7 @@ def save_checkpoint(
                 policy.model.save_pretrained(tmp / "model")
                 policy.tokenizer.save_pretrained(tmp / "model")
             torch.save(
-                {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+                {"optimizer": target.optimizer.state_dict(), "scheduler": target.scheduler.state_dict()},
                 tmp / "optimizer.pt",
             )
             torch.save(
@@ -83,7 +88,7 @@ def save_checkpoint(
                     "torch": torch.get_rng_state(),
                     "python": random.getstate(),
                     "numpy": np.random.get_state(),
-                    "updater": rng.getstate(),
+                    "updater": target.rng.getstate(),
                 },
                 tmp / "rng.pt",
             )
@@ -118,16 +123,8 @@ def install_directory(tmp: Path, path: Path) -> None:
         tmp.rename(path)
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str],
-    *,
-    policy: Policy,
-    optimizer: Any,
-    scheduler: Any,
-    rng: random.Random,
-    adapter: str | None = None,
-) -> dict[str, Any]:
-    """Restore weights (or adapter; with ``adapter``, into that one of the policy's adapters),
+def load_checkpoint(path: str | os.PathLike[str], target: CheckpointTarget) -> dict[str, Any]:
+    """Restore weights (or adapter; with ``target.adapter``, into that one of the policy's adapters),
     optimizer, scheduler, policy version and RNG states; return ``state.json``.
 
     Runs under ``policy.lock``; the caller restores its own ``state["step"]``.
@@ -139,6 +136,7 @@ def load_checkpoint(
     import torch
     from safetensors.torch import load_file
 
+    policy, adapter = target.policy, target.adapter
     path = Path(path)
     state_file = path / "state.json"
     if not state_file.is_file():
@@ -176,13 +174,13 @@ def load_checkpoint(
                     f"unexpected {sorted(unexpected)[:3]}"
                 )
         opt = torch.load(path / "optimizer.pt", map_location=policy.device, weights_only=False)
-        optimizer.load_state_dict(opt["optimizer"])
-        scheduler.load_state_dict(opt["scheduler"])
+        target.optimizer.load_state_dict(opt["optimizer"])
+        target.scheduler.load_state_dict(opt["scheduler"])
         rng_states = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng_states["torch"])
         random.setstate(rng_states["python"])
         np.random.set_state(rng_states["numpy"])
-        rng.setstate(rng_states["updater"])
+        target.rng.setstate(rng_states["updater"])
         policy.mark_weights_changed()
         policy.set_version(int(state["policy_version"]), adapter)
     return state

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import semconv
 from .. import types as t
+from .._tasks import cancel_and_wait
 from ..errors import NotFoundError
 
 __all__ = [
@@ -204,11 +205,7 @@ class SpanSink:
             await self.flush(timeout=timeout)
         except TimeoutError as exc:
             log.error("closing the span sink: %s; they are lost", exc)
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        await cancel_and_wait(self._task)
         self._task = None
 
     def _take(self) -> list[Any]:

@@ -26,12 +26,13 @@ which the store retries while attempts remain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -418,10 +419,7 @@ class Gateway:
         if routed_here:
             assert self.router is not None
             if not self._upstreams:  # refused before a session is opened for it
-                self.counters["upstream_errors"] += 1
-                return self._reply(
-                    responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
-                )
+                return self._no_upstream(responder)
             try:
                 routed = await self.router.route(request.headers, body, sub)
             except RouteError as exc:
@@ -432,17 +430,22 @@ class Gateway:
         self._idle.clear()
         record: CallRecord | None = None
         try:
-            record = await self._forward(
-                request,
-                responder,
-                rollout_id,
-                attempt_id,
-                operation,
-                chat_body,
-                body,
-                dialect,
-                routed.headers if routed else [],
-            )
+            with self._upstream_for(rollout_id) as upstream:
+                if upstream is None:
+                    self._no_upstream(responder)
+                else:
+                    record = await self._call_upstream(
+                        request,
+                        responder,
+                        rollout_id,
+                        attempt_id,
+                        operation,
+                        chat_body,
+                        body,
+                        dialect,
+                        upstream,
+                        routed.headers if routed else [],
+                    )
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -511,33 +514,23 @@ class Gateway:
             elif not body.get("logprobs"):
                 body["logprobs"] = 1
 
-    async def _forward(
-        self,
-        request: Request,
-        responder: Responder,
-        rollout_id: str,
-        attempt_id: str,
-        operation: str,
-        body: dict[str, Any],
-        api_body: dict[str, Any],
-        dialect: Dialect | None = None,
-        extra_headers: list[tuple[str, str]] | None = None,
-    ) -> CallRecord | None:
-        """Forward ``body`` (Chat Completions; ``api_body`` is what the client sent, translated
-        by ``dialect`` for the Responses / Messages APIs) and record the call."""
+    def _no_upstream(self, responder: Responder) -> None:
+        self.counters["upstream_errors"] += 1
+        self._reply(responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")])
+
+    @contextlib.contextmanager
+    def _upstream_for(self, rollout_id: str) -> Iterator[Upstream | None]:
+        """The upstream that serves ``rollout_id`` (every call of a rollout goes to the same one),
+        counted in flight (:meth:`upstream_inflight`) while the block runs; ``None`` when no
+        upstream is configured."""
         if not self._upstreams:
-            self.counters["upstream_errors"] += 1
-            self._reply(
-                responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")]
-            )
-            return None
+            yield None
+            return
         upstream = self._upstreams[zlib.crc32(rollout_id.encode()) % len(self._upstreams)]
         url = upstream.base_url
         self._upstream_inflight[url] = self._upstream_inflight.get(url, 0) + 1
         try:
-            return await self._call_upstream(
-                request, responder, rollout_id, attempt_id, operation, body, api_body, dialect, upstream, extra_headers
-            )
+            yield upstream
         finally:
             left = self._upstream_inflight[url] - 1
             if left:
@@ -559,6 +552,8 @@ class Gateway:
         upstream: Upstream,
         extra_headers: list[tuple[str, str]] | None,
     ) -> CallRecord:
+        """Forward ``body`` (Chat Completions; ``api_body`` is what the client sent, translated
+        by ``dialect`` for the Responses / Messages APIs) to ``upstream`` and record the call."""
         pool = self._pools[upstream.base_url]
         self._prepare(body, operation, upstream)
         span_id = os.urandom(8).hex()

@@ -9,6 +9,7 @@ import logging
 import time
 
 from .. import types as t
+from .._tasks import cancel_and_wait
 from ..errors import NotFoundError
 from ..store.base import Store
 from .recorder import CallRecord, Retokenizer, build_span
@@ -57,9 +58,7 @@ class SpanWriter:
         self._closing = True
         await self.flush()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def record(self, record: CallRecord, span_id: str) -> None:
         """Build the span of one call and queue it for writing."""

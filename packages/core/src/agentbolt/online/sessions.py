@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import semconv
 from .. import types as t
+from .._tasks import cancel_and_wait
 from ..errors import AgentboltError, ConflictError, StaleAttemptError
 from ..gateway.recorder import CallRecord
 from ..gateway.routing import RoutedCall, RouteError
@@ -147,11 +148,7 @@ class SessionBook:
     async def stop(self) -> None:
         """Stop the keeper; open sessions stay open in the store (a restart resumes them)."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     # -- CallRouter ---------------------------------------------------------------------------------
