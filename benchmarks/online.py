@@ -171,10 +171,26 @@ def scripted_scenario(args: argparse.Namespace) -> Scenario:
     )
 
 
+def quickstart_rubric(transcript: str) -> float:
+    """The scripted judge's score of a quickstart session: the quickstart's reward (x10, a rubric
+    score is 0-10) of the first ``<answer>`` after the last question asked in the transcript."""
+    if str(REPO / "examples" / "quickstart") not in sys.path:
+        sys.path.insert(0, str(REPO / "examples" / "quickstart"))
+    from math_tasks import ANSWER, reward
+
+    asked = list(_QUESTION.finditer(transcript))
+    if not asked:
+        return 0.0
+    a, op, b = asked[-1].groups()
+    gold = int(a) + int(b) if op == "+" else int(a) - int(b)
+    answer = ANSWER.search(transcript[asked[-1].end() :])
+    return 0.0 if answer is None else 10.0 * reward(answer.group(0), gold)
+
+
 def torch_scenario(args: argparse.Namespace) -> Scenario:
     sys.path.insert(0, str(REPO / "examples" / "quickstart"))
     from agent import MAX_TURNS, math_agent
-    from math_tasks import ANSWER, CALCULATOR_TOOL, few_shot, make_tasks, reward, tool_replies
+    from math_tasks import CALCULATOR_TOOL, few_shot, make_tasks, reward, tool_replies
 
     from agentbolt_torch.online import TorchOnlinePolicy
     from agentbolt_torch.update import UpdateConfig
@@ -182,16 +198,6 @@ def torch_scenario(args: argparse.Namespace) -> Scenario:
     policy = TorchOnlinePolicy(
         args.policy, update=UpdateConfig(lr=args.lr, seed=args.seed), engine={"default_max_tokens": args.max_tokens}
     )
-
-    def rubric(request: RubricRequest) -> float:
-        """The quickstart's reward read from the transcript (x10: a rubric score is 0-10)."""
-        asked = list(_QUESTION.finditer(request.transcript))
-        if not asked:
-            return 0.0
-        a, op, b = asked[-1].groups()
-        gold = int(a) + int(b) if op == "+" else int(a) - int(b)
-        answer = ANSWER.search(request.transcript[asked[-1].end() :])
-        return 0.0 if answer is None else 10.0 * reward(answer.group(0), gold)
 
     async def session(task: Any, call: Call, direct: openai.AsyncOpenAI | None, traffic: Traffic) -> float:
         messages = [*few_shot(True), {"role": "user", "content": task["question"]}]
@@ -212,7 +218,7 @@ def torch_scenario(args: argparse.Namespace) -> Scenario:
         name=f"TorchOnlinePolicy({args.policy!r}), full fine-tuning, lr {args.lr:g}",
         policy=policy,
         gate=GateOptions(agent=math_agent, tasks=make_tasks(args.val, args.seed + 1, "h", heldout=True), timeout_s=900),
-        rubric=rubric,
+        rubric=lambda request: quickstart_rubric(request.transcript),
         pool=make_tasks(args.pool, args.seed, "p", heldout=False),
         session=session,
         grouping="auto",
