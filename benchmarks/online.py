@@ -58,6 +58,7 @@ from agentbolt.store import RolloutSearch
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeRequest
 from agentbolt.testing.scripted_judge import RubricRequest, ScriptedJudge
 from agentbolt.testing.scripted_policy import ScriptedPolicy
+from agentbolt.types import LLMEndpoint, Resources
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench"
@@ -121,10 +122,6 @@ class Traffic:
     rewards: list[float] = field(default_factory=list)
 
 
-Call = Callable[..., Awaitable[Any]]
-"""``call(**create_kwargs)``: one timed live chat completion (``None`` when it failed)."""
-
-
 @dataclass
 class Scenario:
     """One policy's setup: the policy, its gate, the judge's rule and what one session does."""
@@ -134,8 +131,9 @@ class Scenario:
     gate: GateOptions
     rubric: Callable[[RubricRequest], float]
     pool: list[Any]
-    session: Callable[[Any, Call, openai.AsyncOpenAI | None, Traffic], Awaitable[float]]
-    """``session(task, call, direct, traffic) -> reward`` (``direct``: the scripted baseline client)."""
+    session: Callable[[Any, openai.AsyncOpenAI, openai.AsyncOpenAI, Traffic], Awaitable[float]]
+    """``session(task, live, direct, traffic) -> reward``: one user session through ``live`` (its calls
+    are timed by the client's event hooks; ``direct``: the fake upstream, the scripted baseline)."""
     grouping: str = "task_key"
     model: str = "m"
 
@@ -148,17 +146,16 @@ def scripted_scenario(args: argparse.Namespace) -> Scenario:
             )
         return 1.0 if task["answer"] in (reply.choices[0].message.content or "") else 0.0
 
-    async def session(task: Any, call: Call, direct: openai.AsyncOpenAI | None, traffic: Traffic) -> float:
+    async def session(task: Any, live: openai.AsyncOpenAI, direct: openai.AsyncOpenAI, traffic: Traffic) -> float:
         question, expected = task
         ok = True
         for _ in range(random.randint(1, 3)):
             messages = [{"role": "user", "content": question}]
-            assert direct is not None
             started = time.perf_counter()
             await direct.chat.completions.create(model="m", messages=messages)
             traffic.latencies["direct"].append(time.perf_counter() - started)
-            reply = await call(messages=messages)
-            ok = ok and reply is not None and expected in (reply.choices[0].message.content or "")
+            reply = await live.chat.completions.create(model="m", messages=messages)
+            ok = ok and expected in (reply.choices[0].message.content or "")
         return (1.0 if ok else 0.0) - random.random() * 0.2
 
     return Scenario(
@@ -189,8 +186,8 @@ def quickstart_rubric(transcript: str) -> float:
 
 def torch_scenario(args: argparse.Namespace) -> Scenario:
     sys.path.insert(0, str(REPO / "examples" / "quickstart"))
-    from agent import MAX_TURNS, math_agent
-    from math_tasks import CALCULATOR_TOOL, few_shot, make_tasks, reward, tool_replies
+    from agent import math_agent
+    from math_tasks import make_tasks
 
     from agentbolt_torch.online import TorchOnlinePolicy
     from agentbolt_torch.update import UpdateConfig
@@ -199,20 +196,10 @@ def torch_scenario(args: argparse.Namespace) -> Scenario:
         args.policy, update=UpdateConfig(lr=args.lr, seed=args.seed), engine={"default_max_tokens": args.max_tokens}
     )
 
-    async def session(task: Any, call: Call, direct: openai.AsyncOpenAI | None, traffic: Traffic) -> float:
-        messages = [*few_shot(True), {"role": "user", "content": task["question"]}]
-        text: str | None = None
-        for _ in range(MAX_TURNS):
-            reply = await call(messages=messages, tools=[CALCULATOR_TOOL], temperature=1.0, max_tokens=args.max_tokens)
-            if reply is None:
-                return 0.0
-            message = reply.choices[0].message
-            text = message.content
-            if not message.tool_calls:
-                break
-            messages.append(message.model_dump(exclude_none=True))
-            messages.extend(tool_replies(message.tool_calls))
-        return reward(text, int(task["answer"]))
+    async def session(task: Any, live: openai.AsyncOpenAI, direct: openai.AsyncOpenAI, traffic: Traffic) -> float:
+        return await math_agent(
+            task, Resources(llm=LLMEndpoint(base_url=str(live.base_url), model=policy.model)), client=live
+        )
 
     return Scenario(
         name=f"TorchOnlinePolicy({args.policy!r}), full fine-tuning, lr {args.lr:g}",
@@ -302,33 +289,44 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         traffic.failed.append(f"feedback {fid}: {answer.status_code} {answer.text[:200]}")
                         return
 
+            def phase() -> str:
+                assert server.trainer is not None
+                return "swap" if policy.swapping else "training" if server.trainer.busy else "steady"
+
             async def user(index: int, deadline: float) -> None:
-                number = 0
-                async with openai.AsyncOpenAI(base_url=direct.base_url, api_key="x", max_retries=0) as baseline:
+                began: dict[int, tuple[str, float]] = {}
+
+                async def on_request(request: httpx.Request) -> None:
+                    began[id(request)] = (phase(), time.perf_counter())
+
+                async def on_response(response: httpx.Response) -> None:
+                    at, start = began.pop(id(response.request))
+                    at = "swap" if policy.swapping else at  # a call a swap overlapped counts as the swap's
+                    traffic.latencies[at].append(time.perf_counter() - start)
+
+                hooks = {"request": [on_request], "response": [on_response]}
+                async with (
+                    openai.AsyncOpenAI(base_url=direct.base_url, api_key="x", max_retries=0) as baseline,
+                    openai.AsyncOpenAI(
+                        base_url=server.url,
+                        api_key=TOKEN,
+                        max_retries=0,
+                        http_client=httpx.AsyncClient(event_hooks=hooks, timeout=900),
+                    ) as live,
+                ):
+                    number = 0
                     while time.monotonic() < deadline:
                         number += 1
                         session = f"u{index}-{number}"
                         task = rng.choice(scenario.pool)
                         headers = {"X-Agentbolt-Session-Id": session, "X-Agentbolt-Task-Key": _task_key(task)}
-                        async with openai.AsyncOpenAI(
-                            base_url=server.url, api_key=TOKEN, max_retries=0, default_headers=headers, timeout=900
-                        ) as live:
-
-                            async def call(**kwargs: Any) -> Any:
-                                assert server.trainer is not None
-                                phase = "training" if server.trainer.busy else "steady"
-                                phase = "swap" if policy.swapping else phase
-                                begun = time.perf_counter()
-                                try:
-                                    reply = await live.chat.completions.create(model=scenario.model, **kwargs)
-                                except openai.APIError as exc:
-                                    traffic.failed.append(f"{session}: {exc}")  # noqa: B023 - awaited in this loop
-                                    return None
-                                phase = "swap" if policy.swapping else phase
-                                traffic.latencies[phase].append(time.perf_counter() - begun)
-                                return reply
-
-                            reward = await scenario.session(task, call, baseline, traffic)
+                        try:
+                            reward = await scenario.session(
+                                task, live.with_options(default_headers=headers), baseline, traffic
+                            )
+                        except openai.APIError as exc:
+                            traffic.failed.append(f"{session}: {exc}")
+                            continue
                         traffic.rewards.append(reward)
                         await http.post(f"{server.gateway.url}/v1/sessions/close", json={"session_id": session})
                         if rng.random() < args.rated:

@@ -16,10 +16,18 @@ from agentbolt.types import Resources
 MAX_TURNS = 3
 
 
-async def math_agent(task: dict[str, Any], resources: Resources, *, with_tool: bool = True) -> float:
-    """Answer ``task["question"]``; the reward says whether ``<answer>`` holds the right number."""
+async def math_agent(
+    task: dict[str, Any], resources: Resources, *, with_tool: bool = True, client: openai.AsyncOpenAI | None = None
+) -> float:
+    """Answer ``task["question"]``; the reward says whether ``<answer>`` holds the right number.
+
+    ``client``: an OpenAI client of your own (e.g. with headers) instead of one for ``resources.llm``.
+    """
     assert resources.llm is not None, "publish an llm endpoint in the resources"
-    client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key=resources.llm.api_key or "none", max_retries=0)
+    if client is None:
+        client = openai.AsyncOpenAI(
+            base_url=resources.llm.base_url, api_key=resources.llm.api_key or "none", max_retries=0
+        )
     messages = [*few_shot(with_tool), {"role": "user", "content": task["question"]}]
     extra: dict[str, Any] = {"tools": [CALCULATOR_TOOL]} if with_tool else {}
     text: str | None = None
