@@ -178,6 +178,10 @@ def at_or_before(evaluations: list[dict[str, float]], key: str, limit: float) ->
     return found[-1] if found else None
 
 
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def compare(results: list[dict[str, Any]]) -> list[str]:
     """Each async arm against its agent's sync arm (first round of each)."""
     lines = []
@@ -196,13 +200,16 @@ def compare(results: list[dict[str, Any]]) -> list[str]:
                 )
                 continue
             reached = [e["train_wall_s"] for e in r["evaluations"] if e["accuracy"] >= target]
-            ratio = f"{reached[0] / wall:.2f}" if reached and wall else "never"
+            when = (
+                f"reached sync's final accuracy at {reached[0] / wall:.2f}x sync's wall-clock"
+                if reached and wall
+                else f"did not reach sync's final accuracy in its {r['steps']} steps"
+            )
             lines.append(
                 f"{agent:<6} K={r['bound']}: wall-clock {r['train_wall_s'] / wall:.2f}x sync's for the same "
                 f"{steps} steps; held-out accuracy at sync's step count "
-                f"{at_or_before(r['evaluations'], 'step', steps)} (sync {target}), at sync's wall-clock "
-                f"{at_or_before(r['evaluations'], 'train_wall_s', wall)}; reached sync's final accuracy at "
-                f"{ratio} of sync's wall-clock"
+                f"{_acc(at_or_before(r['evaluations'], 'step', steps))} (sync {target:.3f}), at sync's wall-clock "
+                f"{_acc(at_or_before(r['evaluations'], 'train_wall_s', wall))}; {when}"
             )
     return lines
 
@@ -219,7 +226,7 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['agent']:<6} {r['bound']:<5} {r['steps']:>5} {r['train_wall_s']:>8.0f} {r['s_per_step']:>7.1f} "
             f"{r['steps_per_hour']:>8.0f} {r['trainer_wait_share']:>12.0%} {r['rollouts_wait_share']:>13.0%} "
             f"{r['update_s']:>8.1f} {r.get('peak_rss_gb', float('nan')):>7.2f}  {json.dumps(r['staleness']):<17}  {r['stale_calls']:>5}  "
-            f"{r['untrained_rollouts']:>9}  {r['accuracy_before']} -> {curve}"
+            f"{r['untrained_rollouts']:>9}  {r['accuracy_before']:.2f} -> {curve}"
         )
     print()
     for line in compare([r for r in results if r["round"] == 1]):
