@@ -54,10 +54,8 @@ MALLOC = {
 
 
 def make_agent(median_s: float, sigma: float, seed: int) -> Any:
-    """The benchmark's agent: two model calls with one tool call between them (module doc)."""
-    import openai
-    from agent import MAX_TURNS
-    from math_tasks import CALCULATOR_TOOL, few_shot, reward, tool_replies
+    """The benchmark's tail agent: the quickstart agent behind a slow lookup, its calculator as slow (module doc)."""
+    from agent import math_agent
 
     rng = random.Random(seed)
 
@@ -66,22 +64,8 @@ def make_agent(median_s: float, sigma: float, seed: int) -> Any:
             await asyncio.sleep(median_s * math.exp(sigma * rng.gauss(0.0, 1.0)))
 
     async def agent(task: dict[str, Any], resources: Any) -> float:
-        client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
-        messages: list[dict[str, Any]] = [*few_shot(True), {"role": "user", "content": task["question"]}]
         await tool_latency()  # the lookup every rollout makes before asking the model
-        text: str | None = None
-        for _ in range(MAX_TURNS):  # the quickstart agent's loop (examples/quickstart/agent.py)
-            reply = await client.chat.completions.create(
-                model=resources.llm.model, messages=messages, tools=[CALCULATOR_TOOL]
-            )
-            message = reply.choices[0].message
-            text = message.content
-            if not message.tool_calls:
-                break
-            await tool_latency()  # the slow calculator
-            messages.append(message.model_dump(exclude_none=True))
-            messages.extend(tool_replies(message.tool_calls))
-        return reward(text, int(task["answer"]))
+        return await math_agent(task, resources, tool_delay=tool_latency)  # each calculator call as slow
 
     return agent
 

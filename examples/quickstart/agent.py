@@ -6,6 +6,7 @@ Nothing in it knows about training: it gets an OpenAI base URL and a model name 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
@@ -17,11 +18,17 @@ MAX_TURNS = 3
 
 
 async def math_agent(
-    task: dict[str, Any], resources: Resources, *, with_tool: bool = True, client: openai.AsyncOpenAI | None = None
+    task: dict[str, Any],
+    resources: Resources,
+    *,
+    with_tool: bool = True,
+    client: openai.AsyncOpenAI | None = None,
+    tool_delay: Callable[[], Awaitable[None]] | None = None,
 ) -> float:
     """Answer ``task["question"]``; the reward says whether ``<answer>`` holds the right number.
 
-    ``client``: an OpenAI client of your own (e.g. with headers) instead of one for ``resources.llm``.
+    ``client``: an OpenAI client of your own (e.g. with headers) instead of one for ``resources.llm``;
+    ``tool_delay``: awaited before each calculator answer (benchmarks/async.py's slow tools).
     """
     assert resources.llm is not None, "publish an llm endpoint in the resources"
     if client is None:
@@ -37,6 +44,8 @@ async def math_agent(
         text = message.content
         if not message.tool_calls:
             break
+        if tool_delay is not None:
+            await tool_delay()
         messages.append(message.model_dump(exclude_none=True))
         messages.extend(tool_replies(message.tool_calls))
     return reward(text, int(task["answer"]))
