@@ -122,6 +122,10 @@ class GroupStream:
         self._groups = 0
         self._idle_since: float | None = time.monotonic()
         self._changed = asyncio.Event()
+        """Set when groups are enqueued or finish; cleared only by the one waiting consumer
+        (:meth:`take`, :meth:`settle`)."""
+        self._work = asyncio.Event()
+        """Set when groups are enqueued: wakes the watcher when nothing was in flight."""
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
@@ -205,6 +209,7 @@ class GroupStream:
                     self._groups += 1
                     self._inflight[rollouts[i].group_id or ids[0]] = group
                 self._busy()
+            self._work.set()
             self._changed.set()
 
     def _busy(self) -> None:
@@ -219,8 +224,10 @@ class GroupStream:
             if not self._inflight:
                 if self._idle_since is None and self._next_batch < len(self.data):
                     self._idle_since = time.monotonic()
-                self._changed.clear()
-                await self._changed.wait()
+                # Its own event: clearing the consumer's here could swallow a wake-up that
+                # take() has not started waiting for yet (a step then waited forever).
+                self._work.clear()
+                await self._work.wait()
                 continue
             groups = list(self._inflight.items())
             ids = [rid for _, group in groups for rid in group.rollout_ids]
