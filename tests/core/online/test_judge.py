@@ -157,12 +157,14 @@ async def test_serve_judges_unrated_sessions_and_a_malformed_judge_never_stops_i
         )
         async with server:
             assert server.judge is not None
-            server.judge.after_s = 1e9  # hold the judge until both sessions are closed (one ranking group)
+            # hold the judge until both sessions are closed (one ranking group)
+            options = server.judge.options
+            server.judge.options = options.model_copy(update={"after_s": 1e9})
             for i in range(2):
                 client = openai_client(server, **{"X-Agentbolt-Session-Id": f"u{i}"})
                 await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "France?"}])
                 await server.sessions.close(f"u{i}")
-            server.judge.after_s = 0
+            server.judge.options = options
             for _ in range(500):
                 if all(s.judged for s in server.sessions.by_rollout.values()):
                     break

@@ -194,14 +194,7 @@ class OnlineServer:
         await self.sessions.start()
         loop = asyncio.get_running_loop()
         if self.judge_options is not None:
-            self.judge = JudgeSweep(
-                self.judge_options.judge,
-                self.store,
-                after_s=self.judge_options.after_s,
-                mode=self.judge_options.mode,
-                grouping=self.updates.grouping,
-                max_tries=self.judge_options.max_tries,
-            )
+            self.judge = JudgeSweep(self.judge_options, self.store, grouping=self.updates.grouping)
             self._tasks.append(loop.create_task(self._judge_loop(), name="agentbolt-judge"))
         if self.policy.trains:
             self.trainer = OnlineTrainer(self)
