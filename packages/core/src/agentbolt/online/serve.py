@@ -155,10 +155,8 @@ class OnlineServer:
         self.sessions = SessionBook(
             self.store,
             self.run_id,
+            self.session_options,
             worker_id=f"{self.run_id}-sessions",
-            idle_s=self.session_options.idle_s,
-            lease_s=self.session_options.lease_s,
-            retention_s=self.session_options.retention_s,
             live_version=lambda: self.live_version or None,
         )
         self.gateway = Gateway(
