@@ -102,6 +102,20 @@ def test_models_are_frozen_and_reject_unknown_fields() -> None:
         t.RolloutSpec(rollout_id="r", unknown=1)  # type: ignore[call-arg]
 
 
+def test_rollout_spec_from_task_carries_the_task() -> None:
+    task = t.Task(task_id="q1", input={"question": "2+2?"}, metadata={"split": "train"})
+    spec = t.RolloutSpec.from_task(task, rollout_id="r1", step=3)
+    assert (spec.task_id, spec.input, spec.metadata, spec.rollout_id, spec.step) == (
+        "q1",
+        {"question": "2+2?"},
+        {"split": "train"},
+        "r1",
+        3,
+    )
+    # keyword arguments replace what comes from the task
+    assert t.RolloutSpec.from_task(task, metadata={"gate": 1}).metadata == {"gate": 1}
+
+
 def test_statuses_are_str_enums() -> None:
     assert t.RolloutStatus.SUCCEEDED == "succeeded"
     assert t.RolloutStatus.SUCCEEDED.is_final and not t.RolloutStatus.RUNNING.is_final

@@ -11,9 +11,10 @@ import pytest
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.online import JudgeOptions, OnlineServer, SessionOptions
+from agentbolt.online import JudgeOptions, OnlineServer, SessionOptions, keys
 from agentbolt.rewards import LLMJudge, MalformedJudgement, Trajectory, judged
 from agentbolt.rewards.prompts import parse_ranking, parse_rubric
+from agentbolt.rewards.trajectory import readable_text
 from agentbolt.testing.fake_llm import Failure, FakeLLM, FakeLLMServer
 from agentbolt.testing.scripted_judge import ScriptedJudge
 
@@ -67,6 +68,22 @@ def test_ranking_answers_are_strict_in_content() -> None:
     for text, why in bad.items():
         with pytest.raises(MalformedJudgement, match=why):
             parse_ranking(text, 2)
+
+
+def test_judges_and_prompt_keys_read_message_content_alike() -> None:
+    parts = [
+        {"type": "text", "text": "What is in"},
+        {"type": "image_url", "image_url": {"url": "data:..."}},
+        "this picture?",
+        {"type": "input_audio"},
+    ]
+    assert readable_text(parts) == "What is in\n[image]\nthis picture?"
+    assert readable_text(None) == "" and readable_text("hi") == "hi" and readable_text({"a": 1}) == '{"a":1}'
+    # The judge's transcript and a live session's question read the same text.
+    assert Trajectory([{"role": "user", "content": parts}]).task_text() == readable_text(parts)
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts}]}
+    assert keys.prompt_text(body) == readable_text(parts)
+    assert keys.prompt_key(keys.prompt_text(body)) == keys.prompt_key("what is in [image] THIS picture?")
 
 
 async def test_malformed_answers_are_counted_retried_and_never_raised() -> None:
@@ -140,12 +157,14 @@ async def test_serve_judges_unrated_sessions_and_a_malformed_judge_never_stops_i
         )
         async with server:
             assert server.judge is not None
-            server.judge.after_s = 1e9  # hold the judge until both sessions are closed (one ranking group)
+            # hold the judge until both sessions are closed (one ranking group)
+            options = server.judge.options
+            server.judge.options = options.model_copy(update={"after_s": 1e9})
             for i in range(2):
                 client = openai_client(server, **{"X-Agentbolt-Session-Id": f"u{i}"})
                 await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "France?"}])
                 await server.sessions.close(f"u{i}")
-            server.judge.after_s = 0
+            server.judge.options = options
             for _ in range(500):
                 if all(s.judged for s in server.sessions.by_rollout.values()):
                     break

@@ -244,16 +244,14 @@ class AlgorithmContext:
             group = f"{prefix}:{task.task_id}"
             for k in range(group_size):
                 specs.append(
-                    t.RolloutSpec(
+                    t.RolloutSpec.from_task(
+                        task,
                         rollout_id=f"{group}:{k}",
-                        task_id=task.task_id,
-                        input=task.input,
                         mode=mode,
                         group_id=group,
                         resources_version=self.resources_version,
                         max_attempts=self.max_attempts,
                         timeout_s=self.timeout_s,
-                        metadata=dict(task.metadata),
                         run_id=self.run_id,
                         step=step,
                     )

@@ -213,8 +213,9 @@ class RolloutSpec(BaseModel):
 
     @classmethod
     def from_task(cls, task: Task, **kwargs: Any) -> RolloutSpec:
-        """A spec running ``task``; keyword arguments set the other fields."""
-        return cls(task_id=task.task_id, input=task.input, **kwargs)
+        """A spec running ``task``: its id, input and (a copy of its) metadata; keyword arguments
+        set the other fields, or replace these."""
+        return cls(**{"task_id": task.task_id, "input": task.input, "metadata": dict(task.metadata), **kwargs})
 
 
 class Rollout(BaseModel):

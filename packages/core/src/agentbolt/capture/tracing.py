@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import semconv
 from .. import types as t
@@ -68,6 +68,7 @@ SpanStarter = Callable[[Any], None]
 """Sees an OpenTelemetry SDK span of a rollout as it starts (still writable), on the thread that
 started it: what must be known before the span ends (e.g. the agent a span belongs to, in case
 its agent's span never ends). Must be cheap and must not raise (errors are logged)."""
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass
@@ -297,6 +298,26 @@ def _as_span(item: Any) -> t.Span | None:
 # ------------------------------------------------------------------------------------------------
 
 
+class _Callbacks(Generic[F]):
+    """Callbacks in the order added, each once: read without a lock on every span (:attr:`all` is
+    a tuple, replaced on each change), changed under one."""
+
+    def __init__(self) -> None:
+        self.all: tuple[F, ...] = ()
+        self._lock = threading.Lock()
+
+    def add(self, callback: F) -> None:
+        """Add ``callback`` (once, however often added)."""
+        with self._lock:
+            if callback not in self.all:
+                self.all = (*self.all, callback)
+
+    def remove(self, callback: F) -> None:
+        """Remove ``callback`` (a no-op when it is not there)."""
+        with self._lock:
+            self.all = tuple(c for c in self.all if c != callback)
+
+
 def _span_processor_base() -> type:
     from opentelemetry.sdk.trace import SpanProcessor  # the SDK loads only when a runner installs capture
 
@@ -320,30 +341,11 @@ class AgentboltSpanProcessor(_SpanProcessorBase):
 
     def __init__(self) -> None:
         self._open: dict[tuple[int, int], tuple[SpanSink, str, str]] = {}
-        self._translators: tuple[SpanTranslator, ...] = ()
-        self._starters: tuple[SpanStarter, ...] = ()
-        self._lock = threading.Lock()
-
-    def add_starter(self, start: SpanStarter) -> None:
-        """Call ``start`` on the spans of rollouts that start from now on (once, however often added)."""
-        with self._lock:
-            if start not in self._starters:
-                self._starters = (*self._starters, start)
-
-    def remove_starter(self, start: SpanStarter) -> None:
-        with self._lock:
-            self._starters = tuple(f for f in self._starters if f != start)
-
-    def add_translator(self, translate: SpanTranslator) -> None:
-        """Apply ``translate`` to the spans of rollouts that end from now on (once, however often added)."""
-        with self._lock:
-            if translate not in self._translators:
-                self._translators = (*self._translators, translate)
-
-    def remove_translator(self, translate: SpanTranslator) -> None:
-        """Stop applying ``translate`` (spans that ended before keep it)."""
-        with self._lock:
-            self._translators = tuple(f for f in self._translators if f != translate)
+        self.starters: _Callbacks[SpanStarter] = _Callbacks()
+        """Called on the spans of rollouts as they start."""
+        self.translators: _Callbacks[SpanTranslator] = _Callbacks()
+        """Applied to the spans of rollouts as they end (spans that ended before a change keep
+        the translators of their time)."""
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         ctx = _CURRENT.get()
@@ -362,7 +364,7 @@ class AgentboltSpanProcessor(_SpanProcessorBase):
         span.set_attribute(semconv.ATTEMPT_ID, route[2])
         sctx = span.get_span_context()
         self._open[(sctx.trace_id, sctx.span_id)] = route
-        for start in self._starters:
+        for start in self.starters.all:
             try:
                 start(span)
             except Exception as exc:  # starters guard themselves; this is the last line of defence
@@ -372,7 +374,7 @@ class AgentboltSpanProcessor(_SpanProcessorBase):
         sctx = span.get_span_context()
         route = self._open.pop((sctx.trace_id, sctx.span_id), None)
         if route is not None:
-            translators = self._translators
+            translators = self.translators.all
             route[0].put(_Finished(span, translators) if translators else span)
 
     def shutdown(self) -> None:
@@ -490,44 +492,52 @@ def _join(ours: Any, late: Any) -> None:
     )
 
 
-def add_span_translator(translate: SpanTranslator) -> bool:
-    """Translate the OpenTelemetry spans of rollouts with ``translate`` (see :data:`SpanTranslator`)
-    from now on; installs the capture first (:func:`install_otel`). Returns False when the global
-    provider is not the SDK's (nothing is captured to translate)."""
+def _installed_processor() -> AgentboltSpanProcessor | None:
+    """The global provider's agentbolt processor, after installing the capture (:func:`install_otel`);
+    ``None`` when the global provider is not the SDK's (nothing is captured)."""
     from opentelemetry.sdk.trace import TracerProvider
 
     provider = install_otel()
-    if not isinstance(provider, TracerProvider):
-        return False
-    _processor_of(provider).add_translator(translate)
-    return True
+    return _processor_of(provider) if isinstance(provider, TracerProvider) else None
+
+
+def _current_processor() -> AgentboltSpanProcessor | None:
+    """The global provider's agentbolt processor, if the capture was installed (installs nothing)."""
+    from opentelemetry import trace
+
+    return getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+
+
+def add_span_translator(translate: SpanTranslator) -> bool:
+    """Translate the OpenTelemetry spans of rollouts with ``translate`` (see :data:`SpanTranslator`)
+    from now on, once however often added; installs the capture first (:func:`install_otel`).
+    Returns False when the global provider is not the SDK's (nothing is captured to translate)."""
+    processor = _installed_processor()
+    if processor is not None:
+        processor.translators.add(translate)
+    return processor is not None
 
 
 def add_span_starter(start: SpanStarter) -> bool:
-    """Call ``start`` on every OpenTelemetry span of a rollout as it starts (see :data:`SpanStarter`);
-    installs the capture first. False when the global provider is not the SDK's."""
-    from opentelemetry.sdk.trace import TracerProvider
-
-    provider = install_otel()
-    if not isinstance(provider, TracerProvider):
-        return False
-    _processor_of(provider).add_starter(start)
-    return True
+    """Call ``start`` on every OpenTelemetry span of a rollout as it starts (see :data:`SpanStarter`),
+    once however often added; installs the capture first. False when the global provider is not
+    the SDK's."""
+    processor = _installed_processor()
+    if processor is not None:
+        processor.starters.add(start)
+    return processor is not None
 
 
 def remove_span_starter(start: SpanStarter) -> None:
     """Stop calling ``start`` (a no-op when it was not added)."""
-    from opentelemetry import trace
-
-    processor = getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+    processor = _current_processor()
     if processor is not None:
-        processor.remove_starter(start)
+        processor.starters.remove(start)
 
 
 def remove_span_translator(translate: SpanTranslator) -> None:
-    """Stop translating with ``translate`` (a no-op when it was not added)."""
-    from opentelemetry import trace
-
-    processor = getattr(trace.get_tracer_provider(), "_agentbolt_processor", None)
+    """Stop translating with ``translate`` (a no-op when it was not added; spans that ended before
+    keep it)."""
+    processor = _current_processor()
     if processor is not None:
-        processor.remove_translator(translate)
+        processor.translators.remove(translate)

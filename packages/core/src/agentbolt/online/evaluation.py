@@ -101,10 +101,9 @@ class GateRunner:
             self._runner_task.result()  # the runner died: say why
         prefix = f"{self.run_id}:gate{tag}:v{version}"
         specs = [
-            t.RolloutSpec(
+            t.RolloutSpec.from_task(
+                task,
                 rollout_id=f"{prefix}:{task.task_id}:{k}",
-                task_id=task.task_id,
-                input=task.input,
                 mode=t.RolloutMode.VAL,
                 group_id=f"{prefix}:{task.task_id}",
                 resources_version=version,

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from .sessions import Session
+if TYPE_CHECKING:  # annotations only: sessions reads its options, which name a Grouping
+    from .sessions import Session
 
 __all__ = ["Grouping", "group_ids"]
 

@@ -17,13 +17,13 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
 
 from ..rewards.judge import JudgeScore, LLMJudge
 from ..rewards.trajectory import trajectory_from_spans
 from ..store.base import Store
 from .feedback import reward_span
 from .grouping import Grouping, group_ids
+from .options import JudgeOptions
 from .sessions import Session
 
 __all__ = ["JudgeSweep"]
@@ -32,25 +32,23 @@ log = logging.getLogger(__name__)
 
 
 class JudgeSweep:
-    """Judges pending sessions (see the module docstring)."""
+    """Judges pending sessions (see the module docstring) as ``options`` say: its judge, the
+    window (``after_s``), ``mode`` and ``max_tries``.
+
+    Args:
+        options: ``agentbolt serve``'s judge options.
+        store: where the sessions' spans are and their rewards go.
+        grouping: how ``ranking`` groups sessions (the updates' grouping).
+        max_batch: most sessions judged in one sweep.
+    """
 
     def __init__(
-        self,
-        judge: LLMJudge,
-        store: Store,
-        *,
-        after_s: float = 3600.0,
-        mode: Literal["rubric", "ranking"] = "rubric",
-        grouping: Grouping = "auto",
-        max_tries: int = 3,
-        max_batch: int = 64,
+        self, options: JudgeOptions, store: Store, *, grouping: Grouping = "auto", max_batch: int = 64
     ) -> None:
-        self.judge = judge
+        self.options = options
+        self.judge: LLMJudge = options.judge
         self.store = store
-        self.after_s = after_s
-        self.mode = mode
         self.grouping = grouping
-        self.max_tries = max_tries
         self.max_batch = max_batch
         self.tries: dict[str, int] = {}
         self.scores: list[float] = []
@@ -68,8 +66,8 @@ class JudgeSweep:
             and s.calls > 0
             and s.rollout_id not in trained
             and s.ended_at is not None
-            and now - s.ended_at >= self.after_s
-            and self.tries.get(s.rollout_id, 0) < self.max_tries
+            and now - s.ended_at >= self.options.after_s
+            and self.tries.get(s.rollout_id, 0) < self.options.max_tries
         ]
         out.sort(key=lambda s: s.ended_at or 0.0)
         return out[: self.max_batch]
@@ -82,7 +80,7 @@ class JudgeSweep:
         spans = await self.store.query_spans([s.rollout_id for s in pending], latest_attempt_only=True)
         trajectories = {s.rollout_id: trajectory_from_spans(spans.get(s.rollout_id, []), s.rollout_id) for s in pending}
         results: dict[str, JudgeScore | None] = {}
-        if self.mode == "ranking":
+        if self.options.mode == "ranking":
             groups: dict[str, list[Session]] = defaultdict(list)
             for session, group in zip(pending, group_ids(pending, self.grouping, prefix="judge"), strict=True):
                 groups[group].append(session)

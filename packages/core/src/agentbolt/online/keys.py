@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from ..gateway.recorder import parse_traceparent
 from ..gateway.routing import RouteError
+from ..rewards.trajectory import readable_text
 
 __all__ = [
     "SESSION_HEADER",
@@ -83,20 +84,6 @@ def task_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
     return key if key is not None else _checked(_metadata(body).get("task_key"), "metadata.task_key")
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, str):
-                parts.append(part)
-        return " ".join(parts)
-    return ""
-
-
 def prompt_text(body: Mapping[str, Any]) -> str:
     """The question of a Chat Completions, Responses or Messages request: the text of its last
     user message (the prompt of a completions request); empty when there is none.
@@ -112,7 +99,7 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     if isinstance(items, list):
         for item in reversed(items):
             if isinstance(item, Mapping) and item.get("role") == "user":
-                return _text(item.get("content"))
+                return readable_text(item.get("content"))
     prompt = body.get("prompt")
     return prompt if isinstance(prompt, str) else ""
 

@@ -155,10 +155,8 @@ class OnlineServer:
         self.sessions = SessionBook(
             self.store,
             self.run_id,
+            self.session_options,
             worker_id=f"{self.run_id}-sessions",
-            idle_s=self.session_options.idle_s,
-            lease_s=self.session_options.lease_s,
-            retention_s=self.session_options.retention_s,
             live_version=lambda: self.live_version or None,
         )
         self.gateway = Gateway(
@@ -194,14 +192,7 @@ class OnlineServer:
         await self.sessions.start()
         loop = asyncio.get_running_loop()
         if self.judge_options is not None:
-            self.judge = JudgeSweep(
-                self.judge_options.judge,
-                self.store,
-                after_s=self.judge_options.after_s,
-                mode=self.judge_options.mode,
-                grouping=self.updates.grouping,
-                max_tries=self.judge_options.max_tries,
-            )
+            self.judge = JudgeSweep(self.judge_options, self.store, grouping=self.updates.grouping)
             self._tasks.append(loop.create_task(self._judge_loop(), name="agentbolt-judge"))
         if self.policy.trains:
             self.trainer = OnlineTrainer(self)

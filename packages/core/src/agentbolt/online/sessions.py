@@ -41,6 +41,7 @@ from ..gateway.routing import RoutedCall, RouteError
 from ..store.base import Store
 from ..store.run_records import RolloutSearch
 from . import keys
+from .options import SessionOptions
 
 __all__ = ["META_KEY", "Session", "SessionBook", "response_id_of"]
 
@@ -98,12 +99,9 @@ class SessionBook:
     Args:
         store: the durable store.
         run_id: the serve run the session rollouts belong to.
+        options: when sessions close (``idle_s``), their attempts' lease (``lease_s``, renewed
+            every third of it while open) and how long they are remembered (``retention_s``).
         worker_id: recorded on the session attempts.
-        idle_s: a session with no call for this long is closed.
-        lease_s: lease of a session's attempt (renewed every third of it while open); a serve
-            process down longer than this finds its open sessions ``lost``.
-        retention_s: sessions older than this are not loaded at start (feedback for them is
-            refused as unknown).
         live_version: called for the resources version new sessions record.
     """
 
@@ -111,19 +109,15 @@ class SessionBook:
         self,
         store: Store,
         run_id: str,
+        options: SessionOptions | None = None,
         *,
         worker_id: str = "agentbolt-serve",
-        idle_s: float = 300.0,
-        lease_s: float = 3600.0,
-        retention_s: float = 30 * 86400.0,
         live_version: Any = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
+        self.options = options if options is not None else SessionOptions()
         self.worker_id = worker_id
-        self.idle_s = idle_s
-        self.lease_s = lease_s
-        self.retention_s = retention_s
         self._live_version = live_version
         self.current: dict[str, Session] = {}
         """Session key -> its latest segment."""
@@ -257,7 +251,9 @@ class SessionBook:
             else:
                 raise RouteError(503, f"cannot open a new segment of session {key!r}", "agentbolt_store_error")
             try:
-                claims = await self.store.dequeue(self.worker_id, rollout_ids=[rollout_id], lease_s=self.lease_s)
+                claims = await self.store.dequeue(
+                    self.worker_id, rollout_ids=[rollout_id], lease_s=self.options.lease_s
+                )
             except AgentboltError as exc:  # refused; a later call opens the next segment
                 raise RouteError(503, f"cannot open the session in the store: {exc}", "agentbolt_store_error") from None
             if not claims:
@@ -321,7 +317,7 @@ class SessionBook:
         self.responses = {k: v for k, v in self.responses.items() if v not in gone}
 
     async def _keep(self) -> None:
-        tick = max(0.05, min(1.0, self.idle_s / 4))
+        tick = max(0.05, min(1.0, self.options.idle_s / 4))
         while True:
             await asyncio.sleep(tick)
             try:
@@ -332,10 +328,10 @@ class SessionBook:
     async def _tick(self) -> None:
         now = time.monotonic()
         for session in list(self.current.values()):
-            if not session.closed and session.inflight == 0 and now - session.last_active >= self.idle_s:
+            if not session.closed and session.inflight == 0 and now - session.last_active >= self.options.idle_s:
                 await self._close(session)
-        self._forget(time.time() - self.retention_s)
-        if now - self._last_heartbeat >= self.lease_s / 3:
+        self._forget(time.time() - self.options.retention_s)
+        if now - self._last_heartbeat >= self.options.lease_s / 3:
             self._last_heartbeat = now
             await self._heartbeat()
 
@@ -343,14 +339,14 @@ class SessionBook:
         open_ = {s.attempt_id: s for s in self.open_sessions()}
         ids = list(open_)
         for i in range(0, len(ids), 500):
-            for attempt in await self.store.heartbeat(ids[i : i + 500], lease_s=self.lease_s):
+            for attempt in await self.store.heartbeat(ids[i : i + 500], lease_s=self.options.lease_s):
                 if attempt.status is not t.AttemptStatus.RUNNING:
                     log.warning("session %s ended in the store (%s)", open_[attempt.attempt_id].key, attempt.status)
                     await self._close(open_[attempt.attempt_id], lost=True)
 
     async def _load(self) -> None:
         """Rebuild the in-memory view of the run's sessions (after a restart)."""
-        cutoff = time.time() - self.retention_s
+        cutoff = time.time() - self.options.retention_s
         found: list[t.Rollout] = []
         offset = 0
         while True:

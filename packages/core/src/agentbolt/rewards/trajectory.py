@@ -16,7 +16,7 @@ import orjson
 from .. import semconv
 from .. import types as t
 
-__all__ = ["Trajectory", "render_messages", "trajectory_from_spans"]
+__all__ = ["Trajectory", "readable_text", "render_messages", "trajectory_from_spans"]
 
 _MAX_MESSAGE_CHARS = 4000
 
@@ -42,7 +42,7 @@ class Trajectory:
         """The first user message (what was asked)."""
         for message in self.messages:
             if message.get("role") == "user":
-                return _content_text(message.get("content"))
+                return readable_text(message.get("content"))
         return ""
 
     def render(self) -> str:
@@ -50,20 +50,31 @@ class Trajectory:
         return render_messages(self.messages)
 
 
-def _content_text(content: Any) -> str:
+_IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def readable_text(content: Any) -> str:
+    """A chat message's ``content`` as a reader sees it (Chat Completions, Responses or Messages
+    format): a string itself; a list of parts, their texts one per line, with ``[image]`` for an
+    image and nothing for other parts; ``None``, empty; anything else, its JSON."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, Mapping) and part.get("type") in ("image_url", "input_image", "image"):
-                parts.append("[image]")
-        return "\n".join(parts)
+        return "\n".join(text for text in map(_part_text, content) if text is not None)
     return orjson.dumps(content, default=str).decode()
+
+
+def _part_text(part: Any) -> str | None:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping):
+        if isinstance(part.get("text"), str):
+            return str(part["text"])
+        if part.get("type") in _IMAGE_PARTS:
+            return "[image]"
+    return None
 
 
 def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -71,7 +82,7 @@ def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
     blocks = []
     for message in messages:
         role = str(message.get("role", "?"))
-        text = _content_text(message.get("content"))
+        text = readable_text(message.get("content"))
         calls = message.get("tool_calls") or []
         for call in calls if isinstance(calls, list) else []:
             fn = call.get("function", {}) if isinstance(call, Mapping) else {}
@@ -94,7 +105,7 @@ def _json_list(span: t.Span, key: str) -> list[dict[str, Any]]:
 
 
 def _norm(message: Mapping[str, Any]) -> tuple[str, str]:
-    return str(message.get("role", "")), _content_text(message.get("content")).strip()
+    return str(message.get("role", "")), readable_text(message.get("content")).strip()
 
 
 def trajectory_from_spans(spans: Sequence[t.Span], trajectory_id: str = "") -> Trajectory:
