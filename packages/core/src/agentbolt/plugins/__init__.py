@@ -12,30 +12,8 @@ assigners, advantage estimators); the registry loads them by module name.
 
 from __future__ import annotations
 
+from . import registry
 from .hookspecs import Register, hookimpl, hookspec
-from .registry import (
-    ENTRY_POINT_GROUP,
-    ENV_VAR,
-    PluginInfo,
-    PluginLoadWarning,
-    Plugins,
-    Registry,
-    default_plugins,
-    distribution_version,
-    lazy_factory,
-)
+from .registry import *  # noqa: F403  # the package's API is the registry's, plus the hooks
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "ENV_VAR",
-    "PluginInfo",
-    "PluginLoadWarning",
-    "Plugins",
-    "Register",
-    "Registry",
-    "default_plugins",
-    "distribution_version",
-    "hookimpl",
-    "hookspec",
-    "lazy_factory",
-]
+__all__ = ["Register", "hookimpl", "hookspec", *registry.__all__]
