@@ -48,8 +48,17 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "packages" / "algo-torch" / "src" / "agentbolt_torch"
-CHANGED = ("update.py", "update_config.py", "update_forward.py", "update_batches.py", "engine.py", "policy.py")
-"""The files of agentbolt_torch the memory change touched (``before`` takes them from ``--before-rev``)."""
+CHANGED = (
+    "update.py",
+    "update_config.py",
+    "update_forward.py",
+    "update_batches.py",
+    "engine.py",
+    "policy.py",
+    "attention.py",
+)
+"""The files of agentbolt_torch the memory changes touched (``before`` takes them from ``--before-rev``;
+one that did not exist there is left out)."""
 MICRO_BATCHES = (256, 512, 1024)
 """``after-mbN`` arms: the updater's ``micro_batch_tokens`` (default 2048)."""
 
@@ -87,6 +96,10 @@ def before_tree(rev: str, into: Path) -> Path:
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
     for name in CHANGED:
         path = f"packages/algo-torch/src/agentbolt_torch/{name}"
+        exists = subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO, capture_output=True)
+        if exists.returncode != 0:  # a file the change added
+            (target / name).unlink(missing_ok=True)
+            continue
         text = subprocess.run(
             ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout

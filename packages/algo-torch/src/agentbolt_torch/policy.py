@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from agentbolt.errors import MissingDependencyError, UserError
 
+from .attention import use_grouped_attention
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
@@ -99,6 +101,7 @@ class Policy:
             model = apply_adapters(model, adapters)
         if autocast_dtype == "auto":
             autocast_dtype = default_autocast_dtype(next(model.parameters()).device)
+        use_grouped_attention(model)
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
