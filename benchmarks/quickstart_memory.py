@@ -15,7 +15,11 @@ peak RSS, the wall time, s/step and where a step's time went, read from the quic
 - ``before-async`` / ``after-async``: the same with ``--async 1`` (asynchronous training: a
   serving copy of the weights generates while the update runs);
 - ``after-mb256`` / ``-mb512`` / ``-mb1024``: ``after`` with ``--micro-batch-tokens N`` (the
-  updater's default is 2,048 padded tokens per forward/backward pass).
+  updater's default is 2,048 padded tokens per forward/backward pass);
+- ``after-arena1`` / ``-arena2``: ``after`` with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by
+  all threads: the engine's and the updater's freed memory is one pool, not one per thread);
+- ``after-glibc``: ``after`` with glibc's default malloc settings instead of ``./dev``'s (freed
+  memory goes back to the system, so the peak RSS is close to the most memory live at once).
 
 ``--update-only`` measures policy updates instead of the whole quickstart, in a fresh process
 per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's shape (vocabulary 49,152,
@@ -164,6 +168,12 @@ def arm_environment(arm: str, args: argparse.Namespace, pythonpath: Path | None)
     """The process environment of ``arm``: ./dev's allocator settings of its revision, its code first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     env.update(dev_environment(args.before_rev if arm.startswith("before") else None))
+    if arm.endswith("-glibc"):
+        for name in [k for k in env if k.startswith("MALLOC_")]:
+            del env[name]
+    arenas = re.search(r"-arena(\d+)$", arm)
+    if arenas:
+        env["MALLOC_ARENA_MAX"] = arenas.group(1)
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(pythonpath)
     return env
@@ -274,7 +284,16 @@ def parser() -> argparse.ArgumentParser:
         "--arms",
         nargs="+",
         default=["before", "after"],
-        choices=["before", "after", "before-async", "after-async", *(f"after-mb{n}" for n in MICRO_BATCHES)],
+        choices=[
+            "before",
+            "after",
+            "before-async",
+            "after-async",
+            *(f"after-mb{n}" for n in MICRO_BATCHES),
+            "after-arena1",
+            "after-arena2",
+            "after-glibc",
+        ],
         help="-async: the quickstart with --async 1; -mbN: with --micro-batch-tokens N",
     )
     p.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times")
