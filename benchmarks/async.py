@@ -25,12 +25,21 @@ for each async arm the held-out accuracy at the sync arm's step count and at its
 its wall-clock to reach the sync arm's final held-out accuracy as a ratio of sync's (goal <= 0.6
 on the tail agent). On the random ``tiny`` model held-out accuracy stays 0: those runs measure
 time only.
+
+``--watch SECONDS`` (off by default) watches each arm for a stall: a daemon thread in the arm's
+process writes, every SECONDS, the generation engine's and the async scheduler's state
+(``TorchGRPO.state()``), the gateway's counters (calls in flight) and the store's rollouts (counts
+by status, the running ones with their age) to ``<out>/<agent>-<arm>/watch.log``, and every 4th
+time every thread's stack to ``watch.stacks`` beside it. It exists to catch the hang seen once at
+a K = 2 held-out evaluation (docs/benchmarks.md, "Asynchronous training").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import faulthandler
 import json
 import math
 import os
@@ -38,6 +47,7 @@ import random
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -70,6 +80,111 @@ def make_agent(median_s: float, sigma: float, seed: int) -> Any:
     return agent
 
 
+class Watch:
+    """``--watch``: a daemon thread that appends the run's state to ``out_dir/watch.log`` every
+    ``period_s`` and every thread's stack to ``out_dir/watch.stacks`` every 4th time (module doc).
+
+    Args:
+        algorithm: the arm's algorithm (``state()``, and ``phase``: what the run is doing).
+        ctx: the algorithm context (the gateway's counters, the store's rollouts).
+        loop: the training event loop (the store is read on it).
+    """
+
+    ANSWER_S = 5.0
+    """How long a read that needs another thread's event loop may take before it is reported unanswered."""
+
+    def __init__(
+        self, algorithm: Any, ctx: Any, loop: asyncio.AbstractEventLoop, out_dir: Path, period_s: float
+    ) -> None:
+        self.algorithm, self.ctx, self.loop, self.period_s = algorithm, ctx, loop, period_s
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path, self.stacks_path = out_dir / "watch.log", out_dir / "watch.stacks"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="async-benchmark-watch", daemon=True)
+        self._gateway_call: threading.Thread | None = None
+        self._gateway_stats: Any = None
+
+    def start(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2 * self.ANSWER_S + 1)
+
+    def lines(self) -> list[str]:
+        """One line per component: the run's phase, the engine and the stream (while they exist),
+        the gateway, the store."""
+        live = {name: value for name, value in self.algorithm.state().items() if value is not None}
+        return [
+            f"phase {self.algorithm.phase}",
+            *(f"{name} {json.dumps(value)}" for name, value in live.items()),
+            f"gateway {json.dumps(self._gateway(), default=str)}",
+            f"store {json.dumps(self._store(), default=str)}",
+        ]
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        with self.log_path.open("a") as log, self.stacks_path.open("a") as stacks:
+            tick = 0
+            while not self._stop.wait(self.period_s):
+                tick += 1
+                stamp = f"{time.strftime('%H:%M:%S')} t={time.monotonic() - started:.0f}s"
+                try:
+                    lines = self.lines()
+                except Exception as exc:  # a diagnostic must not die on what it diagnoses
+                    lines = [f"failed: {exc!r}"]
+                log.write("".join(f"{stamp} {line}\n" for line in lines))
+                log.flush()
+                if tick % 4 == 0:
+                    names = ", ".join(f"{t.ident:#018x} {t.name}" for t in threading.enumerate())
+                    stacks.write(f"==== {stamp} (threads: {names})\n")
+                    stacks.flush()
+                    faulthandler.dump_traceback(stacks, all_threads=True)
+            log.write(f"{time.strftime('%H:%M:%S')} watch stopped: the run ended\n")
+
+    def _gateway(self) -> Any:
+        """The gateway's counters; its thread answers them, so a stuck gateway shows as no answer
+        (and no second call piles up behind the first)."""
+        if self._gateway_call is None or not self._gateway_call.is_alive():
+
+            def call() -> None:
+                try:
+                    self._gateway_stats = self.ctx.gateway.stats()
+                except Exception as exc:
+                    self._gateway_stats = f"failed: {exc!r}"
+
+            self._gateway_stats = None
+            self._gateway_call = threading.Thread(target=call, name="async-benchmark-watch-gateway", daemon=True)
+            self._gateway_call.start()
+        self._gateway_call.join(self.ANSWER_S)
+        if self._gateway_stats is None:
+            return f"no answer in {self.ANSWER_S:g} s (the gateway's event loop is stuck?)"
+        return self._gateway_stats
+
+    def _store(self) -> Any:
+        """Rollouts by status and the running ones (id, seconds running), read on the training loop."""
+
+        async def read() -> dict[str, Any]:
+            from agentbolt.types import RolloutStatus
+
+            store = self.ctx.store
+            counts = await store.count_rollouts()
+            running = (await store.query_rollouts(status=RolloutStatus.RUNNING, limit=16)).items
+            now = time.time()
+            return {
+                "counts": {status.value: n for status, n in counts.items() if n},
+                "running": [f"{r.rollout_id} {now - (r.started_at or now):.0f}s" for r in running],
+            }
+
+        future = asyncio.run_coroutine_threadsafe(read(), self.loop)
+        try:
+            return future.result(self.ANSWER_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return f"no answer in {self.ANSWER_S:g} s (the training event loop is blocked?)"
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One arm, in this process: prints and returns its figures."""
     from math_tasks import make_tasks
@@ -83,12 +198,29 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     evaluations: list[dict[str, float]] = []
     clock = {"start": 0.0, "in_eval": 0.0}
 
+    out_dir = Path(args.out) / f"{args.agent}-{args.bound}"
+
     class Timed(TorchGRPO):
-        """torch-grpo noting each evaluation's accuracy and the training wall-clock reached then."""
+        """torch-grpo noting each evaluation's accuracy and the training wall-clock reached then
+        (and, with ``--watch``, watched while it runs)."""
+
+        phase = "starting"
+
+        async def run(self, ctx: Any, train: Any, val: Any) -> Any:
+            watch = Watch(self, ctx, asyncio.get_running_loop(), out_dir, args.watch).start() if args.watch else None
+            try:
+                return await super().run(ctx, train, val)
+            finally:
+                if watch is not None:
+                    await asyncio.to_thread(watch.stop)  # its last read may wait on this loop
 
         async def _evaluate(self, ctx: Any, policy: Any, val: Any, *, step: int, log_step: Any) -> Any:
             began = time.monotonic()
-            out = await super()._evaluate(ctx, policy, val, step=step, log_step=log_step)
+            self.phase = f"held-out evaluation after step {step}"
+            try:
+                out = await super()._evaluate(ctx, policy, val, step=step, log_step=log_step)
+            finally:
+                self.phase = f"training (last evaluation: after step {step})"
             if not clock["start"]:
                 clock["start"] = time.monotonic()
             else:
@@ -109,7 +241,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         group_size=args.group_size,
         max_tokens=args.max_tokens,
         val_every=args.val_every,
-        out_dir=Path(args.out) / f"{args.agent}-{args.bound}",
+        out_dir=out_dir,
         plot=False,
         seed=args.seed,
     )
@@ -260,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bounds", nargs="+", default=["sync", "1", "2"], help="sync and/or max_staleness values")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="every SECONDS write each arm's engine/scheduler/gateway/store state to <out>/<agent>-<arm>/watch.log, "
+        "every 4th time all thread stacks to watch.stacks (to catch a stall; default: off)",
+    )
     p.add_argument("--out", default="runs/async_benchmark")
     p.add_argument("--record", type=Path, help="write every arm's figures here as JSON")
     p.add_argument("--plot", type=Path, help="draw held-out accuracy against wall-clock here (PNG)")
@@ -268,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent", default="tail", help=argparse.SUPPRESS)
     p.add_argument("--bound", default="sync", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.watch is not None and args.watch <= 0:
+        p.error(f"--watch needs a positive number of seconds, got {args.watch:g}")
     if args.child:
         import logging
 

@@ -183,6 +183,19 @@ class TorchGRPO(Algorithm):
         self.plot = plot
         self._server: Any = None
         self._engine: Any = None
+        self._stream: Any = None
+        """The asynchronous schedule's :class:`~agentbolt_torch.asynchronous.GroupStream` while it runs."""
+
+    def state(self) -> dict[str, Any]:
+        """A snapshot of the run in progress for monitoring (JSON-serialisable; safe from any
+        thread): ``engine`` (:meth:`GenerationEngine.state <agentbolt_torch.engine.GenerationEngine.state>`)
+        and, while training asynchronously, ``stream`` (:meth:`GroupStream.state
+        <agentbolt_torch.asynchronous.GroupStream.state>`); ``None`` where there is none."""
+        engine, stream = self._engine, self._stream
+        return {
+            "engine": engine.state() if engine is not None else None,
+            "stream": stream.state() if stream is not None else None,
+        }
 
     # -- the loop ---------------------------------------------------------------------------------
 

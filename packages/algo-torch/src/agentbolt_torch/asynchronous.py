@@ -186,6 +186,25 @@ class GroupStream:
         """Groups enqueued and not yet taken by a step."""
         return len(self._inflight) + len(self._ready)
 
+    def state(self) -> dict[str, Any]:
+        """A snapshot for monitoring (plain values, JSON-serialisable). Plain reads, so it may be
+        called from another thread, its values then a moment apart: ``next_batch`` (the next data
+        batch to enqueue) of ``batches``, ``finished_steps``, ``held`` (:meth:`settle` stopped
+        enqueueing), groups ``in_flight`` (their ``in_flight_rollouts`` and the data batches
+        ``in_flight_batches`` they belong to), groups ``ready`` and not yet taken, ``idle_s``."""
+        in_flight = list(self._inflight.values())
+        return {
+            "next_batch": self._next_batch,
+            "batches": len(self.data),
+            "finished_steps": self.finished_steps,
+            "held": self._held,
+            "in_flight": len(in_flight),
+            "in_flight_rollouts": sum(len(g.rollout_ids) for g in in_flight),
+            "in_flight_batches": sorted({g.batch for g in in_flight}),
+            "ready": len(self._ready),
+            "idle_s": round(self.idle_s, 3),
+        }
+
     # -- inside ------------------------------------------------------------------------------------
 
     def _can_enqueue(self) -> bool:
@@ -267,10 +286,11 @@ async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], v
     data = list(itertools.islice(batches(train, algo.batch_size, epochs=epochs, seed=algo.seed), algo.steps))
     stream = GroupStream(ctx, data, group_size=algo.group_size, max_staleness=bound, tag=algo._step_tag)
     await algo._publish(ctx, policy, algo.sampling)
-    await stream.start()
-    last_end = time.monotonic()
-    idle_mark = 0.0
+    algo._stream = stream  # TorchGRPO.state() reports it
     try:
+        await stream.start()
+        last_end = time.monotonic()
+        idle_mark = 0.0
         for step, batch in enumerate(data, start=1):
             engine_before = engine.stats
             waiting = time.monotonic()
@@ -319,6 +339,7 @@ async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], v
             idle_mark = stream.idle_s
     finally:
         run.untrained_rollouts = await stream.close()
+        algo._stream = None
     if run.untrained_rollouts:
         log.info("%d rollouts started ahead were not trained (training ended)", run.untrained_rollouts)
 

@@ -280,6 +280,35 @@ class GenerationEngine:
         """Requests waiting for admission."""
         return len(self._queue)
 
+    def state(self) -> dict[str, Any]:
+        """A snapshot of the scheduler for monitoring (plain values, JSON-serialisable; safe from
+        any thread): ``queued`` requests (``queued_sequences`` counting ``n``) and the oldest
+        one's wait ``oldest_queued_s``; ``active_rows`` generating now, of ``active_requests``,
+        and the oldest row's ``oldest_active_s`` since admission and ``oldest_active_tokens``;
+        ``paused`` (admission stopped), ``frozen`` (decoding suspended by an in-place pause),
+        ``parked`` (the engine thread is waiting for work), ``cancelled`` (cancellations not yet
+        handled), ``running`` (the engine thread is alive), ``served_version`` and ``decode_steps``."""
+        with self._cv:
+            now = time.monotonic()
+            queue, rows = list(self._queue), list(self._rows)
+            oldest = rows[0] if rows else None  # rows keep their admission order
+            return {
+                "queued": len(queue),
+                "queued_sequences": sum(h.n for h in queue),
+                "oldest_queued_s": round(now - queue[0].submitted_at, 3) if queue else None,
+                "active_rows": len(rows),
+                "active_requests": len({id(row.handle) for row in rows}),
+                "oldest_active_s": round(now - (oldest.handle.admitted_at or now), 3) if oldest else None,
+                "oldest_active_tokens": len(oldest.token_ids) if oldest else None,
+                "paused": self._admit_paused,
+                "frozen": self._frozen,
+                "parked": self._parked,
+                "cancelled": len(self._cancelled),
+                "running": self._thread is not None and self._thread.is_alive(),
+                "served_version": self._weights.version,
+                "decode_steps": self._stats.decode_steps,
+            }
+
     # -- submission ----------------------------------------------------------------------------
 
     def submit(
