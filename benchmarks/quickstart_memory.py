@@ -18,8 +18,9 @@ peak RSS, the wall time, s/step and where a step's time went, read from the quic
   updater's default is 2,048 padded tokens per forward/backward pass);
 - ``after-arena1`` / ``-arena2``: ``after`` with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by
   all threads: the engine's and the updater's freed memory is one pool, not one per thread);
-- ``after-glibc``: ``after`` with glibc's default malloc settings instead of ``./dev``'s (freed
-  memory goes back to the system, so the peak RSS is close to the most memory live at once).
+- ``after-glibc``: ``after`` with glibc's default malloc settings instead of ``./dev``'s (its
+  dynamic thresholds: big buffers are mapped and returned until glibc raises the thresholds to
+  the sizes it sees).
 
 ``--update-only`` measures policy updates instead of the whole quickstart, in a fresh process
 per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's shape (vocabulary 49,152,
