@@ -42,6 +42,9 @@ Design (continuous batching, one engine thread):
   over the fp32 weights (the same rounding, the same kernels); the copies are rebuilt whenever
   the updater marks the weights changed (:meth:`Policy.mark_weights_changed`) or the version
   changes. Embeddings and norms stay fp32.
+- Grouped-query attention shares the key/value heads inside PyTorch's kernel instead of copying
+  them for every query head on every decode step (:mod:`agentbolt_torch.attention`; the policy
+  switches an ``sdpa`` model to it): the same logits bit for bit, less memory churned per step.
 
 CPU notes: one forward pass per decode step serves the whole batch, so throughput grows almost
 linearly with concurrent requests (SmolLM2-135M, fp32, 2 cores without bf16 units: about 19
