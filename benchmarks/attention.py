@@ -1,8 +1,10 @@
 """Grouped-query attention in generation: transformers' ``sdpa`` (key/value heads copied) against
 ``agentbolt_sdpa`` (PyTorch's grouped mode, :mod:`agentbolt_torch.attention`), side by side.
 
-Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
+Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 MALLOC_ARENA_MAX=2 \\
       uv run python benchmarks/attention.py [--rows 32] [--prompt-tokens 380] [--new-tokens 40] [--rounds 3]
+      [--record docs/runs/attention.json]
+      uv run python benchmarks/attention.py --report docs/runs/attention.json   # print a record again
 
 Prints:
 - one attention call at SmolLM2's shape (9 query heads on 3 key/value heads, head size 64, bf16),
@@ -19,15 +21,21 @@ The figures are seconds on a shared machine: compare the two columns of one run 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from agentbolt_torch.attention import ATTENTION_NAME
 from agentbolt_torch.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
 
 
-def kernel(rows: int, length: int, repeats: int = 30) -> None:
+def kernel(rows: int, length: int, repeats: int = 30) -> dict[str, Any]:
+    """One attention call both ways: milliseconds per call and whether the outputs are identical."""
     import torch
     import torch.nn.functional as F
 
@@ -58,10 +66,7 @@ def kernel(rows: int, length: int, repeats: int = 30) -> None:
             for _ in range(repeats):
                 call()
             times[name] = (time.perf_counter() - t0) / repeats * 1000
-    print(f"one attention call, {rows} rows x {length} cached positions, bf16, 9 heads on 3:")
-    for name, ms in times.items():
-        print(f"  {name:<14} {ms:7.2f} ms")
-    print(f"  ratio {times['sdpa (copies)'] / times['grouped']:.2f}x; outputs bit-identical: {same}")
+    return {"rows": rows, "length": length, "ms": times, "identical": same}
 
 
 def engine_round(policy: Policy, prompts: list[list[int]], new_tokens: int) -> tuple[float, list]:
@@ -78,15 +83,41 @@ def engine_round(policy: Policy, prompts: list[list[int]], new_tokens: int) -> t
     return tokens / seconds, [(o.token_ids, o.logprobs) for o in outputs]
 
 
+def report(record: dict[str, Any]) -> None:
+    """Print a run's figures (what a run prints, and ``--report`` from its record)."""
+    k = record["kernel"]
+    print(f"one attention call, {k['rows']} rows x {k['length']} cached positions, bf16, 9 heads on 3:")
+    for name, ms in k["ms"].items():
+        print(f"  {name:<14} {ms:7.2f} ms")
+    print(f"  ratio {k['ms']['sdpa (copies)'] / k['ms']['grouped']:.2f}x; outputs bit-identical: {k['identical']}")
+    e = record["engine"]
+    print(
+        f"\nengine, SmolLM2, {e['requests']} requests ({e['prompts']} prompts of {e['prompt_tokens']} tokens, "
+        f"4 samples each), {e['new_tokens']} new tokens, autocast {e['autocast']}:"
+    )
+    rates = e["tokens_per_s"]
+    for name, values in rates.items():
+        print(
+            f"  {name:<15} {statistics.median(values):7.1f} tokens/s (rounds: {', '.join(f'{v:.1f}' for v in values)})"
+        )
+    ratio = statistics.median(rates[ATTENTION_NAME]) / statistics.median(rates["sdpa"])
+    print(f"  {ATTENTION_NAME} / sdpa: {ratio:.2f}x; same tokens and logprobs: {e['identical']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=32, help="concurrent requests (groups of 4 on rows/4 prompts)")
     parser.add_argument("--prompt-tokens", type=int, default=380)
     parser.add_argument("--new-tokens", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--record", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--report", type=Path, help="print the figures of a record (run nothing)")
     args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return
 
-    kernel(args.rows, args.prompt_tokens + args.new_tokens // 2)
+    measured_kernel = kernel(args.rows, args.prompt_tokens + args.new_tokens // 2)
 
     import random
 
@@ -103,19 +134,30 @@ def main() -> None:
         for name in rates:
             policy.model.set_attn_implementation(name)
             rate, out = engine_round(policy, prompts, args.new_tokens)
-            rates[name].append(rate)
+            rates[name].append(round(rate, 1))
             outputs.setdefault(name, out)
-    print(
-        f"\nengine, SmolLM2, {len(prompts) * 4} requests ({len(prompts)} prompts of {args.prompt_tokens - 8 * (len(prompts) - 1)}"
-        f"-{args.prompt_tokens} tokens, 4 samples each), {args.new_tokens} new tokens, autocast {policy.autocast_dtype}:"
-    )
-    for name, values in rates.items():
-        print(
-            f"  {name:<15} {statistics.median(values):7.1f} tokens/s (rounds: {', '.join(f'{v:.1f}' for v in values)})"
-        )
-    ratio = statistics.median(rates[ATTENTION_NAME]) / statistics.median(rates["sdpa"])
-    same = outputs["sdpa"] == outputs[ATTENTION_NAME]
-    print(f"  {ATTENTION_NAME} / sdpa: {ratio:.2f}x; same tokens and logprobs: {same}")
+    record = {
+        "benchmark": "benchmarks/attention.py",
+        "argv": sys.argv[1:],
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kernel": measured_kernel,
+        "engine": {
+            "requests": len(prompts) * 4,
+            "prompts": len(prompts),
+            "prompt_tokens": f"{min(map(len, prompts))}-{max(map(len, prompts))}",
+            "new_tokens": args.new_tokens,
+            "autocast": str(policy.autocast_dtype),
+            "tokens_per_s": rates,
+            "identical": outputs["sdpa"] == outputs[ATTENTION_NAME],
+        },
+    }
+    report(record)
+    if args.record:
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

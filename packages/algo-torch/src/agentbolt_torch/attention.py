@@ -4,9 +4,10 @@ Models with grouped-query attention (SmolLM2: 9 query heads share 3 key/value he
 transformers' ``sdpa`` attention, which repeats every key and value head for its query heads
 (``repeat_kv``) whenever an attention mask is passed, and the engine always passes one (left
 padding). In a decode step that copies the whole KV cache three times over, in every layer: for
-the quickstart's 32 rows of about 420 tokens, some 0.9 GB allocated and freed per step, and an
-attention call 3.4x slower than PyTorch's own grouped mode (``enable_gqa=True``) on the same
-inputs, which gives the same output bit for bit (``benchmarks/attention.py``).
+the quickstart's 32 rows of about 420 tokens, some 0.9 GB allocated and freed per step (from the
+shapes), and an attention call several times slower than PyTorch's own grouped mode
+(``enable_gqa=True``) on the same inputs, which gives the same output bit for bit
+(``benchmarks/attention.py`` measures both; docs/benchmarks.md has its figures).
 
 :func:`use_grouped_attention` registers :func:`grouped_sdpa_forward` under :data:`ATTENTION_NAME`
 through transformers' documented extension point (``AttentionInterface`` and
