@@ -1,7 +1,6 @@
 """Synchronous vs asynchronous training (``max_staleness`` K = 1, 2), side by side (not in CI).
 
-Run:  MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
-      uv run python benchmarks/async.py [--model tiny|smollm2] [--steps 6] [--agents tail plain]
+Run:  uv run python benchmarks/async.py [--model tiny|smollm2] [--steps 6] [--agents tail plain]
       [--bounds sync 1 2] [--rounds 1] [--record docs/runs/async_benchmark.json] [--plot curve.png]
       uv run python benchmarks/async.py --report docs/runs/async_benchmark.json [--plot curve.png]  # from a record
 
@@ -25,6 +24,9 @@ for each async arm the held-out accuracy at the sync arm's step count and at its
 its wall-clock to reach the sync arm's final held-out accuracy as a ratio of sync's (goal <= 0.6
 on the tail agent). On the random ``tiny`` model held-out accuracy stays 0: those runs measure
 time only.
+
+Each arm runs in a process of its own with the malloc settings ``./dev`` gives training
+processes (read from ``./dev``, as ``benchmarks/quickstart_memory.py`` does).
 
 ``--watch SECONDS`` (off by default) watches each arm for a stall: a daemon thread in the arm's
 process writes, every SECONDS, the generation engine's and the async scheduler's state
@@ -55,13 +57,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "quickstart"))
-
-MALLOC = {
-    "MALLOC_MMAP_THRESHOLD_": "4294967296",
-    "MALLOC_TRIM_THRESHOLD_": "68719476736",
-    "MALLOC_TOP_PAD_": "1073741824",
-    "MALLOC_ARENA_MAX": "2",
-}
+sys.path.insert(0, str(REPO / "benchmarks"))
+from quickstart_memory import dev_environment  # noqa: E402  # ./dev's malloc settings, read from ./dev
 
 
 def make_agent(median_s: float, sigma: float, seed: int) -> Any:
@@ -430,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1}: {agent} agent, {bound} ...", flush=True)
                 done = subprocess.run(
                     [sys.executable, __file__, *passthrough, "--child", "--agent", agent, "--bound", bound],
-                    env={**os.environ, **MALLOC},
+                    env={**os.environ, **dev_environment(None)},
                     capture_output=True,
                     text=True,
                 )
