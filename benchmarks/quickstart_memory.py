@@ -16,6 +16,8 @@ peak RSS, the wall time, s/step and where a step's time went, read from the quic
   serving copy of the weights generates while the update runs);
 - ``after-mb256`` / ``-mb512`` / ``-mb1024``: ``after`` with ``--micro-batch-tokens N`` (the
   updater's default is 2,048 padded tokens per forward/backward pass);
+- ``after-gc``: ``after`` with ``--gradient-checkpointing`` (:mod:`agentbolt_torch.update_recompute`:
+  each layer's activations recomputed in the backward pass instead of kept);
 - ``after-arena1`` / ``-arena2``: ``after`` with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by
   all threads: the engine's and the updater's freed memory is one pool, not one per thread);
 - ``after-glibc``: ``after`` with glibc's default malloc settings instead of ``./dev``'s (its
@@ -200,6 +202,7 @@ def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Pa
         str(out / arm),
         *(["--async", "1"] if arm.endswith("-async") else []),
         *(["--micro-batch-tokens", arm.rsplit("-mb", 1)[1]] if "-mb" in arm else []),
+        *(["--gradient-checkpointing"] if arm.endswith("-gc") else []),
     ]
     return _watched(arm, args, command, env, _parse_quickstart)
 
@@ -294,6 +297,7 @@ def parser() -> argparse.ArgumentParser:
             "after-arena1",
             "after-arena2",
             "after-glibc",
+            "after-gc",
         ],
         help="-async: the quickstart with --async 1; -mbN: with --micro-batch-tokens N",
     )

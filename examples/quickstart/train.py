@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="padded tokens per forward/backward pass of an update (default: the updater's 2048; smaller "
         "takes less memory, see docs/benchmarks.md 'Update memory')",
     )
+    p.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute the layers' activations in the update's backward pass instead of keeping them: less "
+        "memory, a slower update (see docs/benchmarks.md 'Update memory')",
+    )
     add_async_argument(p)
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "val_every": args.val_every,
         "update": {"lr": args.lr, "seed": args.seed}
-        | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {}),
+        | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {})
+        | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         "out_dir": args.out,
         "checkpoint_every": args.steps or None,
         "autocast": None if args.autocast == "none" else args.autocast,

@@ -415,8 +415,14 @@ def test_correction_refuses_ratios_against_the_sampling_policy_and_rows_without_
 
 @pytest.mark.parametrize(
     ("lora", "share", "checkpointing"),
-    [(None, False, False), (None, True, False), (LoraSettings(r=4, alpha=8), True, False), (None, True, True)],
-    ids=["full", "full-shared", "lora-shared", "full-shared-checkpointing"],
+    [
+        (None, False, False),
+        (None, True, False),
+        (LoraSettings(r=4, alpha=8), True, False),
+        (None, True, True),
+        (LoraSettings(r=4, alpha=8), True, True),
+    ],
+    ids=["full", "full-shared", "lora-shared", "full-shared-checkpointing", "lora-shared-checkpointing"],
 )
 def test_chunked_output_head_gives_the_model_logits_update(
     monkeypatch: pytest.MonkeyPatch, lora: LoraSettings | None, share: bool, checkpointing: bool

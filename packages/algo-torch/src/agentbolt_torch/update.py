@@ -86,6 +86,7 @@ from .update_batches import (
 from .update_config import UpdateConfig, UpdateMetrics
 from .update_forward import response_logprobs
 from .update_loss import kl_penalty, policy_loss
+from .update_recompute import checkpointed_layers
 
 if TYPE_CHECKING:
     import torch
@@ -223,8 +224,6 @@ class PolicyUpdater:
             model = policy.model
             self._activate()
             model.train()
-            if cfg.gradient_checkpointing:
-                policy.base_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             try:
                 single_pass = cfg.epochs == 1 and cfg.mini_batches == 1
                 needs_old = [it for it in items if it.old is None or self.old_logprobs == "recompute"]
@@ -267,8 +266,6 @@ class PolicyUpdater:
                         totals["grad_norm"] += norm_value
                         counts["steps"] += 1
             finally:
-                if cfg.gradient_checkpointing:
-                    policy.base_model.gradient_checkpointing_disable()
                 model.eval()
             self.step += 1
             policy.mark_weights_changed()
@@ -343,7 +340,7 @@ class PolicyUpdater:
 
     @property
     def _sharing(self) -> bool:
-        return self.config.share_prompts and not self.config.gradient_checkpointing
+        return self.config.share_prompts
 
     def _micro_batches(self, items: list[PreparedTransition]) -> list[list[PreparedTransition]]:
         return micro_batches(items, self.config.micro_batch_tokens, share_prompts=self._sharing)
@@ -383,9 +380,10 @@ class PolicyUpdater:
 
     def _forward_backward(self, micro: list[PreparedTransition], *, measure_mismatch: bool) -> dict[str, float]:
         cfg = self.config
-        logp, entropy, processed = self._logprobs(
-            self.policy.model, micro, with_entropy=True, entropy_grad=cfg.entropy_coef > 0
-        )
+        with checkpointed_layers(self.policy.model, cfg.gradient_checkpointing):
+            logp, entropy, processed = self._logprobs(
+                self.policy.model, micro, with_entropy=True, entropy_grad=cfg.entropy_coef > 0
+            )
         assert entropy is not None
         ref_logp = self._reference_logprobs(micro) if cfg.kl_coef > 0 else None
         loss, stats = policy_loss(

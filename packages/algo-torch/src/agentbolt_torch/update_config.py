@@ -60,7 +60,9 @@ class UpdateConfig:
     """Divide logits by this before log-softmax (match the sampling temperature when the
     server reports ``processed`` logprobs; keep 1.0 with the default ``raw`` logprobs)."""
     gradient_checkpointing: bool = False
-    """Trade compute for memory in the backward pass (turns ``share_prompts`` off)."""
+    """Trade compute for memory in the backward pass: each decoder layer keeps only its input and
+    runs again in the backward pass (about one more forward pass of the layers;
+    :mod:`agentbolt_torch.update_recompute`). Keeps ``share_prompts``; the update is unchanged."""
     share_prompts: bool = True
     """Run each distinct prompt of a micro-batch through the model once and its responses against
     that prompt's KV cache, instead of one full sequence per transition. The samples of a GRPO

@@ -1,0 +1,156 @@
+"""Gradient checkpointing in the policy update (agentbolt_torch.update_recompute): that the
+layers keep nothing and run again, that prompt sharing stays on, and that the update is the
+plain one's under bf16 autocast (the quickstart's setting).
+
+The value checks without autocast are in test_torch_update.py
+(``test_gradient_checkpointing_gives_the_same_update``, the chunked-head test's checkpointed cases).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agentbolt.types import Transition
+from agentbolt_torch.models import tiny_model
+from agentbolt_torch.policy import Policy
+from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+from agentbolt_torch.update_recompute import checkpointed_layers, decoder_layers
+
+
+def policy(*, autocast: bool = False) -> Policy:
+    model, tokenizer = tiny_model(seed=0)
+    return Policy(model, tokenizer, name="tiny", autocast_dtype="bfloat16" if autocast else None)
+
+
+def groups(n_groups: int = 3, group: int = 4, prompt_len: int = 30) -> list[Transition]:
+    """GRPO-shaped rows: ``group`` responses of varied length to each of ``n_groups`` prompts."""
+    rng = random.Random(0)
+    rows = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(3, 200) for _ in range(prompt_len)]
+        for k in range(group):
+            n = rng.randint(2, 9)
+            rows.append(
+                Transition(
+                    rollout_id=f"g{g}-{k}",
+                    group_id=f"g{g}",
+                    index=0,
+                    prompt_ids=prompt,
+                    response_ids=[rng.randrange(3, 200) for _ in range(n)],
+                    response_logprobs=[-3.0] * n,
+                    advantage=rng.uniform(-1, 1),
+                )
+            )
+    return rows
+
+
+class MatmulCount(TorchDispatchMode):
+    """Counts the matrix products dispatched while active (the forward's or the backward's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "bmm"):
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def matmuls(checkpointing: bool) -> tuple[int, int]:
+    """Matrix products in one forward and in its backward pass."""
+    from agentbolt_torch.update_batches import prepare_items
+    from agentbolt_torch.update_forward import response_logprobs
+
+    p = policy()
+    p.model.train()
+    items = prepare_items(groups(), p.max_model_len)
+    with checkpointed_layers(p.model, checkpointing):
+        with MatmulCount() as forward:
+            logp, _, _ = response_logprobs(p, p.model, items, share_prompts=True, with_entropy=False)
+        with MatmulCount() as backward:
+            logp.sum().backward()
+    return sum(forward.calls.values()), sum(backward.calls.values())
+
+
+def test_checkpointed_layers_run_again_in_the_backward_pass() -> None:
+    off_forward, off_backward = matmuls(False)
+    on_forward, on_backward = matmuls(True)
+    assert off_forward == on_forward > 0
+    # the layers' products run once more in the backward pass, the output head's do not (its
+    # chunks are recomputed with or without: update_forward's own checkpoint)
+    assert off_backward < on_backward < off_backward + off_forward
+
+
+def saved_bytes(checkpointing: bool) -> int:
+    """Bytes autograd saves for the backward pass outside checkpointed regions in one forward."""
+    from agentbolt_torch.update_batches import prepare_items
+    from agentbolt_torch.update_forward import response_logprobs
+
+    p = policy()
+    p.model.train()
+    items = prepare_items(groups(), p.max_model_len)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with checkpointed_layers(p.model, checkpointing), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        response_logprobs(p, p.model, items, share_prompts=True, with_entropy=False)
+    return sum(seen.values())
+
+
+def test_checkpointed_layers_save_no_activation_of_their_own() -> None:
+    off, on = saved_bytes(False), saved_bytes(True)
+    assert on < off / 3
+
+
+def test_prompt_sharing_stays_on_under_checkpointing() -> None:
+    rows = groups(n_groups=3, group=4, prompt_len=60)
+    # one group fits a micro-batch of 120 padded tokens only if its prompt counts once
+    counts = {}
+    for checkpointing, share in ((False, True), (True, True), (False, False)):
+        updater = PolicyUpdater(
+            policy(), UpdateConfig(micro_batch_tokens=120, share_prompts=share, gradient_checkpointing=checkpointing)
+        )
+        counts[(checkpointing, share)] = updater.update(rows).micro_batches
+    assert counts[(False, True)] == counts[(True, True)] == 3
+    assert counts[(False, False)] > 3
+
+
+def test_bf16_autocast_update_is_the_plain_ones_exactly() -> None:
+    """Under bf16 autocast (the quickstart's setting) with shared prompts: gradients flow through
+    the first run's graph, the recomputation only rebuilds saved values, so the weight change is
+    the plain update's to the bit."""
+    results = []
+    for checkpointing in (False, True):
+        p = policy(autocast=True)
+        before = {k: v.detach().clone() for k, v in p.model.named_parameters()}
+        PolicyUpdater(p, UpdateConfig(lr=1e-2, gradient_checkpointing=checkpointing)).update(groups())
+        results.append({k: v.detach() - before[k] for k, v in p.model.named_parameters()})
+    assert max(d.abs().max().item() for d in results[0].values()) > 1e-4
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_layers_are_restored_even_when_the_forward_fails() -> None:
+    p = policy()
+    layers = decoder_layers(p.model)
+    shadowed = []
+
+    def fail() -> None:
+        with checkpointed_layers(p.model, "full"):
+            shadowed.extend("forward" in layer.__dict__ for layer in layers)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fail()
+    assert shadowed == [True] * len(layers)
+    assert not any("forward" in layer.__dict__ for layer in layers)
