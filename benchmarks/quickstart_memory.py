@@ -123,7 +123,7 @@ from agentbolt_torch.models import tiny_tokenizer
 from agentbolt_torch.policy import Policy
 from agentbolt_torch.update import PolicyUpdater, UpdateConfig
 
-hidden, layers, groups, updates = (int(a) for a in sys.argv[1:5])
+hidden, layers, groups, updates, checkpointing = (int(a) for a in sys.argv[1:6])
 vocab = 49152
 torch.manual_seed(0)
 tokenizer = tiny_tokenizer(512)
@@ -131,7 +131,7 @@ config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hid
     num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 192), tie_word_embeddings=True,
     pad_token_id=tokenizer.pad_token_id, max_position_embeddings=1024)
 policy = Policy(LlamaForCausalLM(config), tokenizer, name="smollm2-shape")
-updater = PolicyUpdater(policy, UpdateConfig(lr=1e-5))
+updater = PolicyUpdater(policy, UpdateConfig(lr=1e-5, **({"gradient_checkpointing": True} if checkpointing else {})))
 g = torch.Generator().manual_seed(0)
 rows = []
 for i in range(groups):
@@ -156,6 +156,7 @@ def run_update_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None) 
         "-c",
         UPDATE_CHILD,
         *(str(v) for v in (args.hidden, args.layers, args.groups, args.updates)),
+        "1" if arm.endswith("-gc") else "0",
     ]
     return _watched(arm, args, command, env, _parse_update)
 
