@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import selectors
+import socket
 import threading
 import weakref
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ def other_loop() -> Iterator[asyncio.AbstractEventLoop]:
 def collector_off() -> Iterator[None]:
     """Garbage is collected only where the test says (the default collector could run anywhere)."""
     was_enabled = gc.isenabled()
+    gc.collect()  # earlier tests' garbage goes now, not in the collection the test makes
     gc.disable()
     try:
         yield
@@ -57,6 +59,18 @@ def _connection_fd(client: openai.AsyncOpenAI) -> int:
     """The socket descriptor of the client's one pooled connection."""
     (connection,) = client._client._transport._pool.connections  # type: ignore[attr-defined]
     return int(connection._connection._network_stream.get_extra_info("socket").fileno())
+
+
+def _next_socket_gets(fd: int) -> list[socket.socket]:
+    """Make ``fd`` the lowest free descriptor (so the next socket gets it) by holding every
+    lower free one; returns the placeholders, to close afterwards."""
+    held = []
+    while True:
+        placeholder = socket.socket()
+        if placeholder.fileno() >= fd:
+            placeholder.close()
+            return held
+        held.append(placeholder)
 
 
 async def _settle() -> None:
@@ -108,6 +122,7 @@ async def test_a_client_collected_on_another_loop_does_not_stall_the_next_call_o
 
         other_loop.call_soon_threadsafe(collect)
         assert collected.wait(WAIT_S)
+        placeholders = _next_socket_gets(first_fd)  # the collection may have freed lower descriptors too
 
         async def second_rollout() -> str | None:
             client = openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=WAIT_S)
@@ -136,6 +151,8 @@ async def test_a_client_collected_on_another_loop_does_not_stall_the_next_call_o
             release.set()
             answer.set()
             workers.close()
+            for placeholder in placeholders:
+                placeholder.close()
 
 
 class _Owner:
@@ -166,7 +183,10 @@ def test_a_transport_finalized_unclosed_on_the_agent_loop_leaves_its_reused_desc
         _Owner(old)
         del old
         gc.collect()  # finalizes the transport (closing its socket) and resurrects it in _late_closes
+        placeholders = _next_socket_gets(old_fd)
         new, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        for placeholder in placeholders:
+            placeholder.close()
         assert new.get_extra_info("socket").fileno() == old_fd, "precondition: the descriptor is reused"
         await asyncio.sleep(0)  # the new transport registers its reader
         _late_closes.pop().abort()  # the owner's late close
