@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import openai
@@ -125,17 +125,55 @@ async def test_slow_body_is_cut_off(gateway: Gateway) -> None:
     writer.close()
 
 
-async def test_connections_per_client_are_capped(gateway: Gateway) -> None:
-    held = [await asyncio.open_connection(gateway.host, gateway.port) for _ in range(4)]
-    reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
-    answer = await _closed_within(reader, 5)
-    assert b"503" in answer.split(b"\r\n", 1)[0]
-    writer.close()
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the gateway never got there")
+
+
+async def test_over_the_cap_a_clients_longest_idle_connection_makes_room(gateway: Gateway) -> None:
+    """An agent that never closes its clients leaves idle keep-alive connections behind: a new
+    connection over the cap closes the oldest idle one instead of being refused."""
+    connections = gateway._server.connections
+    held = []
+    for n in range(1, 5):
+        held.append(await asyncio.open_connection(gateway.host, gateway.port))
+        await _until(lambda n=n: len(connections) == n)  # accepted, in order
+    async with httpx.AsyncClient(base_url=gateway.url) as http:  # the 5th: served
+        assert (await http.get("/gateway/health")).status_code == 200
+    assert await _closed_within(held[0][0], 5) == b""  # the oldest idle one was closed, without an answer
+    assert not any(reader.at_eof() for reader, _ in held[1:])
+    assert gateway.stats()["idle_connections_evicted"] == 1
     for _, w in held:
         w.close()
-    await asyncio.sleep(0.1)
-    async with httpx.AsyncClient(base_url=gateway.url) as http:  # freed slots are usable again
-        assert (await http.get("/gateway/health")).status_code == 200
+
+
+async def test_over_the_cap_with_none_idle_the_new_connection_is_refused() -> None:
+    store = open_store("memory://")
+    gw = Gateway(store, [], header_timeout_s=60, max_connections_per_client=4)
+    await gw.start()
+    try:
+        busy = [await asyncio.open_connection(gw.host, gw.port) for _ in range(4)]
+        for _, writer in busy:  # a request arriving on each: none of them is idle
+            writer.write(b"GET /gateway/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            await writer.drain()
+        await _until(
+            lambda: len(gw._server.connections) == 4 and all(c.idle_since is None for c in gw._server.connections)
+        )
+        reader, writer = await asyncio.open_connection(gw.host, gw.port)
+        answer = await _closed_within(reader, 5)
+        assert b"503" in answer.split(b"\r\n", 1)[0]
+        writer.close()
+        for _, w in busy:
+            w.close()
+        await _until(lambda: not gw._server.connections)
+        async with httpx.AsyncClient(base_url=gw.url) as http:  # freed slots are usable again
+            assert (await http.get("/gateway/health")).status_code == 200
+    finally:
+        await gw.stop()
+        await store.close()
 
 
 async def test_oversized_headers_are_refused(gateway: Gateway) -> None:

@@ -115,7 +115,8 @@ class Gateway:
         allowed_hosts: ``Host`` names a tokenless gateway answers besides loopback ones (e.g.
             ``host.docker.internal`` for agents in containers); other names are refused (421),
             which keeps web pages (DNS rebinding) away from it.
-        max_connections_per_client: open connections one client address may hold.
+        max_connections_per_client: open connections one client address may hold; a new one over
+            it closes the client's longest-idle connection, or is refused (503) when none is idle.
         header_timeout_s, body_timeout_s: deadlines for receiving a request's headers and body
             (a client trickling bytes is cut off: slowloris).
         agent_names: names the agent of calls that send no ``X-Agentbolt-Agent-Name`` header, from
@@ -318,6 +319,8 @@ class Gateway:
         return {
             **self.counters,
             "inflight": self._inflight,
+            "connections": len(self._server.connections),
+            "idle_connections_evicted": self._server.evicted,
             "paused": self.paused,
             "spans_buffered": len(self._spans.buffered),
             "spans_recorded": self._spans.added,

@@ -16,7 +16,8 @@ The two classes implement only what an OpenAI-compatible proxy needs:
 - server: keep-alive, pipelined requests answered in order, request bodies with
   Content-Length or chunked encoding, ``Expect: 100-continue``, header and body size limits,
   idle connection timeout, deadlines for a request's headers and body (a client trickling
-  bytes is cut off: slowloris), a cap on connections per client address, full responses or
+  bytes is cut off: slowloris), a cap on connections per client address (its longest-idle
+  connection closed first), full responses or
   chunked streams (SSE);
 - client: per-upstream keep-alive pool, TLS, Content-Length or chunked responses streamed as
   they arrive, connect/response timeouts, one transparent retry when a pooled keep-alive
@@ -157,6 +158,7 @@ class _ServerConnection(asyncio.Protocol):
         self._idle: asyncio.TimerHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._header_bytes = 0
+        self._in_message = False
         self._peer: str = ""
         self._writable = asyncio.Event()
         self._writable.set()
@@ -171,8 +173,8 @@ class _ServerConnection(asyncio.Protocol):
         self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         count = self.server.per_client.get(self._peer, 0) + 1
         self.server.per_client[self._peer] = count
-        if count > self.server.max_connections_per_client:
-            log.warning("refusing a connection from %s: it holds %d already", self._peer, count - 1)
+        if count > self.server.max_connections_per_client and not self.server.close_idle_of(self._peer, but=self):
+            log.warning("refusing a connection from %s: it holds %d already, none idle", self._peer, count - 1)
             self._fail(503, f"too many connections from {self._peer or 'this client'}; reuse connections")
             return
         self._arm_idle()
@@ -209,6 +211,7 @@ class _ServerConnection(asyncio.Protocol):
     # -- parser callbacks ----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_message = True
         self._url = b""
         self._headers = {}
         self._body = []
@@ -260,6 +263,7 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -336,6 +340,14 @@ class _ServerConnection(asyncio.Protocol):
         if self._idle is None and not self.closed:
             self._idle = asyncio.get_running_loop().call_later(self.server.idle_timeout_s, self.close)
 
+    @property
+    def idle_since(self) -> float | None:
+        """When this keep-alive connection's idle timer started (loop time), None while it has a
+        request in progress (arriving, queued or being answered) or once closed."""
+        if self.closed or self._idle is None or self.busy or self.queue or self._in_message:
+            return None
+        return self._idle.when() - self.server.idle_timeout_s
+
 
 class HttpServer:
     """Serves ``handler(request, responder)`` on a TCP port.
@@ -347,7 +359,8 @@ class HttpServer:
         idle_timeout_s: a keep-alive connection with no request in progress closes after this.
         header_timeout_s: a request's line and headers must all arrive within this (408).
         body_timeout_s: a request's body must arrive within this after its headers (408).
-        max_connections_per_client: connections one client address may hold open.
+        max_connections_per_client: connections one client address may hold open; over it, the
+            client's longest-idle connection is closed, or the new one refused (503) when none is idle.
     """
 
     def __init__(
@@ -372,7 +385,36 @@ class HttpServer:
         self.max_connections_per_client = max_connections_per_client
         self.per_client: dict[str, int] = {}
         self.connections: set[_ServerConnection] = set()
+        self.evicted = 0
+        """Idle connections closed to make room for a client's new one over the cap."""
         self._server: asyncio.base_events.Server | None = None
+
+    def close_idle_of(self, peer: str, *, but: _ServerConnection) -> bool:
+        """Close the longest-idle keep-alive connection of ``peer`` (other than ``but``); False if
+        it has none idle.
+
+        An agent that makes a client per rollout and never closes it (the quickstart agent does)
+        leaves its connection open until the garbage collector finds the client, which can take
+        minutes: at a few rollouts per second its idle connections alone pass the cap. Closing an
+        idle keep-alive connection is allowed at any time (RFC 9112, 9.6), so a client over the
+        cap loses its oldest idle connection instead of getting a 503 for the new one.
+        """
+        idle = [
+            (since, c)
+            for c in self.connections
+            if c is not but and c._peer == peer and (since := c.idle_since) is not None
+        ]
+        if not idle:
+            return False
+        _, oldest = min(idle, key=lambda pair: pair[0])
+        log.debug(
+            "closing the longest-idle connection from %s: it is over %d connections",
+            peer,
+            self.max_connections_per_client,
+        )
+        oldest.close()
+        self.evicted += 1
+        return True
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""

@@ -14,6 +14,10 @@ When an attempt ends under an agent (timeout, lost lease, cancellation), the age
 and given ``grace_s`` to stop. An agent that ignores cancellation is abandoned, and when it was
 async its agent loop is replaced by a fresh one for the next rollouts: the stuck loop keeps
 nothing else hostage. Contextvars (the rollout's attribution) follow the agent to its thread.
+
+The agent loop is an :class:`~agentbolt.runners.agent_loop.AgentEventLoop`: asyncio's loop, made
+safe against the clients agents drop without closing them (a garbage-collected ``AsyncOpenAI``
+could otherwise leave a later model call unanswered until its timeout; see that module).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from .agent_loop import new_agent_loop
 
 __all__ = ["AgentAbandoned", "AgentWorkers"]
 
@@ -38,7 +44,7 @@ class _AgentLoop:
     """An event loop on a daemon thread."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_agent_loop()
         self._lock = threading.Lock()
         self._starts: list[tuple[Callable[[], None], contextvars.Context]] = []
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
