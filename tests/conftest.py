@@ -1,4 +1,4 @@
-"""Shared test fixtures: a throwaway PostgreSQL server and a local Ray cluster for the whole session."""
+"""Shared test fixtures: a throwaway PostgreSQL server for the whole session."""
 
 from __future__ import annotations
 
@@ -23,21 +23,3 @@ def postgres_url() -> Iterator[str]:
     require(find_postgres_bindir() is not None, "PostgreSQL binaries", "apt-get install postgresql")
     with throwaway_postgres() as url:
         yield url
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
-    """One local Ray cluster for the session: 2 CPUs, 127.0.0.1, no dashboard. Starting one takes
-    10-20 s on a 2-core machine, so the tests that run actors share it; each stops its own actors
-    (a runner pool's ``stop``, the verl binding's ``on_train_end``), which is what they check."""
-    # Under `uv run`, Ray would start its workers with `uv run` again; read when Ray is first imported.
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    ray = pytest.importorskip("ray")
-    monkey = pytest.MonkeyPatch()
-    monkey.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        monkey.undo()

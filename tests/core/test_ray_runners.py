@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,19 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 ray = pytest.importorskip("ray")
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for this module: 2 CPUs, 127.0.0.1, no dashboard."""
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        monkey.undo()
 
 
 async def run_on_ray(
