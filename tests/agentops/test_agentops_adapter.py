@@ -102,6 +102,10 @@ KEY_SCRIPT = textwrap.dedent(
 def test_agentops_exports_to_its_cloud_only_with_an_api_key(key: str | None) -> None:
     env = dict(os.environ)
     env.pop("AGENTOPS_API_KEY", None)
+    # A refused export is retried with backoff until OpenTelemetry's exporter timeout (10 s by
+    # default, once at the flush and once at exit); the first attempt, which is what this test
+    # looks for, comes before any retry, so a 1 s timeout checks the same and takes 4 s, not 18.
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1"
     if key is not None:
         env["AGENTOPS_API_KEY"] = key
     out = subprocess.run([sys.executable, "-c", KEY_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
