@@ -28,8 +28,12 @@ def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:
         threshold=0.0,  # imitate every sample: the policy sharpens onto its own near-greedy outputs
         temperature=0.05,
         steps=8,
-        batch_size=2,
-        group_size=4,
+        # 32 samples a step: the doctor's last window (the last 2 of 8 steps) then holds at least
+        # 64 sampled tokens, over its 50-token floor whatever replies the policy collapses onto
+        # (with 8 a step, a collapse onto 3-token replies left 48 tokens and no finding: which
+        # replies win depends on how requests happened to share batches, i.e. on timing)
+        batch_size=4,
+        group_size=8,
         max_tokens=12,
         val_every=None,
         update={"lr": 0.05, "epochs": 2, "mini_batches": 2},
