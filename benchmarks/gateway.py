@@ -35,7 +35,7 @@ from pathlib import Path
 import orjson
 
 from agentbolt import types as t
-from agentbolt.gateway.http import UpstreamPool
+from agentbolt.gateway.upstream import UpstreamPool
 from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMProcess
 

@@ -3,10 +3,10 @@
 Run:  uv run python benchmarks/gateway_http_stack.py [--requests 2000] [--repeat 3] [--stacks ...]
 
 The gateway (``agentbolt.gateway``) serves and forwards on its own HTTP/1.1 server and upstream
-client (``agentbolt.gateway.http``: asyncio + httptools). This benchmark asks whether a
+client (``agentbolt.gateway.http`` and ``.upstream``: asyncio + httptools). This benchmark asks whether a
 well-kept library would do as well: the SAME minimal OpenAI-style proxy is built on each stack,
 
-- ``agentbolt``: ``gateway.http.HttpServer`` + ``UpstreamPool`` (what the gateway runs on);
+- ``agentbolt``: ``gateway.http.HttpServer`` + ``gateway.upstream.UpstreamPool`` (what the gateway runs on);
 - ``uvicorn+httpx``: uvicorn (httptools parser, uvloop) + a raw ASGI app + ``httpx.AsyncClient``;
 - ``aiohttp``: aiohttp's web server + ``aiohttp.ClientSession`` (on uvloop);
 - ``uvicorn+aiohttp``: uvicorn (httptools, uvloop) + a raw ASGI app + ``aiohttp.ClientSession``;
@@ -90,7 +90,8 @@ def check(answer: bytes) -> None:
 
 
 def serve_agentbolt(upstream: str, port: int) -> None:
-    from agentbolt.gateway.http import HttpServer, Request, Responder, UpstreamPool
+    from agentbolt.gateway.http import HttpServer, Request, Responder
+    from agentbolt.gateway.upstream import UpstreamPool
 
     async def main() -> None:
         pool = UpstreamPool(upstream, max_idle=512)
@@ -289,7 +290,7 @@ def serve(stack: str, upstream: str, port: int) -> None:
 
 async def load_stream(base_urls: list[str], n: int, concurrency: int) -> list[float]:
     """Streaming requests in a closed loop; returns the times to the first body chunk."""
-    from agentbolt.gateway.http import UpstreamPool
+    from agentbolt.gateway.upstream import UpstreamPool
 
     pools = {url: UpstreamPool(url, max_idle=512) for url in set(base_urls)}
     headers = [("content-type", "application/json")]

@@ -47,12 +47,13 @@ from ..hosts import is_loopback_name
 from ..store.base import Store
 from . import control, messages_api, responses_api, upstream_checks
 from .attempts import AttemptCache
-from .http import HttpServer, Request, Responder, UpstreamError, UpstreamPool
+from .http import HttpServer, Request, Responder
 from .recorder import CallRecord, Retokenizer, parse_traceparent
 from .relay import UPSTREAM_ERROR, error_body, relay_stream
 from .routing import CallRouter, ExtraRoute, RoutedCall, RouteError
 from .span_writer import SpanWriter
 from .translate import Dialect, TranslationError
+from .upstream import UpstreamError, UpstreamPool
 
 __all__ = ["Gateway", "Upstream"]
 

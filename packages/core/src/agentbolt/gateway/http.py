@@ -1,17 +1,17 @@
-"""A small HTTP/1.1 server and upstream client on asyncio + httptools.
+"""A small HTTP/1.1 server on asyncio + httptools (its upstream client: :mod:`.upstream`).
 
 The gateway sits on the path of every LLM call, so its own cost per request matters, and this
 is the one piece of infrastructure written by hand instead of taken from a library, because
 ``benchmarks/gateway_http_stack.py`` shows the libraries cannot hold the gateway's targets with
 the same margin (docs/benchmarks.md, "Why the gateway's HTTP layer is hand-written"). The same
 minimal OpenAI proxy, five runs on a shared 2-vCPU machine: the serving process spends 35-43 us
-of CPU per call on these two classes, 93-105 us on aiohttp (its server and client, or uvicorn
+of CPU per call on this server and :mod:`.upstream`'s client, 93-105 us on aiohttp (its server and client, or uvicorn
 and its client) and 885-1,295 us on uvicorn + httpx; at one client it adds 0.06-0.11 ms,
 0.15-0.22 ms and 0.50-0.58 ms. With a 50 ms backend and 64 concurrent clients (target: p50
 <= 1 ms and p99 <= 5 ms added) the medians of the five runs were 0.04 / 4.02 ms here, 2.06 /
 3.97 ms on aiohttp, 0.49 / 12.29 ms on uvicorn + aiohttp and 266 / 1,853 ms on uvicorn + httpx.
 
-The two classes implement only what an OpenAI-compatible proxy needs:
+The two implement only what an OpenAI-compatible proxy needs:
 
 - server: keep-alive, pipelined requests answered in order, request bodies with
   Content-Length or chunked encoding, ``Expect: 100-continue``, header and body size limits,
@@ -19,9 +19,9 @@ The two classes implement only what an OpenAI-compatible proxy needs:
   bytes is cut off: slowloris), a cap on connections per client address (its longest-idle
   connection closed first), full responses or
   chunked streams (SSE);
-- client: per-upstream keep-alive pool, TLS, Content-Length or chunked responses streamed as
-  they arrive, connect/response timeouts, one transparent retry when a pooled keep-alive
-  connection turns out to be closed before any byte of the answer arrived.
+- client (:mod:`.upstream`): per-upstream keep-alive pool, TLS, Content-Length or chunked
+  responses streamed as they arrive, connect/response timeouts, one transparent retry when a
+  pooled keep-alive connection turns out to be closed before any byte of the answer arrived.
 """
 
 from __future__ import annotations
@@ -30,22 +30,12 @@ import asyncio
 import collections
 import json
 import logging
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import httptools
 
-__all__ = [
-    "HttpServer",
-    "Request",
-    "Responder",
-    "UpstreamError",
-    "UpstreamPool",
-    "UpstreamResponse",
-    "UpstreamTimeout",
-]
+__all__ = ["HttpServer", "Request", "Responder"]
 
 log = logging.getLogger(__name__)
 
@@ -434,246 +424,3 @@ class HttpServer:
             conn.close()
         await self._server.wait_closed()
         self._server = None
-
-
-# ------------------------------------------------------------------------------------------------
-# Upstream client
-# ------------------------------------------------------------------------------------------------
-
-
-class UpstreamError(Exception):
-    """The upstream could not be reached or broke the connection."""
-
-
-class UpstreamTimeout(UpstreamError):
-    """The upstream did not answer in time."""
-
-
-@dataclass(slots=True)
-class UpstreamResponse:
-    """An upstream answer; the body streams in as it arrives."""
-
-    status: int
-    headers: dict[str, str]
-    _conn: _ClientConnection
-    _timeout: float
-    chunks_read: int = 0
-    _finished: bool = field(default=False)
-
-    @property
-    def is_stream(self) -> bool:
-        return self.headers.get("content-type", "").startswith("text/event-stream")
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """Body pieces as they arrive (decoded from chunked encoding)."""
-        conn = self._conn
-        while True:
-            if conn.chunks:
-                chunk = conn.chunks.popleft()
-                if chunk is None:
-                    self._finished = True
-                    conn.release()
-                    return
-                self.chunks_read += 1
-                conn.resume_if_drained()
-                yield chunk
-                continue
-            if conn.error is not None:
-                raise conn.error
-            conn.more.clear()
-            try:
-                await asyncio.wait_for(conn.more.wait(), self._timeout)
-            except TimeoutError:
-                conn.abort()
-                raise UpstreamTimeout(f"no data from the upstream for {self._timeout:g} s") from None
-
-    async def read(self) -> bytes:
-        """The whole body."""
-        return b"".join([chunk async for chunk in self.iter_chunks()])
-
-    def close(self) -> None:
-        """Give up on the rest of the body (the connection is not reused)."""
-        if not self._finished:
-            self._conn.abort()
-
-
-class _ClientConnection(asyncio.Protocol):
-    def __init__(self, pool: UpstreamPool) -> None:
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.headers: dict[str, str] = {}
-        self.head: asyncio.Future[None] | None = None
-        self.chunks: collections.deque[bytes | None] = collections.deque()
-        self.more = asyncio.Event()
-        self.error: Exception | None = None
-        self.closed = False
-        self.received_any = False
-        self.keep_alive = True
-        self.paused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is a full Transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.pool._discard(self)
-        err = UpstreamError(f"connection to {self.pool.base_url} closed{f': {exc}' if exc else ''}")
-        if self.head is not None and not self.head.done():
-            self.head.set_exception(err)
-        elif self.chunks and self.chunks[-1] is None:
-            return
-        else:
-            self.error = err
-            self.more.set()
-
-    def data_received(self, data: bytes) -> None:
-        self.received_any = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.error = UpstreamError(f"malformed HTTP response from {self.pool.base_url}: {exc}")
-            if self.head is not None and not self.head.done():
-                self.head.set_exception(self.error)
-            self.more.set()
-            self.abort()
-
-    # parser callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        self.keep_alive = self.parser.should_keep_alive()
-        if self.head is not None and not self.head.done():
-            self.head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.more.set()
-        if len(self.chunks) > 64 and self.transport is not None and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()  # the client end is slower: apply back-pressure
-
-    def on_message_complete(self) -> None:
-        self.chunks.append(None)
-        self.more.set()
-
-    def resume_if_drained(self) -> None:
-        if self.paused and len(self.chunks) < 16 and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-
-    # request cycle
-    def send(self, data: bytes) -> asyncio.Future[None]:
-        self.headers = {}
-        self.chunks.clear()
-        self.error = None
-        self.received_any = False
-        self.parser = httptools.HttpResponseParser(self)
-        self.head = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
-        self.transport.write(data)
-        return self.head
-
-    def release(self) -> None:
-        if self.keep_alive and not self.closed and self.error is None:
-            self.pool._release(self)
-        else:
-            self.abort()
-
-    def abort(self) -> None:
-        if not self.closed and self.transport is not None:
-            self.closed = True
-            self.transport.close()
-        self.pool._discard(self)
-
-
-class UpstreamPool:
-    """Keep-alive connections to one upstream (``http(s)://host:port``)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        max_idle: int = 256,
-        connect_timeout_s: float = 10.0,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream URL must be http(s)://host[:port][/prefix], got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
-        self.host_header = parts.netloc
-        self.max_idle = max_idle
-        self.connect_timeout_s = connect_timeout_s
-        self._idle: list[_ClientConnection] = []
-        self.closed = False
-
-    def _release(self, conn: _ClientConnection) -> None:
-        if not self.closed and len(self._idle) < self.max_idle:
-            self._idle.append(conn)
-        else:
-            conn.abort()
-
-    def _discard(self, conn: _ClientConnection) -> None:
-        try:
-            self._idle.remove(conn)
-        except ValueError:
-            pass
-
-    async def _connect(self) -> _ClientConnection:
-        loop = asyncio.get_running_loop()
-        try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientConnection(self), self.host, self.port, ssl=self.ssl),
-                self.connect_timeout_s,
-            )
-        except TimeoutError:
-            raise UpstreamTimeout(f"connecting to {self.base_url} took over {self.connect_timeout_s:g} s") from None
-        except OSError as exc:
-            raise UpstreamError(f"cannot connect to {self.base_url}: {exc}") from exc
-        return conn
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        headers: list[tuple[str, str]] | None = None,
-        *,
-        timeout_s: float = 600.0,
-    ) -> UpstreamResponse:
-        """Send a request; returns once the response headers arrived."""
-        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.host_header}"]
-        lines += [f"{k}: {v}" for k, v in headers or ()]
-        lines.append(f"content-length: {len(body)}")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-        for attempt in range(2):
-            reused = bool(self._idle)
-            conn = self._idle.pop() if reused else await self._connect()
-            if conn.closed:
-                continue
-            try:
-                await asyncio.wait_for(conn.send(data), timeout_s)
-            except TimeoutError:
-                conn.abort()
-                raise UpstreamTimeout(f"{self.base_url} sent no response headers within {timeout_s:g} s") from None
-            except UpstreamError:
-                conn.abort()
-                # A keep-alive connection the server already closed: retry once on a new one.
-                if reused and not conn.received_any and attempt == 0:
-                    continue
-                raise
-            return UpstreamResponse(conn.parser.get_status_code(), conn.headers, conn, timeout_s)
-        raise UpstreamError(f"cannot send to {self.base_url}")
-
-    def close(self) -> None:
-        """Close idle connections; connections still in use close when their call ends."""
-        self.closed = True
-        for conn in list(self._idle):
-            conn.abort()
-        self._idle.clear()

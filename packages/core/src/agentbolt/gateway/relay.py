@@ -8,9 +8,10 @@ from typing import Any
 import orjson
 
 from . import upstream_checks
-from .http import Responder, UpstreamError, UpstreamResponse
+from .http import Responder
 from .recorder import CallRecord, StreamAssembler
 from .translate import SSEDecoder
+from .upstream import UpstreamError, UpstreamResponse
 
 __all__ = ["UPSTREAM_ERROR", "error_body", "relay_stream"]
 

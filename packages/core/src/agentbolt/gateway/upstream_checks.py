@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .. import semconv
-from .http import UpstreamTimeout
+from .upstream import UpstreamTimeout
 
 __all__ = ["failure", "parse_completion", "stream_problem"]
 
