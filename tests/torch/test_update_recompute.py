@@ -113,6 +113,77 @@ def test_checkpointed_layers_save_no_activation_of_their_own() -> None:
     assert on < off / 3
 
 
+def test_the_forwards_keys_and_values_are_freed_before_the_backward_pass() -> None:
+    """What the forward appended to the prompt-sharing cache is garbage once it ends (each
+    recomputation restores its own layer's snapshot): nothing may keep it alive until the backward
+    pass, and the backward pass still gives the plain gradients."""
+    import gc
+    import weakref
+
+    from agentbolt_torch.update_batches import prepare_items
+    from agentbolt_torch.update_forward import response_logprobs
+
+    grads = {}
+    for checkpointing in (False, True):
+        p = policy()
+        p.model.train()
+        items = prepare_items(groups(), p.max_model_len)
+        caches: list[Any] = []
+        layer = decoder_layers(p.model)[-1]
+        hook = layer.register_forward_hook(
+            lambda _m, _a, kwargs, _out, seen=caches: seen.append(kwargs["past_key_values"]), with_kwargs=True
+        )
+        with checkpointed_layers(p.model, checkpointing):
+            logp, _, _ = response_logprobs(p, p.model, items, share_prompts=True, with_entropy=False)
+            appended = [weakref.ref(layer.keys) for cache in caches for layer in cache.layers]
+        hook.remove()
+        gc.collect()
+        if checkpointing:
+            assert appended and all(ref() is None for ref in appended)
+        logp.sum().backward()
+        grads[checkpointing] = [param.grad.clone() for param in p.model.parameters()]
+    for plain, recomputed in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-6)
+
+
+class LiveCacheOutputs(TorchDispatchMode):
+    """The most key/value tensors a cache's ``cat`` made that were alive at once while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive: list[Any] = []
+        self.most = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "cat" and out.dim() == 4:  # [rows, heads, seq, dim]
+            self.alive.append(StorageWeakRef(out.untyped_storage()))
+        self.alive = [ref for ref in self.alive if not ref.expired()]
+        self.most = max(self.most, len(self.alive))
+        return out
+
+
+def test_a_recomputation_keeps_only_its_own_layers_keys_and_values() -> None:
+    """In the backward pass each layer runs again and appends to the cache once more; PyTorch may
+    end that run early, by raising. What it appended must go with it, not pile up layer after
+    layer until the backward pass ends (it did: every layer's, about 230 MB at the quickstart's
+    micro-batch)."""
+    from agentbolt_torch.update_batches import prepare_items
+    from agentbolt_torch.update_forward import response_logprobs
+
+    model, tokenizer = tiny_model(seed=0, num_layers=4)
+    p = Policy(model, tokenizer, name="tiny", autocast_dtype=None)
+    p.model.train()
+    items = prepare_items(groups(), p.max_model_len)
+    with checkpointed_layers(p.model, True):
+        logp, _, _ = response_logprobs(p, p.model, items, share_prompts=True, with_entropy=False)
+    with LiveCacheOutputs() as live:
+        logp.sum().backward()
+    assert live.most == 2  # the keys and the values of the layer being recomputed, 8 before the fix
+
+
 def test_prompt_sharing_stays_on_under_checkpointing() -> None:
     rows = groups(n_groups=3, group=4, prompt_len=60)
     # one group fits a micro-batch of 120 padded tokens only if its prompt counts once
