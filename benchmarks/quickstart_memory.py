@@ -8,21 +8,24 @@ settings ``./dev`` gives training processes at that revision (read from its ``de
 ``MALLOC_*`` and, where installed, the ``LD_PRELOAD`` allocator) and prints the main process's
 peak RSS, the wall time, s/step and where a step's time went, read from the quickstart's own output:
 
-- ``after``: this checkout and this ``./dev``'s settings;
+An arm is ``before`` or ``after`` followed by flags, joined with ``-`` (``after-gc-jemalloc``):
+
+- ``after``: this checkout, its quickstart's defaults and this ``./dev``'s settings;
 - ``before``: the same checkout with the files of :data:`CHANGED` taken from ``--before-rev``
-  (default ``0d07096``, main before the change) put first on ``PYTHONPATH``, and that
-  revision's ``./dev`` settings;
-- ``before-async`` / ``after-async``: the same with ``--async 1`` (asynchronous training: a
-  serving copy of the weights generates while the update runs);
-- ``after-mb256`` / ``-mb512`` / ``-mb1024``: ``after`` with ``--micro-batch-tokens N`` (the
-  updater's default is 2,048 padded tokens per forward/backward pass);
-- ``after-gc``: ``after`` with ``--gradient-checkpointing`` (:mod:`agentbolt_torch.update_recompute`:
-  each layer's activations recomputed in the backward pass instead of kept);
-- ``after-arena1`` / ``-arena2``: ``after`` with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by
-  all threads: the engine's and the updater's freed memory is one pool, not one per thread);
-- ``after-glibc``: ``after`` with glibc's default malloc settings instead of ``./dev``'s (its
-  dynamic thresholds: big buffers are mapped and returned until glibc raises the thresholds to
-  the sizes it sees).
+  (default ``0d07096``, main before the first memory change) put first on ``PYTHONPATH``, that
+  revision's ``examples/quickstart`` (its defaults) and that revision's ``./dev`` settings;
+- ``-async``: with ``--async 1`` (asynchronous training: a serving copy of the weights generates
+  while the update runs);
+- ``-mbN``: with ``--micro-batch-tokens N`` (the updater's default is 2,048 padded tokens per
+  forward/backward pass);
+- ``-gc`` / ``-nogc``: with ``--gradient-checkpointing`` / ``--no-gradient-checkpointing``
+  (:mod:`agentbolt_torch.update_recompute`: each layer's activations recomputed in the backward
+  pass instead of kept);
+- ``-arenaN``: with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by all threads);
+- ``-glibc``: glibc's malloc with its default settings (no ``MALLOC_*``, nothing preloaded);
+- ``-jemalloc`` / ``-jemallockeep`` / ``-jemallocbg`` / ``-tcmalloc`` / ``-tcmallocdecommit``: that
+  allocator preloaded instead of ``./dev``'s choice, with the settings of :data:`ALLOCATORS`;
+  ``-rrN``: tcmalloc's ``TCMALLOC_RELEASE_RATE=N``.
 
 ``--update-only`` measures policy updates instead of the whole quickstart, in a fresh process
 per arm (peak RSS from ``getrusage``): a random Llama with SmolLM2's shape (vocabulary 49,152,
@@ -63,9 +66,34 @@ CHANGED = (
     "engine.py",
     "policy.py",
     "attention.py",
+    "update_recompute.py",
 )
 """The files of agentbolt_torch the memory changes touched (``before`` takes them from ``--before-rev``;
 one that did not exist there is left out)."""
+ALLOCATORS: dict[str, tuple[str, dict[str, str]]] = {
+    "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", {}),
+    "jemallockeep": (
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        {"MALLOC_CONF": "background_thread:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"},
+    ),
+    "jemallocbg": (
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        {"MALLOC_CONF": "background_thread:true,narenas:2"},
+    ),
+    "tcmalloc": ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", {}),
+    "tcmallocdecommit": (
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        {"TCMALLOC_AGGRESSIVE_DECOMMIT": "true"},
+    ),
+}
+"""``-jemalloc`` / ``-jemallockeep`` / ``-jemallocbg`` / ``-tcmalloc`` arms: the allocator preloaded
+(Debian's ``libjemalloc2`` / ``libtcmalloc-minimal4``) and its settings, instead of glibc's malloc."""
+
+
+def allocator_package(library: str) -> str:
+    return "libjemalloc2" if "jemalloc" in library else "libtcmalloc-minimal4"
+
+
 MICRO_BATCHES = (256, 512, 1024)
 """``after-mbN`` arms: the updater's ``micro_batch_tokens`` (default 2048)."""
 
@@ -98,7 +126,8 @@ def available_gb() -> float:
 
 
 def before_tree(rev: str, into: Path) -> Path:
-    """A copy of agentbolt_torch with the memory change's files from ``rev``; returns its parent."""
+    """A copy of agentbolt_torch with the memory change's files from ``rev``, and ``rev``'s
+    examples/quickstart (the ``before`` arms run its train.py, with its defaults); returns its parent."""
     target = into / "agentbolt_torch"
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
     for name in CHANGED:
@@ -111,6 +140,18 @@ def before_tree(rev: str, into: Path) -> Path:
             ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout
         (target / name).write_text(text)
+    quickstart = into / "quickstart"
+    quickstart.mkdir()
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "examples/quickstart/"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for path in listing:
+        text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True)
+        (quickstart / Path(path).name).write_text(text.stdout)
     return into
 
 
@@ -156,7 +197,7 @@ def run_update_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None) 
         "-c",
         UPDATE_CHILD,
         *(str(v) for v in (args.hidden, args.layers, args.groups, args.updates)),
-        "1" if arm.endswith("-gc") else "0",
+        "1" if "gc" in arm.split("-") else "0",
     ]
     return _watched(arm, args, command, env, _parse_update)
 
@@ -170,12 +211,27 @@ def _parse_update(output: str, result: dict[str, Any]) -> None:
 
 def arm_environment(arm: str, args: argparse.Namespace, pythonpath: Path | None) -> dict[str, str]:
     """The process environment of ``arm``: ./dev's allocator settings of its revision, its code first."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "TCMALLOC_")) and k != "LD_PRELOAD"}
     env.update(dev_environment(args.before_rev if arm.startswith("before") else None))
-    if arm.endswith("-glibc"):
-        for name in [k for k in env if k.startswith("MALLOC_")]:
+    flags = arm.split("-")[1:]
+    if "glibc" in flags:
+        for name in [k for k in env if k.startswith("MALLOC_") or k == "LD_PRELOAD"]:
             del env[name]
-    arenas = re.search(r"-arena(\d+)$", arm)
+    for allocator in ALLOCATORS:
+        if allocator in flags:
+            library, settings = ALLOCATORS[allocator]
+            if not Path(library).exists():
+                raise SystemExit(
+                    f"arm {arm}: {library} is not installed (apt-get install {allocator_package(library)})"
+                )
+            for name in [k for k in env if k.startswith("MALLOC_")]:
+                del env[name]  # glibc's settings; the preloaded allocator has its own
+            env["LD_PRELOAD"] = library
+            env.update(settings)
+    release = re.search(r"-rr(\d+)", arm)
+    if release:
+        env["TCMALLOC_RELEASE_RATE"] = release.group(1)
+    arenas = re.search(r"-arena(\d+)", arm)
     if arenas:
         env["MALLOC_ARENA_MAX"] = arenas.group(1)
     if pythonpath is not None:
@@ -189,7 +245,7 @@ def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Pa
         "/usr/bin/time",
         "-v",
         sys.executable,
-        str(REPO / "examples" / "quickstart" / "train.py"),
+        str((pythonpath / "quickstart" if pythonpath else REPO / "examples" / "quickstart") / "train.py"),
         "--model",
         args.model,
         "--steps",
@@ -201,9 +257,10 @@ def run_arm(arm: str, args: argparse.Namespace, pythonpath: Path | None, out: Pa
         f"sqlite:///{out}/{arm}.db",
         "--out",
         str(out / arm),
-        *(["--async", "1"] if arm.endswith("-async") else []),
-        *(["--micro-batch-tokens", arm.rsplit("-mb", 1)[1]] if "-mb" in arm else []),
-        *(["--gradient-checkpointing"] if arm.endswith("-gc") else []),
+        *(["--async", "1"] if "async" in arm.split("-") else []),
+        *(a for f in arm.split("-") if f.startswith("mb") for a in ("--micro-batch-tokens", f[2:])),
+        *(["--gradient-checkpointing"] if "gc" in arm.split("-") else []),
+        *(["--no-gradient-checkpointing"] if "nogc" in arm.split("-") else []),
     ]
     return _watched(arm, args, command, env, _parse_quickstart)
 
@@ -268,16 +325,30 @@ def print_table(results: list[dict[str, Any]], argv: list[str]) -> None:
         print(f"\n{updates} updates, vocabulary 49,152, hidden {hidden}, {layers} layers, {groups * 4} sequences:")
     else:
         print(f"\nquickstart --model {model} --steps {steps} --val {val}, main process:")
-    print(f"{'arm':<8} {'round':>5} {'peak RSS GB':>12} {'s/step':>8} {'update s':>9} {'rollouts s':>11} {'wall s':>8}")
+    print(
+        f"{'arm':<18} {'round':>5} {'peak RSS GB':>12} {'s/step':>8} {'update s':>9} {'rollouts s':>11} {'wall s':>8}"
+    )
     for r in results:
         if "peak_rss_gb" not in r:
             why = r.get("stopped", "exit {}".format(r["exit"]))
-            print(f"{r['arm']:<8} {r['round']:>5} failed: {why}")
+            print(f"{r['arm']:<18} {r['round']:>5} failed: {why}")
             continue
         print(
-            f"{r['arm']:<8} {r['round']:>5} {r['peak_rss_gb']:>12.2f} {r.get('s_per_step', float('nan')):>8.1f} "
+            f"{r['arm']:<18} {r['round']:>5} {r['peak_rss_gb']:>12.2f} {r.get('s_per_step', float('nan')):>8.1f} "
             f"{r.get('update_s', float('nan')):>9.2f} {r.get('rollouts_s', float('nan')):>11.1f} {r['wall_s']:>8.0f}"
         )
+
+
+def arm_name(text: str) -> str:
+    """An arm: ``before`` or ``after`` and its flags (see the module's docstring)."""
+    base, *flags = text.split("-")
+    known = {"async", "gc", "nogc", "glibc", *ALLOCATORS}
+    for flag in flags:
+        if flag not in known and not re.fullmatch(r"(mb|arena|rr)\d+", flag):
+            raise argparse.ArgumentTypeError(f"unknown flag {flag!r} in arm {text!r}")
+    if base not in ("before", "after"):
+        raise argparse.ArgumentTypeError(f"an arm starts with before or after, not {base!r}")
+    return text
 
 
 def parser() -> argparse.ArgumentParser:
@@ -289,18 +360,9 @@ def parser() -> argparse.ArgumentParser:
         "--arms",
         nargs="+",
         default=["before", "after"],
-        choices=[
-            "before",
-            "after",
-            "before-async",
-            "after-async",
-            *(f"after-mb{n}" for n in MICRO_BATCHES),
-            "after-arena1",
-            "after-arena2",
-            "after-glibc",
-            "after-gc",
-        ],
-        help="-async: the quickstart with --async 1; -mbN: with --micro-batch-tokens N",
+        type=arm_name,
+        help="before|after, then any of -async (--async 1), -mbN (--micro-batch-tokens N), -gc, -arenaN, "
+        f"-glibc, -{' / -'.join(ALLOCATORS)} (e.g. after-gc-jemalloc)",
     )
     p.add_argument("--rounds", type=int, default=1, help="alternate the arms this many times")
     p.add_argument("--before-rev", default="0d07096", help="the revision the 'before' arms' files and ./dev come from")

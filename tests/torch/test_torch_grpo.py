@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -149,6 +150,9 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy" in proc.stdout
+    assert re.search(
+        r"peak memory of this process: \d+\.\d\d GB \((tcmalloc|jemalloc|mimalloc|glibc malloc)\)", proc.stdout
+    )
     result = json.loads((tmp_path / "out/result.json").read_text())  # the run record (docs/runs/ shape)
     assert result["example"] == "quickstart" and result["steps"] == 2 and result["headline"] == "heldout/accuracy"
     heldout = result["heldout"]["heldout"]
