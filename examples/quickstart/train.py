@@ -78,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="recompute the layers' activations in the update's backward pass instead of keeping them (default): "
-        "about 1.7 GB less memory for a few percent more update time; --no-gradient-checkpointing keeps them "
-        "(see docs/benchmarks.md 'Update memory')",
+        "about 1.8 GB less memory on SmolLM2 for a 10-20%% slower update; --no-gradient-checkpointing keeps them "
+        "(see docs/benchmarks.md 'Allocator')",
     )
     add_async_argument(p)
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")

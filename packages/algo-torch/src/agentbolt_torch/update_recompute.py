@@ -132,7 +132,7 @@ def _release_cache(cache: Any) -> None:
     ``cache`` until the backward pass and restore each layer's snapshot before they run, so what
     the forward appended (prompt and response keys and values of every layer, in float32 after
     the rotary embedding) would otherwise stay alive, unused, until the micro-batch's backward
-    pass ends: about 250 MB at the quickstart's micro-batch."""
+    pass ends: about 230 MB at the quickstart's micro-batch."""
     _release_layers(cache, range(len(getattr(cache, "layers", ()))))
 
 
