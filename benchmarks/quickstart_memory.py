@@ -23,7 +23,7 @@ An arm is ``before`` or ``after`` followed by flags, joined with ``-`` (``after-
   pass instead of kept);
 - ``-arenaN``: with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by all threads);
 - ``-glibc``: glibc's malloc with its default settings (no ``MALLOC_*``, nothing preloaded);
-- ``-jemalloc`` / ``-jemallockeep`` / ``-jemallocbg`` / ``-tcmalloc`` / ``-tcmallocdecommit``: that
+- ``-jemalloc`` / ``-jemallockeep`` / ``-tcmalloc`` / ``-tcmallocdecommit``: that
   allocator preloaded instead of ``./dev``'s choice, with the settings of :data:`ALLOCATORS`;
   ``-rrN``: tcmalloc's ``TCMALLOC_RELEASE_RATE=N``.
 
@@ -76,17 +76,13 @@ ALLOCATORS: dict[str, tuple[str, dict[str, str]]] = {
         "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
         {"MALLOC_CONF": "background_thread:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"},
     ),
-    "jemallocbg": (
-        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-        {"MALLOC_CONF": "background_thread:true,narenas:2"},
-    ),
     "tcmalloc": ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", {}),
     "tcmallocdecommit": (
         "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
         {"TCMALLOC_AGGRESSIVE_DECOMMIT": "true"},
     ),
 }
-"""``-jemalloc`` / ``-jemallockeep`` / ``-jemallocbg`` / ``-tcmalloc`` arms: the allocator preloaded
+"""``-jemalloc`` / ``-jemallockeep`` / ``-tcmalloc`` arms: the allocator preloaded
 (Debian's ``libjemalloc2`` / ``libtcmalloc-minimal4``) and its settings, instead of glibc's malloc."""
 
 
