@@ -67,6 +67,8 @@ CHANGED = (
     "policy.py",
     "attention.py",
     "update_recompute.py",
+    "_kv.py",
+    "update_checkpoint.py",
 )
 """The files of agentbolt_torch the memory changes touched (``before`` takes them from ``--before-rev``;
 one that did not exist there is left out)."""

@@ -348,6 +348,37 @@ def test_cached_weight_casts_equal_plain_autocast(tiny: tuple[Any, Any]) -> None
     assert outputs[0].logprobs == outputs[1].logprobs
 
 
+def test_kv_cache_in_the_autocast_dtype_gives_the_same_samples_and_logprobs(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys stored in bf16 (the dtype attention reads them in under autocast) instead of the
+    float32 the rotary embedding produces: the same tokens and logprobs bit for bit, and the
+    prompt cache's keys take half the bytes."""
+    from transformers import DynamicCache
+
+    from agentbolt_torch._kv_caches import AutocastDtypeCache
+
+    model, tokenizer = tiny
+    policy = Policy(model, tokenizer, name="tiny", autocast_dtype="bfloat16")
+    prompts = [tokenizer(text)["input_ids"] for text in ("kv dtype", "a longer prompt for the kv dtype check", "x")]
+
+    def run() -> tuple[list[Any], set[torch.dtype]]:
+        with GenerationEngine(policy, batch_window_s=0) as eng:
+            eng.pause(drain=True, timeout=60)  # admitted together: one prefill, one running batch
+            handles = [eng.submit(p, SamplingParams(max_tokens=8, seed=i), n=2) for i, p in enumerate(prompts)]
+            eng.resume()
+            outputs = [c for h in handles for c in h.wait(60)]
+            key_dtypes = {k.dtype for entry in eng._prompts.values() for k in entry.keys}
+        return [(c.token_ids, c.logprobs) for c in outputs], key_dtypes
+
+    stored_bf16, dtypes = run()
+    assert dtypes == {torch.bfloat16}
+    monkeypatch.setattr(AutocastDtypeCache, "update", DynamicCache.update)
+    stored_as_produced, dtypes = run()
+    assert dtypes == {torch.float32}
+    assert stored_bf16 == stored_as_produced
+
+
 def test_auto_autocast_follows_the_hardware(tiny: tuple[Any, Any]) -> None:
     from agentbolt_torch.policy import default_autocast_dtype
 

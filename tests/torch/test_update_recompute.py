@@ -114,11 +114,11 @@ def test_checkpointed_layers_save_no_activation_of_their_own() -> None:
 
 
 def test_the_forwards_keys_and_values_are_freed_before_the_backward_pass() -> None:
-    """What the forward appended to the prompt-sharing cache is garbage once it ends (each
-    recomputation restores its own layer's snapshot): nothing may keep it alive until the backward
-    pass, and the backward pass still gives the plain gradients."""
+    """The keys and values the response pass made (its prompt's rows repeated per transition,
+    followed by its own) are garbage once the forward ends: only the prompts' own rows stay, for
+    the recomputations, and the backward pass still gives the plain gradients. (Before, every
+    layer's repeated prompt rows stayed in the layers' snapshots until the backward pass.)"""
     import gc
-    import weakref
 
     from agentbolt_torch.update_batches import prepare_items
     from agentbolt_torch.update_forward import response_logprobs
@@ -128,22 +128,34 @@ def test_the_forwards_keys_and_values_are_freed_before_the_backward_pass() -> No
         p = policy()
         p.model.train()
         items = prepare_items(groups(), p.max_model_len)
-        caches: list[Any] = []
-        layer = decoder_layers(p.model)[-1]
-        hook = layer.register_forward_hook(
-            lambda _m, _a, kwargs, _out, seen=caches: seen.append(kwargs["past_key_values"]), with_kwargs=True
-        )
-        with checkpointed_layers(p.model, checkpointing):
+        with checkpointed_layers(p.model, checkpointing), CacheOutputs() as made:
             logp, _, _ = response_logprobs(p, p.model, items, share_prompts=True, with_entropy=False)
-            appended = [weakref.ref(layer.keys) for cache in caches for layer in cache.layers]
-        hook.remove()
         gc.collect()
         if checkpointing:
-            assert appended and all(ref() is None for ref in appended)
+            per_transition = [ref for ref, rows in made.outputs if rows == len(items)]
+            assert per_transition and all(ref.expired() for ref in per_transition)
+            assert any(not ref.expired() for ref, rows in made.outputs if rows < len(items))  # the prompts'
         logp.sum().backward()
         grads[checkpointing] = [param.grad.clone() for param in p.model.parameters()]
     for plain, recomputed in zip(grads[False], grads[True], strict=True):
         torch.testing.assert_close(recomputed, plain, rtol=1e-5, atol=1e-6)
+
+
+class CacheOutputs(TorchDispatchMode):
+    """Weak references to the key/value tensors (4-D ``cat`` and ``index_select`` outputs) made while
+    active, with their rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[tuple[Any, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("cat", "index_select") and out.dim() == 4:  # [rows, heads, seq, dim]
+            self.outputs.append((StorageWeakRef(out.untyped_storage()), out.shape[0]))
+        return out
 
 
 class LiveCacheOutputs(TorchDispatchMode):

@@ -38,6 +38,10 @@ module of its own:
    temporaries) with gradient clipping under the policy's autocast (bf16 where fast, else fp32) and
    :attr:`Policy.lock`, so generation never runs against half-updated weights.
 
+Before and after each update the allocator's free pages go back to the operating system
+(:func:`agentbolt_torch.allocator.release_free_memory`; tcmalloc only), so neither the update nor
+the generation after it grows the process by what the other phase freed.
+
 Every update (and :meth:`PolicyUpdater.compute_logprobs`) runs on the policy's training thread
 (:meth:`Policy.on_training_thread`), whichever thread calls it: memory allocators keep a
 thread's freed memory for that thread (glibc's per-thread arenas), so updates on varying threads
@@ -75,6 +79,7 @@ from agentbolt.types import Transition
 
 from . import update_checkpoint
 from .adapters import activate, adapter_parameters
+from .allocator import release_free_memory
 from .update_batches import (
     PreparedTransition,
     apply_correction,
@@ -214,6 +219,7 @@ class PolicyUpdater:
         if not items:
             raise UserError("no transition has a trainable response token (all masks are 0)")
         policy = self.policy
+        release_free_memory()  # start from what is in use, not from generation's freed pages
         totals: dict[str, float] = dict.fromkeys(
             ("loss", "pg_loss", "kl", "entropy", "clipped", "ratio", "ppo_kl", "mismatch", "grad_norm"), 0.0
         )
@@ -270,6 +276,7 @@ class PolicyUpdater:
             self.step += 1
             policy.mark_weights_changed()
             version = policy.bump_version(self.adapter)
+        release_free_memory()  # and leave generation what the update freed
         seconds = time.perf_counter() - t0
         tokens = max(counts["tokens"], 1)
         steps = max(counts["steps"], 1)

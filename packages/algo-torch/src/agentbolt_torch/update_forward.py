@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from ._kv import cache_select
 from .update_batches import PreparedTransition
 
 if TYPE_CHECKING:
@@ -205,14 +204,16 @@ def _shared_prompt_outputs(
     """Like the plain pass, but each distinct prompt runs once and responses use its KV cache.
 
     Pass 1: the distinct ``prompts``, left-padded to P, with a fresh cache; the last
-    position's output predicts every response's first token. The cache rows are then
-    repeated to one per transition (``prompts[rows[i]]`` is transition i's prompt). Pass 2: the
-    responses minus their last token, right-padded, attend to their prompt's cache rows
-    (mask = prompt mask + response mask, positions continue from each prompt's length).
+    position's output predicts every response's first token. Pass 2: the responses minus
+    their last token, right-padded, attend to their prompt's cache rows, which each layer
+    repeats to one per transition as it runs (``prompts[rows[i]]`` is transition i's prompt;
+    :class:`~agentbolt_torch._kv_caches.SharedPromptCache`), with mask = prompt mask + response
+    mask and positions continuing from each prompt's length.
     Returns hidden states (``hidden``) or logits, as :func:`_response_outputs`.
     """
     import torch
-    from transformers import DynamicCache
+
+    from ._kv_caches import SharedPromptCache
 
     device = policy.device
     pad = policy.tokenizer.pad_token_id or 0
@@ -232,7 +233,7 @@ def _shared_prompt_outputs(
         response_mask[i, : len(it.response)] = 1
     index = torch.tensor(rows, device=device)
     prompt_mask = prompt_mask.to(device)
-    cache = DynamicCache(config=policy.base_model.config)
+    cache = SharedPromptCache(config=policy.base_model.config)
     forward = _decoder(model) if hidden else model
     keep: dict[str, Any] = {} if hidden else {"logits_to_keep": 1}
 
@@ -250,7 +251,7 @@ def _shared_prompt_outputs(
         )
         states = last(out, slice(-1, None)).index_select(0, index)
         if R > 1:
-            cache_select(cache, index)
+            cache.repeat_rows(index)
             lengths = prompt_mask.sum(-1).index_select(0, index)
             inputs, inputs_mask = response_ids[:, :-1].to(device), response_mask[:, :-1].to(device)
             positions = lengths[:, None] + torch.arange(R - 1, device=device)[None, :]
