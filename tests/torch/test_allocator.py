@@ -37,7 +37,9 @@ def test_without_tcmalloc_nothing_is_done() -> None:
     assert release_free_memory() is False
 
 
-@pytest.mark.skipif(not TCMALLOC.exists(), reason="Debian's libtcmalloc-minimal4 is not installed (./dev installs it)")
+@pytest.mark.skipif(
+    not TCMALLOC.exists(), reason="Debian's libtcmalloc-minimal4 is not installed (./dev test installs it as root)"
+)
 def test_under_tcmalloc_freed_pages_go_back_to_the_system() -> None:
     env = {**os.environ, "LD_PRELOAD": str(TCMALLOC), "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
     out = subprocess.run([sys.executable, "-c", FREE_THEN_RELEASE], env=env, capture_output=True, text=True, check=True)
