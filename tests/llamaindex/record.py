@@ -19,11 +19,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import pytest  # noqa: E402
-import test_llamaindex_reconciliation as case  # noqa: E402
+import pytest
+import test_llamaindex_reconciliation as case
 
-from agentbolt import semconv  # noqa: E402
-from agentbolt.lightningrl import LightningRL  # noqa: E402
+from agentbolt import semconv
+from agentbolt.lightningrl import LightningRL
 
 
 def mode_record(streaming: bool) -> dict[str, Any]:
