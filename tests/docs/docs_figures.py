@@ -67,7 +67,7 @@ NUMBER = re.compile(
 NOT_RESULTS: list[tuple[str, str]] = [
     (
         r"(?i)(?:python|torch|verl|vllm|cpython|postgresql|debian|pydantic|langchain|langgraph|autogen|transformers|"
-        r"openai-agents|ray|agent-lightning|sdk|fastapi|version|v)[ =]?[\d.x]*$",
+        r"openai-agents|ray|agent-lightning|sdk|fastapi|cuda|version|v)[ =]?[\d.x\u2013-]*$",
         "a version number",
     ),
     (r"(?i)arxiv [\d.]*$", "an arXiv id"),
