@@ -9,7 +9,7 @@ must be one of:
   states: ``3.82 GB<!--= docs/runs/quickstart_memory_full.json#/runs/0/peak_gb -->``. The part after
   ``#`` is a JSON pointer (RFC 6901; a space in a key is written ``%20``). The figure must equal
   the field at the precision it is written with (``3.82`` matches 3.8151 but not 3.83).
-  A derived figure gives an arithmetic expression over fields (``+ - * /``, parentheses,
+  A derived figure gives an arithmetic expression over fields (``+ - * / **``, parentheses,
   ``min``, ``max``, ``abs``, numbers): ``0.71x<!--= a.json#/async/wall_s / a.json#/sync/wall_s -->``.
   ``<!-- record: PATH -->`` sets the record a reference without a path (``<!--= #/x -->``) reads,
   until the next such comment. The reference ties the last figure before it on the same line.
@@ -82,6 +82,7 @@ NOT_RESULTS: list[tuple[str, str]] = [
         "a threshold a check uses, not a measurement",
     ),
     (r"(?i)\bgh-$", "an issue number"),
+    (r"(?<![\d.])[01]\.0$", "a reward's bounds, 0.0 or 1.0 with one decimal (a result is written 0.000 / 1.000)"),
 ]
 """Contexts of numbers that are not results: ``(regex on the text before the number, why)``.
 The regex is searched in the line up to and including the number. Keep this list short; for a
@@ -196,11 +197,11 @@ def evaluate(expression: str, default: str | None, root: Path = ROOT) -> tuple[f
     code = REF.sub(substitute, expression.strip())
     tree = ast.parse(code, mode="eval")
     allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Subscript, ast.Name, ast.Load, ast.Call)
-    allowed_ops = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
+    allowed_ops = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.USub, ast.UAdd)
     for node in ast.walk(tree):
         if isinstance(node, ast.operator | ast.unaryop):
             if not isinstance(node, allowed_ops):
-                raise ValueError(f"{expression!r}: only + - * / are allowed")
+                raise ValueError(f"{expression!r}: only + - * / ** are allowed")
         elif not isinstance(node, allowed):
             raise ValueError(f"{expression!r}: {type(node).__name__} is not allowed in a reference")
         if isinstance(node, ast.Name) and node.id not in ("_v", "min", "max", "abs"):
