@@ -147,7 +147,8 @@ def _fences(text: str) -> list[tuple[int, int]]:
 
 
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
-INLINE_CODE = re.compile(r"(`+)(?!`).+?(?<!`)\1(?!`)")
+INLINE_CODE = re.compile(r"(`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])+?(?<!`)\1(?!`)")
+"""Inline code, which may run over a line break but not over a blank line."""
 LINK_TARGET = re.compile(r"\]\([^)]*\)|\]\[[^\]]*\]|https?://\S+|\[[^\]]*\]:\s*\S+")
 
 
