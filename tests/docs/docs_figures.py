@@ -147,7 +147,7 @@ def _fences(text: str) -> list[tuple[int, int]]:
 
 
 COMMENT = re.compile(r"<!--(.*?)-->", re.S)
-INLINE_CODE = re.compile(r"(`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])+?(?<!`)\1(?!`)")
+INLINE_CODE = re.compile(r"(?P<ticks>`+)(?!`)(?:(?!\n[ \t]*\n)[\s\S])+?(?<!`)(?P=ticks)(?!`)")
 """Inline code, which may run over a line break but not over a blank line."""
 LINK_TARGET = re.compile(r"\]\([^)]*\)|\]\[[^\]]*\]|https?://\S+|\[[^\]]*\]:\s*\S+")
 
@@ -242,9 +242,11 @@ def _is_figure(match: re.Match[str]) -> bool:
 def figures(path: Path, text: str) -> tuple[list[Figure], str, list[re.Match[str]]]:
     """The figure-looking numbers of a file's prose, the masked prose, and its HTML comments."""
     masked = _mask(text, _fences(text))
-    comments = list(COMMENT.finditer(masked))
-    masked = _mask(masked, [c.span() for c in comments])
-    masked = _mask(masked, [m.span() for m in INLINE_CODE.finditer(masked)])
+    # comments and inline code, whichever starts first (a comment in inline code is an example)
+    spans = list(re.finditer(f"{COMMENT.pattern}|{INLINE_CODE.pattern}", masked, re.S))
+    comments = [COMMENT.fullmatch(masked, m.start(), m.end()) for m in spans if m.group(0).startswith("<!--")]
+    comments = [c for c in comments if c is not None]
+    masked = _mask(masked, [m.span() for m in spans])
     masked = _mask(masked, [m.span() for m in LINK_TARGET.finditer(masked)])
     found = []
     for match in NUMBER.finditer(masked):
