@@ -12,7 +12,8 @@ must be one of:
   A derived figure gives an arithmetic expression over fields (``+ - * / **``, parentheses,
   ``min``, ``max``, ``abs``, numbers): ``0.71x<!--= a.json#/async/wall_s / a.json#/sync/wall_s -->``.
   ``<!-- record: PATH -->`` sets the record a reference without a path (``<!--= #/x -->``) reads,
-  until the next such comment. The reference ties the last figure before it on the same line.
+  until the next such comment. The reference ties the last number before it on the same line
+  (a whole number too, though one is not a figure by itself: ``562<!--= a.json#/n -->``).
 - **in a region generated from records**: ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->``,
   written by ``benchmarks/examples.py --report`` and checked by tests/examples/test_example_records.py.
 - **in a region of records**: ``<!-- figures-from: PATH [PATH ...] -->`` ... ``<!-- /figures-from -->``:
@@ -248,20 +249,17 @@ def figures(path: Path, text: str) -> tuple[list[Figure], str, list[re.Match[str
     comments = [c for c in comments if c is not None]
     masked = _mask(masked, [m.span() for m in spans])
     masked = _mask(masked, [m.span() for m in LINK_TARGET.finditer(masked)])
-    found = []
-    for match in NUMBER.finditer(masked):
-        if not _is_figure(match):
-            continue
-        num = match.group("num").replace(",", "")
-        value = float(num) * (-1 if match.group("sign") else 1)
-        decimals = len(num.partition(".")[2])
-        line = text.count("\n", 0, match.start()) + 1
-        found.append(
-            Figure(
-                path, line, match.group(0).strip(), value, decimals, "%" in (match.group("unit") or ""), match.start()
-            )
-        )
+    found = [_figure(path, text, match) for match in NUMBER.finditer(masked) if _is_figure(match)]
     return found, masked, comments
+
+
+def _figure(path: Path, text: str, match: re.Match[str]) -> Figure:
+    num = match.group("num").replace(",", "")
+    value = float(num) * (-1 if match.group("sign") else 1)
+    decimals = len(num.partition(".")[2])
+    line = text.count("\n", 0, match.start()) + 1
+    percent = "%" in (match.group("unit") or "")
+    return Figure(path, line, match.group(0).strip(), value, decimals, percent, match.start())
 
 
 def _regions(comments: list[re.Match[str]], kind: str, closing: str) -> list[tuple[int, int, str]]:
@@ -299,11 +297,14 @@ def check(path: Path, text: str | None = None, root: Path = ROOT) -> Report:
         if not inline:
             continue
         line_start = text.rfind("\n", 0, c.start()) + 1
-        before = [f for f in found if line_start <= f.start < c.start()]
-        if not before:
+        numbers = list(NUMBER.finditer(masked, line_start, c.start()))
+        if not numbers:
             report.problems.append(f"{located(c.start())}: <!--{body}--> follows no figure on its line")
             continue
-        figure = before[-1]
+        figure = next((f for f in found if f.start == numbers[-1].start()), None)
+        if figure is None:  # a whole number (not a figure by itself) tied explicitly
+            figure = _figure(path, text, numbers[-1])
+            found.append(figure)
         if figure.tie:
             report.problems.append(f"{located(c.start())}: {figure.text} is tied twice")
             continue

@@ -112,3 +112,15 @@ def test_precision_and_expressions(tmp_path: Path) -> None:
         evaluate("__import__('os')", None, tmp_path)
     with pytest.raises(LookupError, match="not a number"):
         evaluate("a.json#/y", None, tmp_path)
+
+
+def test_a_whole_number_can_be_tied(tmp_path: Path) -> None:
+    """A whole number is not a figure by itself, but a reference after it ties and checks it."""
+    (tmp_path / "r.json").write_text('{"n": 562}', encoding="utf-8")
+    page = tmp_path / "p.md"
+    good = "at most 562<!--= r.json#/n --> were never rated\n"
+    report = check(page, good, root=tmp_path)
+    assert report.problems == [] and [(f.text, f.tie) for f in report.figures] == [("562", "reference")]
+    assert (
+        "the text says 561, its record says 562" in check(page, good.replace("562", "561"), root=tmp_path).problems[0]
+    )
