@@ -1,0 +1,212 @@
+"""Every published record agrees with its own ``metrics.jsonl``: nothing in ``result.json`` can be
+edited by hand without a test failing.
+
+For each ``docs/runs/<example>/result.json`` (and its variants), :func:`disagreements` recomputes
+from the run's ``metrics.jsonl`` and the held-out sets' ``n``:
+
+- the held-out scores before and after (and at each ``step K`` stage): the ``val/accuracy`` the run
+  logged at step 0, at each stage's step and at its last step is the n-weighted mean of the sets'
+  scores (a run logs one held-out figure over all its sets);
+- per-set stages a run logged set by set (``kind: heldout`` rows with a ``tier``): each stage's
+  score, standard error, tool-call rate and ``n``, the first stage being ``before`` and the last
+  ``after``;
+- the counts behind a 0/1 metric: ``score * n`` is a whole number of questions and the standard
+  error is ``sqrt(p (1 - p) / n)``;
+- ``s_per_step`` and the ``time/*`` / ``engine/*`` figures of ``extra``: the mean over the trained
+  steps, at the record's rounding; ``extra.train_reward``: each step's ``train/reward`` to 3 places;
+- ``steps``: the last trained step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbolt.runs.evaluation import RunRecord
+
+REPO = Path(__file__).resolve().parents[2]
+RUNS = REPO / "docs" / "runs"
+RECORDS = sorted(str(p.parent.relative_to(RUNS)) for p in RUNS.glob("**/result.json"))
+BINARY = {"accuracy", "execution_accuracy", "exact_match"}
+"""Metrics that score each question 0 or 1: their counts and standard errors follow from ``n``."""
+ROUNDING = 0.051
+"""How far a figure the record rounds (to 1 decimal or finer) may sit from the value it rounds."""
+
+
+def _close(a: float, b: float, tol: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def _rows(metrics: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _binary(where: str, score: float, se: float | None, n: int) -> list[str]:
+    problems = []
+    if not _close(score * n, round(score * n), 1e-6):
+        problems.append(f"{where}: {score} * n = {score * n:.4f} questions, not a whole number (n = {n})")
+    if se is not None and not _close(se, math.sqrt(score * (1 - score) / n), 1e-6):
+        problems.append(f"{where}: se {se} != sqrt(p (1 - p) / n) = {math.sqrt(score * (1 - score) / n)}")
+    return problems
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def disagreements(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
+    """What in ``record`` its metrics rows (``metrics.jsonl``) do not say; ``[]`` when all agree.
+
+    Raises ``LookupError`` when the metrics hold no held-out figure to check before/after against.
+    """
+    problems: list[str] = []
+    sets = record.heldout
+    total_n = sum(s.n for s in sets.values())
+
+    def weighted(scores: dict[str, float]) -> float:
+        return sum(scores[name] * s.n for name, s in sets.items()) / total_n
+
+    for name, s in sets.items():
+        if s.metric in BINARY:
+            problems += _binary(f"{name}.before", s.before, s.before_se, s.n)
+            problems += _binary(f"{name}.after", s.after, s.after_se, s.n)
+            for stage, values in s.stages.items():
+                if "score" in values:
+                    problems += _binary(f"{name}.stages[{stage}]", values["score"], values.get("se"), s.n)
+
+    checked = set()
+    # 1. one held-out figure over all sets, logged at steps (val/accuracy without a tier)
+    overall = {r["step"]: r["val/accuracy"] for r in rows if "val/accuracy" in r and "tier" not in r}
+    targets = {0: ("before", weighted({n: s.before for n, s in sets.items()}))}
+    targets[record.steps] = ("after", weighted({n: s.after for n, s in sets.items()}))
+    stage_names = {stage for s in sets.values() for stage in s.stages}
+    for stage in stage_names:
+        if stage.startswith("step ") and all(stage in s.stages for s in sets.values()):
+            step = int(stage.removeprefix("step "))
+            targets.setdefault(
+                step, (f"stages[{stage}]", weighted({n: s.stages[stage]["score"] for n, s in sets.items()}))
+            )
+    for step, (what, value) in targets.items():
+        if step in overall:
+            checked.add(what)
+            if not _close(overall[step], value):
+                problems.append(
+                    f"{what}: the n-weighted mean over the held-out sets is {value}, but metrics.jsonl "
+                    f"logged val/accuracy {overall[step]} at step {step}"
+                )
+
+    # 2. per-set stages logged set by set
+    for name, s in sets.items():
+        logged = [r for r in rows if r.get("kind") == "heldout" and r.get("tier") == name]
+        if not logged:
+            continue
+        for r in logged:
+            stage = s.stages.get(r["stage"])
+            if stage is None:
+                problems.append(f"{name}: metrics.jsonl logged stage {r['stage']!r}, the record has none")
+                continue
+            for key, logged_key in (
+                ("score", "val/accuracy"),
+                ("se", "val/se"),
+                ("tool_call_rate", "val/tool_call_rate"),
+            ):
+                if logged_key in r and not (key in stage and _close(stage[key], r[logged_key])):
+                    problems.append(
+                        f"{name}.stages[{r['stage']}].{key} = {stage.get(key)}, metrics.jsonl: {r[logged_key]}"
+                    )
+            if r.get("val/n") not in (None, s.n):
+                problems.append(f"{name}.n = {s.n}, metrics.jsonl: {r['val/n']} at stage {r['stage']}")
+        first, last = logged[0], logged[-1]
+        for what, value, row in (("before", s.before, first), ("after", s.after, last)):
+            checked.add(what)
+            if not _close(value, row["val/accuracy"]):
+                problems.append(f"{name}.{what} = {value}, metrics.jsonl: {row['val/accuracy']} (stage {row['stage']})")
+    missing = {"before", "after"} - checked
+    if missing:
+        raise LookupError(
+            f"metrics.jsonl holds no held-out figure for {sorted(missing)}: nothing to recompute them from"
+        )
+
+    # 3. per-step figures
+    trained = sorted((r for r in rows if "time/step_s" in r), key=lambda r: r["step"])
+    if trained and trained[-1]["step"] != record.steps:
+        problems.append(f"steps = {record.steps}, but the last trained step in metrics.jsonl is {trained[-1]['step']}")
+    if trained and abs(record.s_per_step - _mean([r["time/step_s"] for r in trained])) > ROUNDING:
+        problems.append(
+            f"s_per_step = {record.s_per_step}, metrics.jsonl: {_mean([r['time/step_s'] for r in trained])}"
+        )
+    for key, value in record.extra.items():
+        if key.startswith(("time/", "engine/")) and isinstance(value, int | float):
+            logged_values = [r[key] for r in trained if key in r]
+            if logged_values and abs(value - _mean(logged_values)) > ROUNDING:
+                problems.append(
+                    f"extra[{key!r}] = {value}, the mean over metrics.jsonl's steps is {_mean(logged_values)}"
+                )
+    rewards = record.extra.get("train_reward")
+    if isinstance(rewards, list):
+        logged_rewards = [
+            round(r["train/reward"], 3) for r in sorted(rows, key=lambda r: r["step"]) if "train/reward" in r
+        ]
+        if rewards != logged_rewards:
+            problems.append(f"extra['train_reward'] = {rewards}, metrics.jsonl's train/reward: {logged_rewards}")
+    return problems
+
+
+@pytest.mark.parametrize("where", RECORDS)
+def test_a_record_agrees_with_its_metrics(where: str) -> None:
+    record = RunRecord.load(RUNS / where / "result.json")
+    problems = disagreements(record, _rows(RUNS / where / "metrics.jsonl"))
+    assert not problems, f"docs/runs/{where}/result.json disagrees with its metrics.jsonl:\n" + "\n".join(problems)
+
+
+def test_every_published_example_is_checked() -> None:
+    assert {"sql_agent", "rag_agent", "calc_agent", "quickstart"} <= set(RECORDS)
+
+
+def test_the_issue_edit_fails(tmp_path: Path) -> None:
+    """Setting the unseen-database ``after`` to 0.9 (its metrics say the run ended at 0.625 over both
+    sets) is caught, and so is a se or an n edited alone."""
+    source = RUNS / "sql_agent"
+    data = json.loads((source / "result.json").read_text(encoding="utf-8"))
+    data["heldout"]["unseen_dbs"]["after"] = 0.9
+    (tmp_path / "result.json").write_text(json.dumps(data), encoding="utf-8")
+    record = RunRecord.load(tmp_path / "result.json")
+    problems = disagreements(record, _rows(source / "metrics.jsonl"))
+    assert any(p.startswith("after: the n-weighted mean") for p in problems), problems
+    assert any(p.startswith("unseen_dbs.after: se") for p in problems), problems
+
+    original = RunRecord.load(source / "result.json")
+    assert disagreements(original, _rows(source / "metrics.jsonl")) == []
+    unseen = original.heldout["unseen_dbs"]
+    for edit in ({"after_se": 0.05}, {"n": 61}):
+        changed = original.model_copy(
+            update={"heldout": {**original.heldout, "unseen_dbs": unseen.model_copy(update=edit)}}
+        )
+        assert disagreements(changed, _rows(source / "metrics.jsonl")), edit
+    slower = original.model_copy(update={"s_per_step": original.s_per_step + 1})
+    assert disagreements(slower, _rows(source / "metrics.jsonl")) == [
+        f"s_per_step = {original.s_per_step + 1}, metrics.jsonl: {_mean([r['time/step_s'] for r in _rows(source / 'metrics.jsonl') if 'time/step_s' in r])}"
+    ]
+
+
+def test_a_staged_record_is_checked_tier_by_tier() -> None:
+    """calc_agent logs each tier's stages: an sft score edited in the record is caught."""
+    source = RUNS / "calc_agent"
+    record = RunRecord.load(source / "result.json")
+    large = record.heldout["large"]
+    stages = {**large.stages, "sft": {**large.stages["sft"], "score": 0.725}}
+    changed = record.model_copy(
+        update={"heldout": {**record.heldout, "large": large.model_copy(update={"stages": stages})}}
+    )
+    problems = disagreements(changed, _rows(source / "metrics.jsonl"))
+    assert any(p.startswith("large.stages[sft].score = 0.725") for p in problems), problems
+
+
+def test_a_record_without_heldout_metrics_is_refused() -> None:
+    record = RunRecord.load(RUNS / "sql_agent" / "result.json")
+    with pytest.raises(LookupError, match="no held-out figure"):
+        disagreements(record, [{"step": 1, "time/step_s": 1.0}])
