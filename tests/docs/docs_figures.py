@@ -68,7 +68,8 @@ NUMBER = re.compile(
 NOT_RESULTS: list[tuple[str, str]] = [
     (
         r"(?i)(?:python|torch|verl|vllm|cpython|postgresql|debian|pydantic|langchain|langgraph|autogen|transformers|"
-        r"openai-agents|ray|agent-lightning|sdk|fastapi|cuda|version|v)[ =]?[\d.x\u2013-]*$",
+        r"openai-agents|ray|agent-lightning|sdk|fastapi|cuda|version|v|llama-index-core|llama-index|"
+        r"openinference-instrumentation-llama-index|agentops|semconv|conventions up to)[ =]?[\d.x\u2013-]*$",
         "a version number",
     ),
     (r"(?i)arxiv [\d.]*$", "an arXiv id"),
