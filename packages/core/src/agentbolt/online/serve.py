@@ -132,6 +132,8 @@ class OnlineServer:
         self.live_version = 0
         self.live_score: GateScore | None = None
         self.trained: set[str] = set()
+        self.trained_in: dict[str, int | None] = {}
+        """Rollout id of a consumed session -> the live version its update started from."""
         self.decisions: list[dict[str, Any]] = []
         self.swaps: list[dict[str, Any]] = []
         self.feedback_count = {"client": 0, "duplicate": 0}
@@ -252,6 +254,7 @@ class OnlineServer:
                 self.live_score = score_from_record(event["score"])
             elif kind == "consumed":
                 self.trained.update(event.get("sessions") or [])
+                self.trained_in.update(dict.fromkeys(event.get("sessions") or [], event.get("version")))
             elif kind == "gate":
                 self.decisions.append(event["decision"])
         if not self.run_id:
@@ -322,14 +325,16 @@ class OnlineServer:
 
     async def record_feedback(self, feedback: Feedback, *, source: str = "client") -> FeedbackResult:
         """Record one feedback (what ``POST /v1/feedback`` does)."""
-        result = await record_feedback(self.store, self.sessions, feedback, source=source)
-        if result.status == "recorded":
+        result = await record_feedback(self.store, self.sessions, feedback, source=source, trained_in=self.trained_in)
+        if result.status != "duplicate":
             self.feedback_count["client"] += 1
             for rollout_id in result.rollout_ids:
                 session = self.sessions.by_rollout.get(rollout_id)
                 if session is not None:
                     session.rewards += 1
-                    session.has_final = session.has_final or feedback.is_final
+                    if feedback.is_final:  # a client's final reward outranks a judge's score
+                        session.has_final = True
+                        session.judged = session.judged and source == "judge"
         else:
             self.feedback_count["duplicate"] += 1
         return result

@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import semconv
@@ -43,7 +45,7 @@ from ..store.run_records import RolloutSearch
 from . import keys
 from .options import SessionOptions
 
-__all__ = ["META_KEY", "Session", "SessionBook", "response_id_of"]
+__all__ = ["META_KEY", "FeedbackUse", "Session", "SessionBook", "response_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,22 @@ def response_id_of(record: CallRecord) -> str | None:
     if rid is None and record.response is not None:
         rid = record.response.get("id")
     return str(rid) if rid else None
+
+
+@dataclass(frozen=True)
+class FeedbackUse:
+    """The first use of a feedback id in the run (what a conflicting reuse is told)."""
+
+    fingerprint: str
+    session_id: str
+    target: str
+    """``session <key>`` or ``response <id>``."""
+    at: float
+    """Wall-clock time it was recorded."""
+
+    def describe(self) -> str:
+        when = datetime.fromtimestamp(self.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"first used at {when} for {self.target} (session {self.session_id!r})"
 
 
 @dataclass
@@ -131,6 +149,10 @@ class SessionBook:
         self._closing: set[asyncio.Task[None]] = set()
         self._last_heartbeat = 0.0
         self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_lost": 0, "calls": 0}
+        self.feedback_uses: dict[str, FeedbackUse] = {}
+        """Feedback id -> its first use in the run (rebuilt from the store's reward spans on restart;
+        kept when sessions are forgotten, so a reused id is found as long as the process runs)."""
+        self._feedback_locks = [asyncio.Lock() for _ in range(64)]
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -180,6 +202,10 @@ class SessionBook:
             closing.add_done_callback(self._closing.discard)
 
     # -- lookups for feedback -----------------------------------------------------------------------
+
+    def feedback_lock(self, feedback_id: str) -> asyncio.Lock:
+        """The lock serializing the check-then-write of one feedback id (one of a fixed pool)."""
+        return self._feedback_locks[zlib.crc32(feedback_id.encode()) % len(self._feedback_locks)]
 
     def session_segments(self, key: str) -> list[Session]:
         """Every known segment of a session (empty when unknown)."""
@@ -400,9 +426,25 @@ class SessionBook:
                         session.calls += 1
                     elif attrs.get(semconv.SPAN_KIND_ATTR) == semconv.KIND_REWARD:
                         session.rewards += 1
-                        if attrs.get(semconv.REWARD_IS_FINAL) is True:
+                        source = attrs.get(semconv.FEEDBACK_SOURCE)
+                        if attrs.get(semconv.REWARD_IS_FINAL) is True and not (session.has_final and source == "judge"):
                             session.has_final = True
-                            session.judged = attrs.get(semconv.FEEDBACK_SOURCE) == "judge"
+                            session.judged = source == "judge"
+                        self._remember_feedback(session, span)
+
+    def _remember_feedback(self, session: Session, span: t.Span) -> None:
+        """Index a stored client feedback's id (its first use) for the run-wide id check."""
+        attrs = span.attributes
+        feedback_id = attrs.get(semconv.FEEDBACK_ID)
+        if not isinstance(feedback_id, str) or attrs.get(semconv.FEEDBACK_SOURCE) != "client":
+            return
+        if feedback_id in self.feedback_uses:
+            return
+        response = attrs.get(semconv.REWARD_TARGET_RESPONSE_ID)
+        target = f"response {response!r}" if response else f"session {session.key!r}"
+        self.feedback_uses[feedback_id] = FeedbackUse(
+            str(attrs.get(semconv.FEEDBACK_FINGERPRINT, "")), session.key, target, span.start_time_ns / 1e9
+        )
 
 
 def _segment(metadata: Mapping[str, Any]) -> int:
