@@ -206,6 +206,13 @@ def gateway_serve(
             "searches a regex; other agents' calls go to the base model (--model)."
         ),
     ] = None,
+    durable_calls: Annotated[
+        bool,
+        typer.Option(
+            help="An answered call is in the store before the answer's last byte is sent (a crash loses no "
+            "call a client received in full); --no-durable-calls writes call records in background batches."
+        ),
+    ] = True,
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
@@ -237,7 +244,9 @@ def gateway_serve(
 
     async def run() -> None:
         opened = open_store(store)
-        gateway = options.gateway(opened, captured, served_model=model, allowed_hosts=allowed_host or ())
+        gateway = options.gateway(
+            opened, captured, served_model=model, allowed_hosts=allowed_host or (), durable_calls=durable_calls
+        )
         await gateway.start(options.host, options.port)
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
         typer.echo(f"gateway listening on {gateway.url} (forwarding to {target})", err=True)
