@@ -112,6 +112,8 @@ class Gateway:
         attempt_ttl_s: how often an attempt known to be running is re-checked, in the background
             while its calls keep flowing (0: every call waits for a fresh check).
         flush_interval_s: span batching delay (of spans no answer waits for).
+        readiness: returns ``None`` when the gateway can answer calls, else why not (``GET
+            /ready`` answers 503 with it); default: ready once an upstream is set.
         durable_calls: an answered call's span is in the store before the answer's last byte
             is sent (non-streaming: before the response; streaming: before ``data: [DONE]`` or
             the translated API's closing events), so a crash at any moment loses no call a
@@ -169,6 +171,7 @@ class Gateway:
         router: CallRouter | None = None,
         routes: Mapping[str, ExtraRoute] | None = None,
         openapi_paths: Mapping[str, Any] | None = None,
+        readiness: Callable[[], str | None] | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
             raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
@@ -181,6 +184,7 @@ class Gateway:
         self.pause_timeout_s = pause_timeout_s
         self.request_token_ids = request_token_ids
         self.durable_calls = durable_calls
+        self.readiness = readiness
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
         self.policy_router = policy_router
@@ -324,6 +328,13 @@ class Gateway:
         """Wait until every span recorded so far is in the store."""
         await self._spans.flush(timeout)
 
+    def not_ready(self) -> str | None:
+        """``None`` when calls can be answered (``GET /ready`` is 200), else why not (503): no
+        upstream yet, or the ``readiness`` check's reason."""
+        if self.readiness is not None:
+            return self.readiness()
+        return None if self._upstreams else "no inference backend is configured yet"
+
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring."""
         return {
@@ -356,6 +367,11 @@ class Gateway:
                 "to serve other names",
                 "invalid_request_error",
             )
+        if path == "/ready" and request.method == "GET":
+            problem = self.not_ready()
+            if problem is None:
+                return responder.send(200, orjson.dumps({"status": "ready"}))
+            return responder.send(503, orjson.dumps({"status": "starting", "reason": problem}), [("retry-after", "1")])
         if path == "/openapi.json" and request.method == "GET":
             return responder.send(200, orjson.dumps(self.openapi()))
         if path.startswith("/rollouts/"):
@@ -690,8 +706,9 @@ class Gateway:
     # -- control endpoints (for a gateway in another process) ------------------------------------
 
     async def _control(self, request: Request, responder: Responder, sub: str) -> None:
-        if sub == "/gateway/health":
-            return responder.send(200, orjson.dumps({"status": "ok", "paused": self.paused}))
+        if sub == "/gateway/health":  # liveness; readiness is GET /ready
+            body = {"status": "ok", "paused": self.paused, "ready": self.not_ready() is None}
+            return responder.send(200, orjson.dumps(body))
         if self.token is not None and not self._authorized(request):
             return self._reply(responder, 401, "missing or wrong bearer token", "authentication_error")
         if sub == "/gateway/stats" and request.method == "GET":

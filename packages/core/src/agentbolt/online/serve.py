@@ -26,10 +26,14 @@ What it runs, on one event loop (the model's servers and updates on threads of t
 - the run's metrics, every ``metrics_every_s`` (sessions, feedback rate, judge scores, live
   version, gate decisions: what the dashboard's Serving page shows).
 
-**Restarts lose nothing**: sessions, their calls and their rewards are in the store (feedback is
-written before it is acknowledged); which sessions were trained, the gate's decisions and the
+**Restarts lose nothing**, a ``kill -9`` at any moment included: an answered call is in the store
+before its last byte is sent (the gateway's ``durable_calls``, streams included), feedback is
+written before it is acknowledged; which sessions were trained, the gate's decisions and the
 live version with its checkpoint are in the ledger (``{state_dir}/ledger.jsonl``); open sessions
-resume under the same attempt when the process is back within their lease.
+resume under the same attempt when the process is back within their lease, except those whose
+call the stop cut (noted in ``{state_dir}/inflight.log``), which end ``aborted``. ``GET /ready``
+answers 200 only once the live policy serves (503 before); ``/v1/online/status`` counters are the
+run's, rebuilt from the store on start.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from .api import online_openapi_paths, online_routes
 from .evaluation import GateRunner
 from .feedback import Feedback, FeedbackResult, record_feedback
 from .gate import GateDecision, GateScore, score_from_record
+from .inflight import InflightJournal
 from .judging import JudgeSweep
 from .ledger import Ledger
 from .live_schemas import live_openapi_paths
@@ -147,6 +152,7 @@ class OnlineServer:
         self._baseline: asyncio.Task[GateScore] | None = None
         self._metrics_step = 0
         self._own_store = isinstance(store, str)
+        self._serving = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -160,6 +166,7 @@ class OnlineServer:
             self.session_options,
             worker_id=f"{self.run_id}-sessions",
             live_version=lambda: self.live_version or None,
+            journal=InflightJournal(self.state_dir),
         )
         self.gateway = Gateway(
             self.store,
@@ -169,6 +176,7 @@ class OnlineServer:
             router=self.sessions,
             routes=online_routes(self),
             openapi_paths={**live_openapi_paths(), **online_openapi_paths()},
+            readiness=self.readiness,
             **self.gateway_options,
         )
         await self.gateway.start(self.host, self.port)
@@ -192,6 +200,8 @@ class OnlineServer:
         self.gateway.set_upstreams([upstream])
         self.gateway.set_policy(version=self.live_version)
         await self.sessions.start()
+        self.feedback_count["client"] = len(self.sessions.feedback_uses)  # the run's, from the store
+        self._serving = True
         loop = asyncio.get_running_loop()
         if self.judge_options is not None:
             self.judge = JudgeSweep(self.judge_options, self.store, grouping=self.updates.grouping)
@@ -207,6 +217,7 @@ class OnlineServer:
 
     async def stop(self) -> None:
         """Stop serving; sessions stay open in the store and resume at the next start."""
+        self._serving = False
         for task in self._tasks:
             task.cancel()
         for task in [*self._tasks, *([self._baseline] if self._baseline else [])]:
@@ -232,6 +243,13 @@ class OnlineServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    def readiness(self) -> str | None:
+        """``None`` once the live policy serves and sessions are loaded (``GET /ready`` answers
+        200), else why not yet (503)."""
+        if self._serving and self.gateway is not None and self.gateway.upstreams:
+            return None
+        return f"the policy (version {self.live_version or 'initial'}) is starting"
 
     @property
     def url(self) -> str:

@@ -43,6 +43,7 @@ from ..gateway.routing import RoutedCall, RouteError
 from ..store.base import Store
 from ..store.run_records import RolloutSearch
 from . import keys
+from .inflight import InflightJournal
 from .options import SessionOptions
 
 __all__ = ["META_KEY", "FeedbackUse", "Session", "SessionBook", "response_id_of"]
@@ -56,6 +57,8 @@ META_SOURCE = "agentbolt.session.source"
 META_TASK = "agentbolt.session.task_key"
 META_PROMPT = "agentbolt.session.prompt_key"
 _FIRST_MESSAGE_CHARS = 2000
+ABORTED = "aborted"
+"""Error type of a session ended because the last stop cut one of its calls."""
 
 
 def response_id_of(record: CallRecord) -> str | None:
@@ -121,6 +124,8 @@ class SessionBook:
             every third of it while open) and how long they are remembered (``retention_s``).
         worker_id: recorded on the session attempts.
         live_version: called for the resources version new sessions record.
+        journal: where live calls' starts and ends are noted, so that a restart after a crash
+            ends the sessions whose calls it cut as ``aborted`` (:mod:`.inflight`).
     """
 
     def __init__(
@@ -131,12 +136,14 @@ class SessionBook:
         *,
         worker_id: str = "agentbolt-serve",
         live_version: Any = None,
+        journal: InflightJournal | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.options = options if options is not None else SessionOptions()
         self.worker_id = worker_id
         self._live_version = live_version
+        self.journal = journal
         self.current: dict[str, Session] = {}
         """Session key -> its latest segment."""
         self.by_rollout: dict[str, Session] = {}
@@ -148,7 +155,14 @@ class SessionBook:
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._last_heartbeat = 0.0
-        self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_lost": 0, "calls": 0}
+        self.counters = {
+            "sessions_opened": 0,
+            "sessions_closed": 0,
+            "sessions_lost": 0,
+            "sessions_aborted": 0,
+            "calls": 0,
+        }
+        """Run totals: rebuilt from the store on start (sessions within ``retention_s``), then kept."""
         self.feedback_uses: dict[str, FeedbackUse] = {}
         """Feedback id -> its first use in the run (rebuilt from the store's reward spans on restart;
         kept when sessions are forgotten, so a reused id is found as long as the process runs)."""
@@ -166,6 +180,8 @@ class SessionBook:
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        if self.journal is not None:
+            self.journal.close()
 
     # -- CallRouter ---------------------------------------------------------------------------------
 
@@ -182,10 +198,16 @@ class SessionBook:
                 session = current
         session.inflight += 1
         session.last_active = time.monotonic()
-        return RoutedCall(session.rollout_id, session.attempt_id, [(keys.SESSION_HEADER, session.key)], session)
+        number = self.journal.started(session.rollout_id) if self.journal is not None else 0
+        return RoutedCall(
+            session.rollout_id, session.attempt_id, [(keys.SESSION_HEADER, session.key)], (session, number)
+        )
 
     def finished(self, call: RoutedCall, record: CallRecord | None) -> None:
-        session: Session = call.context
+        session: Session
+        session, number = call.context
+        if self.journal is not None:
+            self.journal.ended(number)
         session.inflight -= 1
         session.last_active = time.monotonic()
         if session.inflight == 0 and session.idle is not None:
@@ -403,15 +425,56 @@ class SessionBook:
                 ended_at=rollout.ended_at,
             )
             self._remember(session)
-        await self._index_responses([r.rollout_id for r in found])
+        await self._index_responses([r.rollout_id for r in found if r.rollout_id in self.by_rollout])
+        self._count_loaded([r for r in found if r.rollout_id in self.by_rollout])
         if any(not s.closed for s in self.current.values()):
             await self._heartbeat()
+        cut = self.journal.cut() if self.journal is not None else set()
+        for session in self.open_sessions():
+            if session.rollout_id in cut:  # a call was cut when the previous process stopped
+                await self._abort(session)
+            elif session.auto:  # its one call ended with the previous process
+                await self._close(session)
         resumed = sum(not s.closed for s in self.current.values())
         if found:
-            log.info("sessions: %d segments loaded (%d open, resumed)", len(found), resumed)
-        for session in self.open_sessions():
-            if session.auto:  # its one call ended with the previous process
-                await self._close(session)
+            log.info(
+                "sessions: %d segments loaded (%d open, resumed; %d aborted: a call was cut by the last stop)",
+                len(found),
+                resumed,
+                sum(1 for s in self.by_rollout.values() if s.rollout_id in cut),
+            )
+        if self.journal is not None:
+            self.journal.open()
+
+    def _count_loaded(self, rollouts: Sequence[t.Rollout]) -> None:
+        """The run's counters from what the store holds (so they survive restarts)."""
+        sessions = [self.by_rollout[r.rollout_id] for r in rollouts]
+        self.counters["sessions_opened"] = len(sessions)
+        self.counters["calls"] = sum(s.calls for s in sessions)
+        errors = {r.rollout_id: r.error.type if r.error is not None else None for r in rollouts}
+        aborted = sum(1 for s in sessions if s.closed and errors.get(s.rollout_id) == ABORTED)
+        lost = sum(1 for r in rollouts if r.error is not None and r.error.kind is t.ErrorKind.LOST)
+        self.counters["sessions_aborted"] = aborted
+        self.counters["sessions_lost"] = lost
+        self.counters["sessions_closed"] = sum(1 for s in sessions if s.closed) - aborted - lost
+
+    async def _abort(self, session: Session) -> None:
+        """End a session whose call the last stop cut: its attempt fails with error type ``aborted``
+        (its complete calls and rewards are kept, and trained like a closed session's)."""
+        error = t.ErrorInfo(
+            kind=t.ErrorKind.INFRASTRUCTURE,
+            type=ABORTED,
+            message="a call of this session was cut when the serve process stopped (crash or kill); "
+            "its complete calls and rewards are kept",
+        )
+        try:
+            await self.store.finish_attempt(session.attempt_id, t.AttemptStatus.FAILED, error=error)
+        except StaleAttemptError:  # the lease ran out meanwhile: the store already ended it
+            self.counters["sessions_lost"] += 1
+        else:
+            self.counters["sessions_aborted"] += 1
+        session.closed = True
+        session.ended_at = time.time()
 
     async def _index_responses(self, rollout_ids: Sequence[str]) -> None:
         for i in range(0, len(rollout_ids), 200):
