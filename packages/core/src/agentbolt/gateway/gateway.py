@@ -368,10 +368,10 @@ class Gateway:
                 "invalid_request_error",
             )
         if path == "/ready" and request.method == "GET":
-            problem = self.not_ready()
-            if problem is None:
+            reason = self.not_ready()
+            if reason is None:
                 return responder.send(200, orjson.dumps({"status": "ready"}))
-            return responder.send(503, orjson.dumps({"status": "starting", "reason": problem}), [("retry-after", "1")])
+            return responder.send(503, orjson.dumps({"status": "starting", "reason": reason}), [("retry-after", "1")])
         if path == "/openapi.json" and request.method == "GET":
             return responder.send(200, orjson.dumps(self.openapi()))
         if path.startswith("/rollouts/"):

@@ -35,7 +35,7 @@ def final_reward_span(rollout_id: str, attempt_id: str | None, value: float, sou
 async def _winner(store: Store, rollout_id: str) -> float | None:
     spans = (await store.query_spans([rollout_id]))[rollout_id]
     span = winning_final((s, s.attributes) for s in sorted(spans, key=lambda s: s.seq or 0))
-    return None if span is None else float(span.attributes[semconv.REWARD_VALUE])  # type: ignore[arg-type]
+    return None if span is None else float(span.attributes[semconv.REWARD_VALUE])
 
 
 @pytest.mark.asyncio
