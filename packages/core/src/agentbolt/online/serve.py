@@ -420,6 +420,7 @@ class OnlineServer:
                 "judge/calls": float(usage.calls),
                 "judge/malformed": float(usage.malformed),
                 "judge/failed": float(usage.failed),
+                "judge/superseded": float(self.judge.superseded),
                 "judge/prompt_tokens": float(usage.prompt_tokens),
                 "judge/completion_tokens": float(usage.completion_tokens),
             }
