@@ -233,6 +233,7 @@ def gateway_serve(
             port=port,
             token=token,
             upstream_timeout_s=request_timeout,
+            durable_calls=durable_calls,
         )
         captured = capture.gateway_options()
         policies = Policies.from_specs(policy or [])
@@ -244,9 +245,7 @@ def gateway_serve(
 
     async def run() -> None:
         opened = open_store(store)
-        gateway = options.gateway(
-            opened, captured, served_model=model, allowed_hosts=allowed_host or (), durable_calls=durable_calls
-        )
+        gateway = options.gateway(opened, captured, served_model=model, allowed_hosts=allowed_host or ())
         await gateway.start(options.host, options.port)
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
         typer.echo(f"gateway listening on {gateway.url} (forwarding to {target})", err=True)
