@@ -18,8 +18,9 @@ nothing new and answers ``duplicate``. Feedback ids are **unique across the run*
 with other content, or for another session or response, is refused (409, naming the first use)
 and changes nothing. A client's final reward beats a judge's whatever order they arrive in (the
 store's rule, :mod:`agentbolt.reward_precedence`). The answer says whether the reward will be
-trained: ``recorded``, or ``recorded_not_trained`` when an update already consumed the session. It is **validated** before anything is written: an unknown session or response
-is a 404, a non-finite number a 422. Judges record their scores the same way (``source:
+trained: ``recorded``, or ``recorded_not_trained`` when an update already consumed the session.
+It is **validated** before anything is written: an unknown session or response is a 404, a
+non-finite number a 422. Judges record their scores the same way (``source:
 judge``).
 """
 
