@@ -11,6 +11,11 @@ Responses API / Anthropic Messages API request to the gateway, which translates 
 Completions upstream and the answer back; their added latency is still measured against calling
 the backend directly with Chat Completions (what the agent would otherwise pay).
 
+``--arms durable batched`` runs one gateway per arm (``--durable-calls``: a call's record is in
+the store before its answer is sent, the default; ``--no-durable-calls``: records written in 50 ms
+background batches, as before) and alternates direct / durable / batched loads in every repeat;
+``--record PATH`` writes the figures as JSON (``docs/runs/gateway_durable_calls.json``).
+
 Added latency = percentile through the gateway - the same percentile calling the backend
 directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
 64 concurrent clients saturate the 2 shared cores, so the 0 ms rows mostly measure queueing
@@ -94,7 +99,11 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
     return latencies, n / elapsed
 
 
-def start_gateway(store_url: str, upstream: str, port: int) -> subprocess.Popen[bytes]:
+ARMS = {"durable": "--durable-calls", "batched": "--no-durable-calls"}
+"""Gateway arm -> its ``agentbolt gateway serve`` flag."""
+
+
+def start_gateway(store_url: str, upstream: str, port: int, arm: str = "durable") -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -108,6 +117,7 @@ def start_gateway(store_url: str, upstream: str, port: int) -> subprocess.Popen[
             upstream,
             "--port",
             str(port),
+            ARMS[arm],
         ],
         stderr=subprocess.PIPE,
     )
@@ -142,6 +152,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="direct/gateway pairs per row; medians are printed")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--api", nargs="+", choices=sorted(APIS), default=["chat", "responses", "messages"])
+    ap.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["durable"], help="gateways to compare")
+    ap.add_argument("--record", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
     try:
         import uvloop
@@ -153,46 +165,90 @@ def main() -> None:
         f"gateway benchmark: {args.requests} chat completions per row; backend, gateway and load generator on {os.cpu_count()} cores"
     )
     print(
-        f"{'api':>9} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
+        f"{'api':>9} {'arm':>8} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
     )
+    record: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="agentbolt-gw-") as tmp:
-        store_url = f"sqlite:///{Path(tmp) / 'gateway.db'}"
         for latency_ms in args.latency_ms:
             backend = FakeLLM(default_reply="The answer is 42.", latency_s=latency_ms / 1000, record=False)
             with FakeLLMProcess(backend) as server:
-                port = free_port()
-                gateway = start_gateway(store_url, server.base_url, port)
+                gateways: dict[str, subprocess.Popen[bytes]] = {}
+                routes: dict[str, list[str]] = {}
                 try:
-                    attempts = run(prepare_attempts(store_url, 64))
-                    routes = [f"http://127.0.0.1:{port}/rollouts/{r}/attempts/{a}/v1" for r, a in attempts]
+                    for arm in args.arms:
+                        store_url = f"sqlite:///{Path(tmp) / f'gateway-{arm}-{latency_ms:g}.db'}"
+                        port = free_port()
+                        gateways[arm] = start_gateway(store_url, server.base_url, port, arm)
+                        attempts = run(prepare_attempts(store_url, 64))
+                        routes[arm] = [f"http://127.0.0.1:{port}/rollouts/{r}/attempts/{a}/v1" for r, a in attempts]
                     for api, conc in [(api, conc) for conc in args.concurrency for api in args.api]:
                         n = (
                             args.requests
                             if latency_ms == 0
                             else min(args.requests, int(conc * 1000 / max(latency_ms, 1) * 6) + conc)
                         )
-                        rows = []
-                        for _ in range(args.repeat):  # alternate, so both see the same machine conditions
+                        rows: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in args.arms}
+                        for _ in range(args.repeat):  # alternate, so every arm sees the same machine conditions
                             direct, _ = run(load([server.base_url], n, conc))
-                            through, rate = run(load(routes, n, conc, api))
-                            rows.append(
-                                (
-                                    percentile(direct, 0.5),
-                                    percentile(direct, 0.99),
-                                    percentile(through, 0.5),
-                                    percentile(through, 0.99),
-                                    rate,
+                            for arm in args.arms:
+                                through, rate = run(load(routes[arm], n, conc, api))
+                                rows[arm].append(
+                                    (
+                                        percentile(direct, 0.5) * 1e3,
+                                        percentile(direct, 0.99) * 1e3,
+                                        percentile(through, 0.5) * 1e3,
+                                        percentile(through, 0.99) * 1e3,
+                                        rate,
+                                    )
                                 )
+                        for arm in args.arms:
+                            d50, d99, g50, g99, rate = (statistics.median(col) for col in zip(*rows[arm], strict=True))
+                            added = [(r[2] - r[0], r[3] - r[1]) for r in rows[arm]]
+                            print(
+                                f"{api:>9} {arm:>8} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
+                                f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f}",
+                                flush=True,
                             )
-                        d50, d99, g50, g99, rate = (statistics.median(col) for col in zip(*rows, strict=True))
-                        d50, d99, g50, g99 = d50 * 1e3, d99 * 1e3, g50 * 1e3, g99 * 1e3
-                        print(
-                            f"{api:>9} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
-                            f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f}"
-                        )
+                            record.append(
+                                {
+                                    "api": api,
+                                    "arm": arm,
+                                    "backend_latency_ms": latency_ms,
+                                    "concurrency": conc,
+                                    "requests": n,
+                                    "direct_p50_ms": round(d50, 3),
+                                    "direct_p99_ms": round(d99, 3),
+                                    "gateway_p50_ms": round(g50, 3),
+                                    "gateway_p99_ms": round(g99, 3),
+                                    "added_p50_ms": round(g50 - d50, 3),
+                                    "added_p99_ms": round(g99 - d99, 3),
+                                    "requests_per_s": round(rate, 1),
+                                    "repeats_added_p50_ms": [round(a, 3) for a, _ in added],
+                                    "repeats_added_p99_ms": [round(b, 3) for _, b in added],
+                                }
+                            )
                 finally:
-                    gateway.send_signal(signal.SIGTERM)
-                    gateway.wait(30)
+                    for gateway in gateways.values():
+                        gateway.send_signal(signal.SIGTERM)
+                        gateway.wait(30)
+    if args.record is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        args.record.write_bytes(
+            orjson.dumps(
+                {
+                    "benchmark": "benchmarks/gateway.py",
+                    "argv": sys.argv[1:],
+                    "commit": commit,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "cpus": os.cpu_count(),
+                    "load_average_end": [round(x, 2) for x in os.getloadavg()],
+                    "rows": record,
+                },
+                option=orjson.OPT_INDENT_2,
+            )
+            + b"\n"
+        )
+        print(f"record written to {args.record}")
 
 
 if __name__ == "__main__":

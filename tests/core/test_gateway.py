@@ -364,7 +364,7 @@ async def test_bad_requests(env: Env) -> None:
         unknown = await http.post(f"{env.gateway.url}/whatever")
         assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "invalid_request_error"
         health = await http.get(f"{env.gateway.url}/gateway/health")
-        assert health.json() == {"status": "ok", "paused": False}
+        assert health.json() == {"status": "ok", "paused": False, "ready": True}
     assert len(env.backend.requests) == 0
 
 
@@ -477,7 +477,7 @@ async def test_gateway_client_drives_the_control_routes() -> None:
         with pytest.raises(GatewayControlError, match="401"):
             await GatewayClient(env.gateway.url).pause()  # no token
         async with GatewayClient(env.gateway.url + "/v1", token="tok") as gw:  # the agents' URL works too
-            assert (await gw.health()) == {"status": "ok", "paused": False}
+            assert (await gw.health()) == {"status": "ok", "paused": False, "ready": True}
             await gw.set_upstreams([env.server.base_url, Upstream(base_url=env.server.base_url, model="m2")])
             assert (await gw.stats())["upstreams"] == [env.server.base_url] * 2
             await gw.pause()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lrl_traces import Trace
 
+from agentbolt import semconv
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import ExclusionReason, extract_episode
 from agentbolt.types import Span, TokenSource
@@ -287,6 +288,21 @@ def test_last_final_reward_wins() -> None:
     tr.final(0.7)
     ep = extract_episode(tr.rollout, tr.spans)
     assert ep.final_reward == 0.7 and ep.notes["final_rewards_superseded"] == 1
+
+
+@pytest.mark.parametrize("order", ["client_judge_agent", "agent_judge_client", "judge_client_agent"])
+def test_the_final_reward_of_the_highest_source_wins_whatever_the_order(order: str) -> None:
+    """client > judge > agent (agentbolt.reward_precedence), also for spans a store wrote before
+    it refused outranked ones."""
+    values = {"client": 0.1, "judge": 0.9, "agent": 0.5}
+    tr = Trace()
+    tr.llm([1], [2])
+    for source in order.split("_"):
+        span = tr.reward(values[source], final=True)
+        if source != "agent":
+            span.attributes[semconv.FEEDBACK_SOURCE] = source
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert ep.final_reward == 0.1 and ep.notes["final_rewards_superseded"] == 2
 
 
 def test_rollout_final_reward_is_the_fallback() -> None:

@@ -39,7 +39,7 @@ def _wait_ready(proc: subprocess.Popen[str], url: str) -> None:
         if proc.poll() is not None:
             pytest.fail(f"agentbolt serve exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
         try:
-            if httpx.get(f"{url}/gateway/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -87,7 +87,10 @@ def test_feedback_before_and_after_a_restart_of_agentbolt_serve(tmp_path: Path) 
             repeat = httpx.post(f"{url}/v1/feedback", json=early, headers=auth)  # the client retries the old one
             assert repeat.json()["status"] == "duplicate"
             status = httpx.get(f"{url}/v1/online/status", headers=auth).json()
-            assert status["sessions"]["sessions_opened"] == 0  # the session resumed, not reopened
+            # the run's counters, read back from the store: one session (resumed, not reopened), two
+            # calls, two feedbacks
+            assert status["sessions"]["sessions_opened"] == 1 and status["sessions"]["calls"] == 2
+            assert status["feedback"]["client"] == 2
             assert httpx.get(f"{url}/v1/online/status").status_code == 401
         finally:
             _stop(proc)

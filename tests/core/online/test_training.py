@@ -89,6 +89,11 @@ async def test_the_gate_keeps_a_worse_version_out_and_says_why(tmp_path: Path) -
         assert server.live_version == 1 and server.status()["decisions"][-1]["passed"] is False
         # the sessions were consumed: no second update from the same ones
         assert await server.trainer.step(force=True) is None
+        # a rating that arrives now is stored, and the answer says no update will train on it
+        late = await post_feedback(server, {"feedback_id": "late", "session_id": "user-0", "reward": 1.0})
+        assert late.status_code == 200, late.text
+        assert late.json()["status"] == "recorded_not_trained"
+        assert late.json()["detail"] == "session already trained in version 1"
         live = await openai_client(server).chat.completions.create(
             model="any", messages=[{"role": "user", "content": "Capital of Japan?"}]
         )

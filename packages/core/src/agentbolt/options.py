@@ -130,6 +130,10 @@ class GatewayOptions(_Options):
     upstream_timeout_s: float = 600.0
     """How long the gateway waits for an upstream answer (and between streamed chunks) before
     the call fails as an infrastructure error (retried)."""
+    durable_calls: bool = True
+    """An answered call's record is in the store before the answer's last byte is sent (a crash
+    loses no answered call); ``False`` writes records in background batches (a little less
+    latency per call, see docs/online.md)."""
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -154,7 +158,12 @@ class GatewayOptions(_Options):
         return Gateway(store, self.upstreams, **self._options(capture), **extra)
 
     def _options(self, capture: Mapping[str, Any]) -> dict[str, Any]:
-        return {"token": self.token, "request_timeout_s": self.upstream_timeout_s, **capture}
+        return {
+            "token": self.token,
+            "request_timeout_s": self.upstream_timeout_s,
+            "durable_calls": self.durable_calls,
+            **capture,
+        }
 
 
 class RunnerOptions(_Options):

@@ -206,6 +206,13 @@ def gateway_serve(
             "searches a regex; other agents' calls go to the base model (--model)."
         ),
     ] = None,
+    durable_calls: Annotated[
+        bool,
+        typer.Option(
+            help="An answered call is in the store before the answer's last byte is sent (a crash loses no "
+            "call a client received in full); --no-durable-calls writes call records in background batches."
+        ),
+    ] = True,
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
@@ -226,6 +233,7 @@ def gateway_serve(
             port=port,
             token=token,
             upstream_timeout_s=request_timeout,
+            durable_calls=durable_calls,
         )
         captured = capture.gateway_options()
         policies = Policies.from_specs(policy or [])

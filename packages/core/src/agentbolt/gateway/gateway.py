@@ -14,9 +14,11 @@ For each call the gateway
 3. forces the served model name and the current sampling parameters when configured, and asks
    the upstream for exact token ids and logprobs (vLLM's ``return_token_ids`` / ``logprobs``),
 4. forwards to an upstream chosen by rollout (sticky), streaming chunks through as they arrive,
-5. writes one LLM-call span (batched, in the background; :meth:`Gateway.flush` waits for it),
-   whose ``gen_ai.response.id`` is the id the client received and whose span id is returned in
-   the ``X-Agentbolt-Span-Id`` response header.
+5. writes one LLM-call span, whose ``gen_ai.response.id`` is the id the client received and
+   whose span id is returned in the ``X-Agentbolt-Span-Id`` response header. An answered call's
+   span is in the store before the answer's last byte leaves (``durable_calls``, group-committed
+   with the other calls waiting); error spans are batched in the background
+   (:meth:`Gateway.flush` waits for them).
 
 Upstream failures become OpenAI-style errors with ``type = "agentbolt_upstream_error"`` (502,
 or 504 on timeout) plus an error span; runners treat such failures as infrastructure errors,
@@ -109,7 +111,14 @@ class Gateway:
         pause_timeout_s: how long a call waits while the gateway is paused before a 503.
         attempt_ttl_s: how often an attempt known to be running is re-checked, in the background
             while its calls keep flowing (0: every call waits for a fresh check).
-        flush_interval_s: span batching delay.
+        flush_interval_s: span batching delay (of spans no answer waits for).
+        readiness: returns ``None`` when the gateway can answer calls, else why not (``GET
+            /ready`` answers 503 with it); default: ready once an upstream is set.
+        durable_calls: an answered call's span is in the store before the answer's last byte
+            is sent (non-streaming: before the response; streaming: before ``data: [DONE]`` or
+            the translated API's closing events), so a crash at any moment loses no call a
+            client received in full. Waiting calls are written together (group commit);
+            ``False`` queues them like other spans (written within ``flush_interval_s``).
         retokenize: ``(request, response) -> (prompt_ids, response_ids)`` for upstreams that
             return no ids; spans then say ``token_source = "retokenized"``.
         request_token_ids: ask upstreams for ``return_token_ids`` and logprobs (vLLM style).
@@ -148,6 +157,7 @@ class Gateway:
         pause_timeout_s: float = 60.0,
         attempt_ttl_s: float = 2.0,
         flush_interval_s: float = 0.05,
+        durable_calls: bool = True,
         span_batch: int = 64,
         max_buffered_spans: int = 200_000,
         retokenize: Retokenizer | None = None,
@@ -161,6 +171,7 @@ class Gateway:
         router: CallRouter | None = None,
         routes: Mapping[str, ExtraRoute] | None = None,
         openapi_paths: Mapping[str, Any] | None = None,
+        readiness: Callable[[], str | None] | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, int | float) and 0 < request_timeout_s < float("inf")):
             raise UserError(f"request_timeout_s must be a positive number of seconds, got {request_timeout_s!r}")
@@ -172,6 +183,8 @@ class Gateway:
         self.request_timeout_s = request_timeout_s
         self.pause_timeout_s = pause_timeout_s
         self.request_token_ids = request_token_ids
+        self.durable_calls = durable_calls
+        self.readiness = readiness
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
         self.agent_names = agent_names
         self.policy_router = policy_router
@@ -315,6 +328,13 @@ class Gateway:
         """Wait until every span recorded so far is in the store."""
         await self._spans.flush(timeout)
 
+    def not_ready(self) -> str | None:
+        """``None`` when calls can be answered (``GET /ready`` is 200), else why not (503): no
+        upstream yet, or the ``readiness`` check's reason."""
+        if self.readiness is not None:
+            return self.readiness()
+        return None if self._upstreams else "no inference backend is configured yet"
+
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring."""
         return {
@@ -327,6 +347,7 @@ class Gateway:
             "spans_recorded": self._spans.added,
             "spans_written": self._spans.written,
             "spans_dropped": self._spans.dropped,
+            "spans_late": self._spans.late,
             "policy_version": self.policy_version,
             "upstreams": [u.base_url for u in self._upstreams],
         }
@@ -346,6 +367,11 @@ class Gateway:
                 "to serve other names",
                 "invalid_request_error",
             )
+        if path == "/ready" and request.method == "GET":
+            reason = self.not_ready()
+            if reason is None:
+                return responder.send(200, orjson.dumps({"status": "ready"}))
+            return responder.send(503, orjson.dumps({"status": "starting", "reason": reason}), [("retry-after", "1")])
         if path == "/openapi.json" and request.method == "GET":
             return responder.send(200, orjson.dumps(self.openapi()))
         if path.startswith("/rollouts/"):
@@ -603,10 +629,13 @@ class Gateway:
             out_headers.append((POLICY_HEADER, str(record.policy_version)))
         if answer.status == 200 and answer.is_stream:
             translator = dialect.stream(api_body) if dialect is not None else None
-            await relay_stream(answer, responder, record, out_headers, self.counters, translator)
-            if dialect is not None and record.response and record.response.get("id"):
-                record.extra[semconv.GEN_AI_RESPONSE_ID] = dialect.response_id(str(record.response["id"]))
-            self._record(record, span_id)
+
+            async def finish() -> None:  # the record is complete; the stream's last event not yet sent
+                if dialect is not None and record.response and record.response.get("id"):
+                    record.extra[semconv.GEN_AI_RESPONSE_ID] = dialect.response_id(str(record.response["id"]))
+                await self._record_answered(record, span_id)
+
+            await relay_stream(answer, responder, record, out_headers, self.counters, translator, finish)
             return record
         try:
             data = await answer.read()
@@ -635,8 +664,8 @@ class Gateway:
             translated = dialect.from_chat(response, api_body)
             record.extra[semconv.GEN_AI_RESPONSE_ID] = translated["id"]
             data = orjson.dumps(translated)
+        await self._record_answered(record, span_id)
         responder.send(200, data, out_headers)
-        self._record(record, span_id)
         return record
 
     def _upstream_failed(
@@ -666,11 +695,20 @@ class Gateway:
     def _record(self, record: CallRecord, span_id: str) -> None:
         self._spans.record(record, span_id)
 
+    async def _record_answered(self, record: CallRecord, span_id: str) -> None:
+        """Record an answered call: with ``durable_calls``, wait until its span is in the store
+        (the answer's last byte goes out after that); else queue it like any span."""
+        if self.durable_calls:
+            await self._spans.write(record, span_id)
+        else:
+            self._spans.record(record, span_id)
+
     # -- control endpoints (for a gateway in another process) ------------------------------------
 
     async def _control(self, request: Request, responder: Responder, sub: str) -> None:
-        if sub == "/gateway/health":
-            return responder.send(200, orjson.dumps({"status": "ok", "paused": self.paused}))
+        if sub == "/gateway/health":  # liveness; readiness is GET /ready
+            body = {"status": "ok", "paused": self.paused, "ready": self.not_ready() is None}
+            return responder.send(200, orjson.dumps(body))
         if self.token is not None and not self._authorized(request):
             return self._reply(responder, 401, "missing or wrong bearer token", "authentication_error")
         if sub == "/gateway/stats" and request.method == "GET":

@@ -1,5 +1,12 @@
 """The gateway's span buffer: LLM-call spans are built per call and written to the store in
-batches, in the background, so that no call waits on a store write."""
+batches from a background task.
+
+Two ways in: :meth:`SpanWriter.record` queues a span and returns (the batch goes out after
+``interval_s``); :meth:`SpanWriter.write` queues it and waits until it is in the store — how the
+gateway makes an answered call durable before the answer's last byte leaves. Waiting calls are
+written together (group commit): while one batch is in the store's transaction the next calls
+queue up and go in the next batch, with no batching delay, so the cost is about one store
+write per call under any concurrency."""
 
 from __future__ import annotations
 
@@ -44,8 +51,13 @@ class SpanWriter:
         self.added = 0
         self.written = 0
         self.dropped = 0
+        self.late = 0
+        """Calls whose :meth:`write` gave up waiting (the store did not take the span in time)."""
         self._wakeup = asyncio.Event()
+        self._urgent = asyncio.Event()
         self._written = asyncio.Event()
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        """(span number, future) of :meth:`write` calls, in span order."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -60,13 +72,33 @@ class SpanWriter:
         if self._task is not None:
             await cancel_and_wait(self._task)
 
-    def record(self, record: CallRecord, span_id: str) -> None:
-        """Build the span of one call and queue it for writing."""
+    async def write(self, record: CallRecord, span_id: str, *, timeout: float = 30.0) -> bool:
+        """Build the span of one call, queue it, and wait until it is in the store (or dropped, see
+        the class docstring). False when the store did not take it within ``timeout`` seconds (the
+        span stays queued; counted in :attr:`late`) or it could not be built."""
+        if not self.record(record, span_id):
+            return False
+        number = self.added
+        if self.written + self.dropped >= number:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append((number, waiter))
+        self._urgent.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            self.late += 1
+            log.error("the store did not take a call's span within %.0f s; the answer goes out anyway", timeout)
+            return False
+        return True
+
+    def record(self, record: CallRecord, span_id: str) -> bool:
+        """Build the span of one call and queue it for writing; False if it could not be built."""
         try:
             span = build_span(record, span_id=span_id, retokenize=self.retokenize)
         except Exception:  # never let span building break the proxy
             log.exception("could not build the span of a call in rollout %s", record.rollout_id)
-            return
+            return False
         if len(self.buffered) >= self.max_buffered:
             self.buffered.pop(0)
             self.dropped += 1
@@ -76,6 +108,15 @@ class SpanWriter:
         self.buffered.append(span)
         self.added += 1
         self._wakeup.set()
+        return True
+
+    def _settle(self) -> None:
+        """Release the :meth:`write` calls whose spans are written (or dropped)."""
+        done = self.written + self.dropped
+        while self._waiters and self._waiters[0][0] <= done:
+            _, waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every span recorded so far is in the store."""
@@ -95,8 +136,10 @@ class SpanWriter:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if self.interval_s > 0 and not self._closing:
-                await asyncio.sleep(self.interval_s)
+            if self.interval_s > 0 and not self._closing and not self._waiters:
+                self._urgent.clear()  # batch for interval_s, unless a waiting call comes
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), self.interval_s)
             while self.buffered:
                 batch = self.buffered[: self.batch]
                 try:
@@ -113,5 +156,6 @@ class SpanWriter:
                     self.written += len(batch)
                     backoff = 0.5
                 del self.buffered[: len(batch)]
+                self._settle()
                 self._written.set()
                 await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write

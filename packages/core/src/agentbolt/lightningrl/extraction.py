@@ -47,7 +47,8 @@ reconciled ones), only their transitions are not produced.
 **Rewards.** A reward span (``agentbolt.reward`` / kind ``reward``) has value
 ``agentbolt.reward.value`` (else ``dimensions[primary]``); one without a finite value is
 ``malformed`` and ignored (reported). With ``agentbolt.reward.final = true`` it is a final
-reward: the last one in ``seq`` is the episode return. A non-final reward is intermediate and
+reward: the episode return is the one of the highest source (``agentbolt.feedback.source``:
+client > judge > agent, :mod:`agentbolt.reward_precedence`), the last in ``seq`` of that source. A non-final reward is intermediate and
 attaches to: the call owning ``agentbolt.reward.target_span_id`` (a gateway or joined framework
 span id), else the call with ``gen_ai.response.id == agentbolt.reward.target_response_id``,
 else the latest call before it in ``seq``. An explicit target that matches no call, or an

@@ -1,7 +1,8 @@
 """Rewards of an episode: reward spans parsed (:class:`RewardRecord`), attached to calls, and the episode return.
 
 Implements the **Rewards** rules of :mod:`agentbolt.lightningrl.extraction`: a final reward is
-the episode return (the last one wins); an intermediate reward attaches to its explicit target
+the episode return (the highest source precedence wins, client > judge > agent, then the
+latest: :mod:`agentbolt.reward_precedence`); an intermediate reward attaches to its explicit target
 (span id, then response id), else to the latest call before it; without a final reward the
 return is ``Rollout.final_reward``, else (optionally) a promoted trailing reward, else missing.
 """
@@ -16,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from .. import semconv
+from ..reward_precedence import RANKS, reward_source
 from ..types import Rollout, Span
 from . import spans as sp
 from .episode import LLMCall, RewardAttachment, RewardRecord
@@ -120,15 +122,19 @@ def attach_rewards(
 
     finals = [r for r in records if r.attachment == "final"]
     if finals:
+        attributes = {span.span_id: span.attributes for span in ordered}
+        winner = max(
+            enumerate(finals), key=lambda item: (RANKS[reward_source(attributes.get(item[1].span_id, {}))], item[0])
+        )[1]
         if len(finals) > 1:
             notes["final_rewards_superseded"] += len(finals) - 1
             records = [
-                replace(r, detail="superseded by a later final reward")
-                if r.attachment == "final" and r is not finals[-1]
+                replace(r, detail="superseded by a final reward of higher precedence or later")
+                if r.attachment == "final" and r is not winner
                 else r
                 for r in records
             ]
-        value = finals[-1].value
+        value = winner.value
         if rollout.final_reward is not None and rollout.final_reward != value:
             notes["final_reward_differs_from_rollout"] += 1
         return records, value, "span"

@@ -2,11 +2,14 @@
 
 - ``POST /v1/feedback``: a :class:`~agentbolt.online.feedback.Feedback` body; 200 with a
   :class:`~agentbolt.online.feedback.FeedbackResult`, 404 for an unknown session or response,
-  409 for a feedback id reused with other content, 422 for a malformed body (NaN included).
+  409 for a feedback id reused with other content or for another session or response (the
+  message names the first use), 422 for a malformed body (NaN included).
 - ``POST /v1/sessions/close``: ``{"session_id": ...}``: close a session now (it becomes
   trainable once rewarded) instead of waiting for its idle window.
-- ``GET /v1/online/status``: the live version, sessions, feedback and judge counters, the
-  latest gate decisions.
+- ``GET /v1/online/status``: the live version, sessions, feedback and judge counters (the run's,
+  rebuilt from the store on start), the latest gate decisions.
+
+``GET /ready`` (the gateway's, no token) answers 200 once the live policy serves, 503 before.
 
 All of them sit behind the gateway's token (``Authorization: Bearer``) and Host checks.
 """
@@ -113,7 +116,7 @@ def online_openapi_paths() -> dict[str, Any]:
         text = {
             401: "Missing or wrong bearer token.",
             404: "Unknown session or response.",
-            409: "The feedback id was recorded with other content.",
+            409: "The feedback id was used before (in this run) with other content or another target.",
             415: "The body is not JSON.",
             421: "A Host the server does not answer.",
             422: "The body does not match the schema.",

@@ -8,15 +8,19 @@
 becomes a reward span (``agentbolt.reward``) of the session's attempt, the same record an agent's
 ``emit_reward`` makes, so LightningRL reads it as it reads any reward:
 
-- feedback on a session is its **final reward** (the episode return; the latest one wins), on
-  every segment of the session;
+- feedback on a session is its **final reward** (the episode return; a client's latest one
+  wins), on every segment of the session;
 - feedback on a response is an **intermediate reward** of that call (``target_response_id``)
   unless ``final: true`` makes it the return of the call's session segment.
 
 It is **idempotent**: the span id is derived from ``feedback_id``, so a repeated request stores
-nothing new and answers ``duplicate``; the same id with other content is refused (409) and
-changes nothing. It is **validated** before anything is written: an unknown session or response
-is a 404, a non-finite number a 422. Judges record their scores the same way (``source:
+nothing new and answers ``duplicate``. Feedback ids are **unique across the run**: the same id
+with other content, or for another session or response, is refused (409, naming the first use)
+and changes nothing. A client's final reward beats a judge's whatever order they arrive in (the
+store's rule, :mod:`agentbolt.reward_precedence`). The answer says whether the reward will be
+trained: ``recorded``, or ``recorded_not_trained`` when an update already consumed the session.
+It is **validated** before anything is written: an unknown session or response is a 404, a
+non-finite number a 422. Judges record their scores the same way (``source:
 judge``).
 """
 
@@ -34,9 +38,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .. import semconv
 from .. import types as t
 from ..store.base import Store
-from .sessions import Session, SessionBook
+from .sessions import FeedbackUse, Session, SessionBook
 
-__all__ = ["Feedback", "FeedbackConflict", "FeedbackResult", "UnknownTarget", "record_feedback", "reward_span"]
+__all__ = [
+    "Feedback",
+    "FeedbackConflict",
+    "FeedbackResult",
+    "FeedbackUse",
+    "UnknownTarget",
+    "record_feedback",
+    "reward_span",
+]
 
 _BODY = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 _Id = Annotated[str, Field(min_length=1, max_length=256)]
@@ -96,12 +108,16 @@ class FeedbackResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     feedback_id: str
-    status: Literal["recorded", "duplicate"]
-    """``duplicate``: this feedback id was recorded before, with the same content; nothing changed."""
+    status: Literal["recorded", "recorded_not_trained", "duplicate"]
+    """``recorded``: stored, and the next update trains on it. ``recorded_not_trained``: stored,
+    but an update already consumed the session (``detail`` says which), so no update trains on it.
+    ``duplicate``: this feedback id was recorded before, with the same content; nothing changed."""
     session_id: str
     """The session the reward belongs to."""
     rollout_ids: list[str]
     """The session segments (rollouts) that carry it."""
+    detail: str | None = None
+    """Why a reward is not trained (``session already trained in version N``)."""
 
 
 class UnknownTarget(LookupError):
@@ -179,12 +195,47 @@ def targets(book: SessionBook, feedback: Feedback) -> list[Session]:
 
 
 async def record_feedback(
-    store: Store, book: SessionBook, feedback: Feedback, *, source: str = "client"
+    store: Store,
+    book: SessionBook,
+    feedback: Feedback,
+    *,
+    source: str = "client",
+    trained_in: Mapping[str, int | None] | None = None,
 ) -> FeedbackResult:
     """Store ``feedback`` as reward spans (see the module docstring); raises
-    :class:`UnknownTarget` or :class:`FeedbackConflict`, having changed nothing."""
+    :class:`UnknownTarget` or :class:`FeedbackConflict`, having changed nothing.
+
+    ``trained_in`` maps the rollout ids of sessions an update consumed to the live version that
+    update started from (``None`` when unknown): a reward on them is ``recorded_not_trained``.
+    """
     segments = targets(book, feedback)
     fingerprint = feedback.fingerprint()
+    target = (
+        f"session {feedback.session_id!r}" if feedback.session_id is not None else f"response {feedback.response_id!r}"
+    )
+    async with book.feedback_lock(feedback.feedback_id):
+        first = book.feedback_uses.get(feedback.feedback_id)
+        if first is not None and first.fingerprint != fingerprint:
+            raise FeedbackConflict(
+                f"feedback id {feedback.feedback_id!r} was {first.describe()}, with other content; "
+                "feedback ids are unique across the run: use a new feedback_id for a new reward"
+            )
+        result = await _write(store, segments, feedback, fingerprint, source)
+        if first is None:
+            book.feedback_uses[feedback.feedback_id] = FeedbackUse(fingerprint, segments[0].key, target, time.time())
+    trained = {r: trained_in[r] for r in result.rollout_ids if trained_in is not None and r in trained_in}
+    if result.status == "recorded" and trained and feedback.is_final:
+        versions = sorted({v for v in trained.values() if v is not None})
+        where = f"in version {', '.join(map(str, versions))}" if versions else "by an earlier update"
+        result = result.model_copy(
+            update={"status": "recorded_not_trained", "detail": f"session already trained {where}"}
+        )
+    return result
+
+
+async def _write(
+    store: Store, segments: Sequence[Session], feedback: Feedback, fingerprint: str, source: str
+) -> FeedbackResult:
     spans = [
         reward_span(
             s,

@@ -5,8 +5,11 @@ A closed session with no final reward ``judge_after_s`` after it closed is judge
 other pending sessions of its group (RULER-style relative scores; a group of one falls back to
 the rubric). The score is stored as a final reward span with ``agentbolt.feedback.source =
 judge`` and the feedback id ``judge:{rollout_id}``, so it is idempotent and survives restarts. A
-client's feedback that arrives later supersedes it (the last final reward wins) unless the session
-was already trained. A judge that fails leaves the session unscored; it is tried again at later
+client's rating beats the judge's score whatever order they arrive in: the judge re-checks the
+session (in memory and in the store) before writing, and the store refuses a judge's final
+reward on an attempt that holds a client's (:mod:`agentbolt.reward_precedence`), so a client
+that rates while the judge is thinking still wins; a client rating that arrives after the
+judge's score supersedes it unless the session was already trained. A judge that fails leaves the session unscored; it is tried again at later
 sweeps, ``max_tries`` times in all.
 """
 
@@ -18,6 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+from ..reward_precedence import RANKS, final_rank
 from ..rewards.judge import JudgeScore, LLMJudge
 from ..rewards.trajectory import trajectory_from_spans
 from ..store.base import Store
@@ -54,6 +58,8 @@ class JudgeSweep:
         self.scores: list[float] = []
         """Every reward the judge gave (for the dashboard's judge-score mean)."""
         self.judged = 0
+        self.superseded = 0
+        """Scores not written because the client rated the session first."""
 
     def pending(self, sessions: Sequence[Session], trained: set[str], now: float | None = None) -> list[Session]:
         """Closed, unrewarded, untrained sessions past the window, oldest first."""
@@ -71,6 +77,13 @@ class JudgeSweep:
         ]
         out.sort(key=lambda s: s.ended_at or 0.0)
         return out[: self.max_batch]
+
+    async def _rated(self, rollout_ids: Sequence[str]) -> set[str]:
+        """Of ``rollout_ids``, those whose attempt holds a client's final reward (the store's view)."""
+        if not rollout_ids:
+            return set()
+        spans = await self.store.query_spans(rollout_ids, latest_attempt_only=True)
+        return {rid for rid, items in spans.items() if any(final_rank(s.attributes) > RANKS["judge"] for s in items)}
 
     async def sweep(self, sessions: Sequence[Session], trained: set[str]) -> int:
         """Judge the pending sessions; returns how many got a score."""
@@ -91,10 +104,14 @@ class JudgeSweep:
             for session in pending:
                 results[session.rollout_id] = await self.judge.score(trajectories[session.rollout_id])
         scored = 0
+        rated = await self._rated([s.rollout_id for s in pending if results.get(s.rollout_id) is not None])
         for session in pending:
             score = results.get(session.rollout_id)
             self.tries[session.rollout_id] = self.tries.get(session.rollout_id, 0) + 1
             if score is None:
+                continue
+            if session.rollout_id in rated or (session.has_final and not session.judged):
+                self.superseded += 1  # the client rated it while the judge was thinking
                 continue
             span = reward_span(
                 session,
@@ -104,7 +121,9 @@ class JudgeSweep:
                 source="judge",
                 comment=score.reason or None,
             )
-            await self.store.add_spans([span])
+            if not await self.store.add_spans([span]):  # refused: a client's rating came first
+                self.superseded += 1
+                continue
             session.has_final = True
             session.rewards += 1
             session.judged = True

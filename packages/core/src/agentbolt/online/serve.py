@@ -26,10 +26,14 @@ What it runs, on one event loop (the model's servers and updates on threads of t
 - the run's metrics, every ``metrics_every_s`` (sessions, feedback rate, judge scores, live
   version, gate decisions: what the dashboard's Serving page shows).
 
-**Restarts lose nothing**: sessions, their calls and their rewards are in the store (feedback is
-written before it is acknowledged); which sessions were trained, the gate's decisions and the
+**Restarts lose nothing**, a ``kill -9`` at any moment included: an answered call is in the store
+before its last byte is sent (the gateway's ``durable_calls``, streams included), feedback is
+written before it is acknowledged; which sessions were trained, the gate's decisions and the
 live version with its checkpoint are in the ledger (``{state_dir}/ledger.jsonl``); open sessions
-resume under the same attempt when the process is back within their lease.
+resume under the same attempt when the process is back within their lease, except those whose
+call the stop cut (noted in ``{state_dir}/inflight.log``), which end ``aborted``. ``GET /ready``
+answers 200 only once the live policy serves (503 before); ``/v1/online/status`` counters are the
+run's, rebuilt from the store on start.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from .api import online_openapi_paths, online_routes
 from .evaluation import GateRunner
 from .feedback import Feedback, FeedbackResult, record_feedback
 from .gate import GateDecision, GateScore, score_from_record
+from .inflight import InflightJournal
 from .judging import JudgeSweep
 from .ledger import Ledger
 from .live_schemas import live_openapi_paths
@@ -132,6 +137,8 @@ class OnlineServer:
         self.live_version = 0
         self.live_score: GateScore | None = None
         self.trained: set[str] = set()
+        self.trained_in: dict[str, int | None] = {}
+        """Rollout id of a consumed session -> the live version its update started from."""
         self.decisions: list[dict[str, Any]] = []
         self.swaps: list[dict[str, Any]] = []
         self.feedback_count = {"client": 0, "duplicate": 0}
@@ -145,6 +152,7 @@ class OnlineServer:
         self._baseline: asyncio.Task[GateScore] | None = None
         self._metrics_step = 0
         self._own_store = isinstance(store, str)
+        self._serving = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -158,6 +166,7 @@ class OnlineServer:
             self.session_options,
             worker_id=f"{self.run_id}-sessions",
             live_version=lambda: self.live_version or None,
+            journal=InflightJournal(self.state_dir),
         )
         self.gateway = Gateway(
             self.store,
@@ -167,6 +176,7 @@ class OnlineServer:
             router=self.sessions,
             routes=online_routes(self),
             openapi_paths={**live_openapi_paths(), **online_openapi_paths()},
+            readiness=self.readiness,
             **self.gateway_options,
         )
         await self.gateway.start(self.host, self.port)
@@ -190,6 +200,8 @@ class OnlineServer:
         self.gateway.set_upstreams([upstream])
         self.gateway.set_policy(version=self.live_version)
         await self.sessions.start()
+        self.feedback_count["client"] = len(self.sessions.feedback_uses)  # the run's, from the store
+        self._serving = True
         loop = asyncio.get_running_loop()
         if self.judge_options is not None:
             self.judge = JudgeSweep(self.judge_options, self.store, grouping=self.updates.grouping)
@@ -205,6 +217,7 @@ class OnlineServer:
 
     async def stop(self) -> None:
         """Stop serving; sessions stay open in the store and resume at the next start."""
+        self._serving = False
         for task in self._tasks:
             task.cancel()
         for task in [*self._tasks, *([self._baseline] if self._baseline else [])]:
@@ -231,6 +244,13 @@ class OnlineServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def readiness(self) -> str | None:
+        """``None`` once the live policy serves and sessions are loaded (``GET /ready`` answers
+        200), else why not yet (503)."""
+        if self._serving and self.gateway is not None and self.gateway.upstreams:
+            return None
+        return f"the policy (version {self.live_version or 'initial'}) is starting"
+
     @property
     def url(self) -> str:
         """The OpenAI base URL live clients use: ``http://host:port/v1``."""
@@ -252,6 +272,7 @@ class OnlineServer:
                 self.live_score = score_from_record(event["score"])
             elif kind == "consumed":
                 self.trained.update(event.get("sessions") or [])
+                self.trained_in.update(dict.fromkeys(event.get("sessions") or [], event.get("version")))
             elif kind == "gate":
                 self.decisions.append(event["decision"])
         if not self.run_id:
@@ -322,14 +343,16 @@ class OnlineServer:
 
     async def record_feedback(self, feedback: Feedback, *, source: str = "client") -> FeedbackResult:
         """Record one feedback (what ``POST /v1/feedback`` does)."""
-        result = await record_feedback(self.store, self.sessions, feedback, source=source)
-        if result.status == "recorded":
+        result = await record_feedback(self.store, self.sessions, feedback, source=source, trained_in=self.trained_in)
+        if result.status != "duplicate":
             self.feedback_count["client"] += 1
             for rollout_id in result.rollout_ids:
                 session = self.sessions.by_rollout.get(rollout_id)
                 if session is not None:
                     session.rewards += 1
-                    session.has_final = session.has_final or feedback.is_final
+                    if feedback.is_final:  # a client's final reward outranks a judge's score
+                        session.has_final = True
+                        session.judged = session.judged and source == "judge"
         else:
             self.feedback_count["duplicate"] += 1
         return result
@@ -397,6 +420,7 @@ class OnlineServer:
                 "judge/calls": float(usage.calls),
                 "judge/malformed": float(usage.malformed),
                 "judge/failed": float(usage.failed),
+                "judge/superseded": float(self.judge.superseded),
                 "judge/prompt_tokens": float(usage.prompt_tokens),
                 "judge/completion_tokens": float(usage.completion_tokens),
             }

@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import semconv
@@ -41,9 +43,10 @@ from ..gateway.routing import RoutedCall, RouteError
 from ..store.base import Store
 from ..store.run_records import RolloutSearch
 from . import keys
+from .inflight import InflightJournal
 from .options import SessionOptions
 
-__all__ = ["META_KEY", "Session", "SessionBook", "response_id_of"]
+__all__ = ["META_KEY", "FeedbackUse", "Session", "SessionBook", "response_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ META_SOURCE = "agentbolt.session.source"
 META_TASK = "agentbolt.session.task_key"
 META_PROMPT = "agentbolt.session.prompt_key"
 _FIRST_MESSAGE_CHARS = 2000
+ABORTED = "aborted"
+"""Error type of a session ended because the last stop cut one of its calls."""
 
 
 def response_id_of(record: CallRecord) -> str | None:
@@ -62,6 +67,22 @@ def response_id_of(record: CallRecord) -> str | None:
     if rid is None and record.response is not None:
         rid = record.response.get("id")
     return str(rid) if rid else None
+
+
+@dataclass(frozen=True)
+class FeedbackUse:
+    """The first use of a feedback id in the run (what a conflicting reuse is told)."""
+
+    fingerprint: str
+    session_id: str
+    target: str
+    """``session <key>`` or ``response <id>``."""
+    at: float
+    """Wall-clock time it was recorded."""
+
+    def describe(self) -> str:
+        when = datetime.fromtimestamp(self.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"first used at {when} for {self.target} (session {self.session_id!r})"
 
 
 @dataclass
@@ -103,6 +124,8 @@ class SessionBook:
             every third of it while open) and how long they are remembered (``retention_s``).
         worker_id: recorded on the session attempts.
         live_version: called for the resources version new sessions record.
+        journal: where live calls' starts and ends are noted, so that a restart after a crash
+            ends the sessions whose calls it cut as ``aborted`` (:mod:`.inflight`).
     """
 
     def __init__(
@@ -113,12 +136,14 @@ class SessionBook:
         *,
         worker_id: str = "agentbolt-serve",
         live_version: Any = None,
+        journal: InflightJournal | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.options = options if options is not None else SessionOptions()
         self.worker_id = worker_id
         self._live_version = live_version
+        self.journal = journal
         self.current: dict[str, Session] = {}
         """Session key -> its latest segment."""
         self.by_rollout: dict[str, Session] = {}
@@ -130,7 +155,18 @@ class SessionBook:
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._last_heartbeat = 0.0
-        self.counters = {"sessions_opened": 0, "sessions_closed": 0, "sessions_lost": 0, "calls": 0}
+        self.counters = {
+            "sessions_opened": 0,
+            "sessions_closed": 0,
+            "sessions_lost": 0,
+            "sessions_aborted": 0,
+            "calls": 0,
+        }
+        """Run totals: rebuilt from the store on start (sessions within ``retention_s``), then kept."""
+        self.feedback_uses: dict[str, FeedbackUse] = {}
+        """Feedback id -> its first use in the run (rebuilt from the store's reward spans on restart;
+        kept when sessions are forgotten, so a reused id is found as long as the process runs)."""
+        self._feedback_locks = [asyncio.Lock() for _ in range(64)]
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -144,6 +180,8 @@ class SessionBook:
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        if self.journal is not None:
+            self.journal.close()
 
     # -- CallRouter ---------------------------------------------------------------------------------
 
@@ -160,10 +198,16 @@ class SessionBook:
                 session = current
         session.inflight += 1
         session.last_active = time.monotonic()
-        return RoutedCall(session.rollout_id, session.attempt_id, [(keys.SESSION_HEADER, session.key)], session)
+        number = self.journal.started(session.rollout_id) if self.journal is not None else 0
+        return RoutedCall(
+            session.rollout_id, session.attempt_id, [(keys.SESSION_HEADER, session.key)], (session, number)
+        )
 
     def finished(self, call: RoutedCall, record: CallRecord | None) -> None:
-        session: Session = call.context
+        session: Session
+        session, number = call.context
+        if self.journal is not None:
+            self.journal.ended(number)
         session.inflight -= 1
         session.last_active = time.monotonic()
         if session.inflight == 0 and session.idle is not None:
@@ -180,6 +224,10 @@ class SessionBook:
             closing.add_done_callback(self._closing.discard)
 
     # -- lookups for feedback -----------------------------------------------------------------------
+
+    def feedback_lock(self, feedback_id: str) -> asyncio.Lock:
+        """The lock serializing the check-then-write of one feedback id (one of a fixed pool)."""
+        return self._feedback_locks[zlib.crc32(feedback_id.encode()) % len(self._feedback_locks)]
 
     def session_segments(self, key: str) -> list[Session]:
         """Every known segment of a session (empty when unknown)."""
@@ -377,15 +425,56 @@ class SessionBook:
                 ended_at=rollout.ended_at,
             )
             self._remember(session)
-        await self._index_responses([r.rollout_id for r in found])
+        await self._index_responses([r.rollout_id for r in found if r.rollout_id in self.by_rollout])
+        self._count_loaded([r for r in found if r.rollout_id in self.by_rollout])
         if any(not s.closed for s in self.current.values()):
             await self._heartbeat()
+        cut = self.journal.cut() if self.journal is not None else set()
+        for session in self.open_sessions():
+            if session.rollout_id in cut:  # a call was cut when the previous process stopped
+                await self._abort(session)
+            elif session.auto:  # its one call ended with the previous process
+                await self._close(session)
         resumed = sum(not s.closed for s in self.current.values())
         if found:
-            log.info("sessions: %d segments loaded (%d open, resumed)", len(found), resumed)
-        for session in self.open_sessions():
-            if session.auto:  # its one call ended with the previous process
-                await self._close(session)
+            log.info(
+                "sessions: %d segments loaded (%d open, resumed; %d aborted: a call was cut by the last stop)",
+                len(found),
+                resumed,
+                sum(1 for s in self.by_rollout.values() if s.rollout_id in cut),
+            )
+        if self.journal is not None:
+            self.journal.open()
+
+    def _count_loaded(self, rollouts: Sequence[t.Rollout]) -> None:
+        """The run's counters from what the store holds (so they survive restarts)."""
+        sessions = [self.by_rollout[r.rollout_id] for r in rollouts]
+        self.counters["sessions_opened"] = len(sessions)
+        self.counters["calls"] = sum(s.calls for s in sessions)
+        errors = {r.rollout_id: r.error.type if r.error is not None else None for r in rollouts}
+        aborted = sum(1 for s in sessions if s.closed and errors.get(s.rollout_id) == ABORTED)
+        lost = sum(1 for r in rollouts if r.error is not None and r.error.kind is t.ErrorKind.LOST)
+        self.counters["sessions_aborted"] = aborted
+        self.counters["sessions_lost"] = lost
+        self.counters["sessions_closed"] = sum(1 for s in sessions if s.closed) - aborted - lost
+
+    async def _abort(self, session: Session) -> None:
+        """End a session whose call the last stop cut: its attempt fails with error type ``aborted``
+        (its complete calls and rewards are kept, and trained like a closed session's)."""
+        error = t.ErrorInfo(
+            kind=t.ErrorKind.INFRASTRUCTURE,
+            type=ABORTED,
+            message="a call of this session was cut when the serve process stopped (crash or kill); "
+            "its complete calls and rewards are kept",
+        )
+        try:
+            await self.store.finish_attempt(session.attempt_id, t.AttemptStatus.FAILED, error=error)
+        except StaleAttemptError:  # the lease ran out meanwhile: the store already ended it
+            self.counters["sessions_lost"] += 1
+        else:
+            self.counters["sessions_aborted"] += 1
+        session.closed = True
+        session.ended_at = time.time()
 
     async def _index_responses(self, rollout_ids: Sequence[str]) -> None:
         for i in range(0, len(rollout_ids), 200):
@@ -400,9 +489,25 @@ class SessionBook:
                         session.calls += 1
                     elif attrs.get(semconv.SPAN_KIND_ATTR) == semconv.KIND_REWARD:
                         session.rewards += 1
-                        if attrs.get(semconv.REWARD_IS_FINAL) is True:
+                        source = attrs.get(semconv.FEEDBACK_SOURCE)
+                        if attrs.get(semconv.REWARD_IS_FINAL) is True and not (session.has_final and source == "judge"):
                             session.has_final = True
-                            session.judged = attrs.get(semconv.FEEDBACK_SOURCE) == "judge"
+                            session.judged = source == "judge"
+                        self._remember_feedback(session, span)
+
+    def _remember_feedback(self, session: Session, span: t.Span) -> None:
+        """Index a stored client feedback's id (its first use) for the run-wide id check."""
+        attrs = span.attributes
+        feedback_id = attrs.get(semconv.FEEDBACK_ID)
+        if not isinstance(feedback_id, str) or attrs.get(semconv.FEEDBACK_SOURCE) != "client":
+            return
+        if feedback_id in self.feedback_uses:
+            return
+        response = attrs.get(semconv.REWARD_TARGET_RESPONSE_ID)
+        target = f"response {response!r}" if response else f"session {session.key!r}"
+        self.feedback_uses[feedback_id] = FeedbackUse(
+            str(attrs.get(semconv.FEEDBACK_FINGERPRINT, "")), session.key, target, span.start_time_ns / 1e9
+        )
 
 
 def _segment(metadata: Mapping[str, Any]) -> int:

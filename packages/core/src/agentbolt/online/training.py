@@ -112,8 +112,9 @@ class OnlineTrainer:
         processed = self.lightningrl.process(regrouped, spans, policy_version=server.live_version)
         rows = list(processed.rows)
         report = processed.report.metrics("lightningrl/")
-        server.ledger.append("consumed", sessions=ids, rows=len(rows))
+        server.ledger.append("consumed", sessions=ids, rows=len(rows), version=server.live_version)
         server.trained.update(ids)
+        server.trained_in.update(dict.fromkeys(ids, server.live_version))
         if not rows:
             log.warning("online update: %d sessions gave no trainable row\n%s", len(ids), processed.report.summary())
             await server.log_metrics({"train/sessions": float(len(ids)), "train/rows": 0.0, **report})

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from .. import types as t
 from ..errors import InvalidTransitionError, NotFoundError, StaleAttemptError, UserError
+from ..reward_precedence import final_rank
 from . import lifecycle
 from .base import AttemptReport, Notifier, Store, check_span_batch, normalize_statuses
 from .run_memory import MemoryRunsMixin
@@ -399,11 +400,17 @@ class MemoryStore(MemoryRunsMixin, Store):
                 raise NotFoundError(f"attempt of rollout {rid}", span.attempt_id)
 
     def _store_spans(self, spans: Sequence[t.Span]) -> int:
-        """Store checked spans (with the lock held); returns how many were new."""
+        """Store checked spans (with the lock held); returns how many were new. A final reward
+        outranked by one the attempt holds is refused (:mod:`agentbolt.reward_precedence`)."""
         added = 0
         for span, rid in zip(spans, check_span_batch(spans), strict=True):
             stored = self._spans[rid]
             if span.span_id in stored:
+                continue
+            rank = final_rank(span.attributes)
+            if rank and any(
+                final_rank(s.attributes) > rank for s in stored.values() if s.attempt_id == span.attempt_id
+            ):
                 continue
             self._span_seq[rid] += 1
             stored[span.span_id] = span.model_copy(update={"seq": self._span_seq[rid]})

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import types as t
 from ..errors import NotFoundError
+from ..reward_precedence import final_rank
 from .base import check_span_batch
 from .sql_schema import _INSERT_SPAN, _INSERT_SPAN_WITH_ID, _chunks, _cursor, _marks, span_key
 from .sql_schema import resources as resources_table
@@ -69,10 +71,15 @@ class SqlSpansMixin:
         transaction (this one's or another operation's), :meth:`_SpanWrite.committed` after it."""
         # Everything per span is prepared here, so the writer thread only assigns seq values.
         by_rollout: dict[str, list[tuple[int, str | None, str]]] = {}
+        finals: dict[str, dict[int, int]] = {}
+        """Rollout -> {position in its group: precedence rank} of the final rewards written."""
         attempts_seen: set[tuple[str, str]] = set()
         for span, rid in zip(spans, check_span_batch(spans), strict=True):
             aid = span.attempt_id
-            by_rollout.setdefault(rid, []).append((span_key(span.span_id), aid, t.span_body_json(span)))
+            group = by_rollout.setdefault(rid, [])
+            if rank := final_rank(span.attributes):
+                finals.setdefault(rid, {})[len(group)] = rank
+            group.append((span_key(span.span_id), aid, t.span_body_json(span)))
             if aid is not None:
                 attempts_seen.add((rid, aid))
         rids = sorted(by_rollout)
@@ -117,21 +124,30 @@ class SqlSpansMixin:
                 bad = [f"{r}/{a}" for r, a in unchecked if (r, a) not in known]
                 if bad:
                     raise NotFoundError("attempt of rollout", bad)
+            refused = self._outranked(cur, {row[0]: row[1] for row in found}, finals, by_rollout) if finals else set()
             rows: list[tuple[Any, ...]] = []
             if self._q.pg:
                 for rid, rkey, last in found:
                     group = by_rollout[rid]
                     first = last - len(group) + 1
-                    rows.extend((rkey, first + i, *prepared) for i, prepared in enumerate(group))
-                cur.executemany(self._q(_INSERT_SPAN), rows)
+                    rows.extend(
+                        (rkey, first + i, *prepared) for i, prepared in enumerate(group) if (rid, i) not in refused
+                    )
+                if rows:
+                    cur.executemany(self._q(_INSERT_SPAN), rows)
             else:
                 cur.execute(self._q("SELECT COALESCE(MAX(id), 0) FROM {spans}"))
                 next_id = cur.fetchone()[0] + 1
                 for rid, rkey in sorted(found):
-                    for prepared in by_rollout[rid]:
+                    for i, prepared in enumerate(by_rollout[rid]):
+                        if (rid, i) in refused:
+                            continue
                         rows.append((next_id, rkey, next_id, *prepared))
                         next_id += 1
-                cur.executemany(self._q(_INSERT_SPAN_WITH_ID), rows)
+                if rows:
+                    cur.executemany(self._q(_INSERT_SPAN_WITH_ID), rows)
+            if not rows:
+                return 0
             return cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else len(rows)
 
         def committed() -> None:
@@ -141,6 +157,34 @@ class SqlSpansMixin:
                 self._known_attempts.update(unchecked)
 
         return _SpanWrite(rids, insert, committed)
+
+    def _outranked(
+        self,
+        cur: Any,
+        rkeys: dict[str, int],
+        finals: dict[str, dict[int, int]],
+        by_rollout: dict[str, list[tuple[int, str | None, str]]],
+    ) -> set[tuple[str, int]]:
+        """(rollout, position) of the batch's final rewards outranked by a final reward of the
+        same attempt, stored or earlier in the batch (:mod:`agentbolt.reward_precedence`)."""
+        refused: set[tuple[str, int]] = set()
+        for rid, ranks in finals.items():
+            best: dict[str | None, int] = {}
+            cur.execute(
+                self._q("SELECT attempt_id, body FROM {spans} WHERE rkey = ? AND body LIKE ?"),
+                (rkeys[rid], "%agentbolt.reward.final%"),
+            )
+            for aid, body in cur.fetchall():
+                attributes = orjson.loads(body).get("attributes") or {}
+                best[aid] = max(best.get(aid, 0), final_rank(attributes))
+            group = by_rollout[rid]
+            for i in sorted(ranks):
+                aid = group[i][1]
+                if ranks[i] < best.get(aid, 0):
+                    refused.add((rid, i))
+                else:
+                    best[aid] = ranks[i]
+        return refused
 
     async def _query_spans(
         self, rollout_ids: Sequence[str], latest_attempt_only: bool, after_seq: int | None

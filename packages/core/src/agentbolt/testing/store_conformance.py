@@ -33,6 +33,7 @@ from ..errors import (
     UserError,
 )
 from ..store.base import AttemptReport, Store
+from .reward_conformance import RewardPrecedenceConformance
 from .run_conformance import RunStoreConformance
 
 __all__ = ["StoreConformance"]
@@ -62,7 +63,7 @@ def llm_span(rollout_id: str, attempt_id: str | None = None, **attrs: t.Attribut
 
 
 @pytest.mark.asyncio
-class StoreConformance(RunStoreConformance):
+class StoreConformance(RunStoreConformance, RewardPrecedenceConformance):
     """Behaviour every :class:`~agentbolt.store.Store` backend shares (runs included)."""
 
     async def make_store(self, tmp_path: Path) -> Store:
