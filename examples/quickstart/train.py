@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner processes
 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
+from baselines import trivial_scores  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
@@ -181,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=300.0,
         ),
         progress=not args.no_progress,
+        # how the run's summary card (agentbolt runs show, the dashboard) names the held-out metric
+        run_config={
+            "heldout_metric": {"name": "accuracy", "threshold": 1.0},
+            "trivial": {row["policy"]: row["score"] for row in trivial_scores(val=val)} if val else {},
+        },
     )
     started = time.time()
     result = trainer.fit(train, val, max_staleness=args.max_staleness)

@@ -11,7 +11,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -22,11 +22,14 @@ from ..errors import NotFoundError, UserError
 from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
 from ..store.run_records import RolloutSearch, Run
+from .answer import RolloutAnswer, rollout_answer
+from .summary import heldout_metric
 
 __all__ = [
     "METRIC_PRESETS",
     "POLICY_PLACEHOLDER",
     "CallView",
+    "GroupMember",
     "SpanRow",
     "TrajectoryView",
     "fidelity",
@@ -134,6 +137,17 @@ class CallView:
     exclusion_detail: str | None = None
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    """One sample of a group, as the group's other samples link to it."""
+
+    rollout_id: str
+    reward: float | None
+    advantage: float | None
+    """The advantage LightningRL gave its calls (held-out samples: ``None``, never trained)."""
+    correct: bool | None
+
+
 @dataclass
 class TrajectoryView:
     """Everything the trajectory page shows."""
@@ -151,6 +165,10 @@ class TrajectoryView:
     lightningrl_error: str | None = None
     group_size: int = 0
     notes: dict[str, int] = field(default_factory=dict)
+    answer: RolloutAnswer | None = None
+    """Question, reply, expected answer and verdict (the page's first screen)."""
+    group: list[GroupMember] = field(default_factory=list)
+    """The samples of the rollout's group (itself included), in enqueue order."""
 
     @property
     def held_out(self) -> bool:
@@ -327,12 +345,27 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         if all(r.rollout_id != rollout_id for r in group):
             group.append(rollout)
     view.group_size = len(group)
+    metric = heldout_metric(run.config if run is not None else None)
+    view.answer = rollout_answer(rollout, calls, spans, metric)
     group_spans = await store.query_spans([r.rollout_id for r in group], latest_attempt_only=True)
     try:
         batch = lightningrl_for(run).process(group, group_spans)
     except Exception as exc:  # show why instead of failing the page
         view.lightningrl_error = f"{type(exc).__name__}: {exc}"
         return view
+    advantage: dict[str, float] = {}
+    for x in batch.transitions:
+        if x.advantage is not None:
+            advantage.setdefault(x.rollout_id, x.advantage)
+    view.group = [
+        GroupMember(
+            r.rollout_id,
+            r.final_reward,
+            None if r.mode is t.RolloutMode.VAL else advantage.get(r.rollout_id),
+            None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold,
+        )
+        for r in sorted(group, key=lambda r: (r.created_at, r.rollout_id))
+    ]
     view.transitions = [x for x in batch.transitions if x.rollout_id == rollout_id]
     by_span = {x.span_id: x for x in view.transitions}
     episode = next((e for e in batch.episodes if e.rollout_id == rollout_id), None)
@@ -340,6 +373,8 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         view.rewards = list(episode.rewards)
         view.final_reward = episode.final_reward
         view.final_source = episode.final_source
+        if view.answer is not None and episode.final_reward is not None:
+            view.answer = replace(view.answer, reward=episode.final_reward)
         view.notes = dict(episode.notes)
         by_gateway = {c.gateway_span.span_id: c for c in episode.calls if c.gateway_span is not None}
         for call in view.calls:
