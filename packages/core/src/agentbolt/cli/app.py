@@ -50,10 +50,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs; no markup shows raw
 )
-store_app = typer.Typer(help="Run or inspect a store.", no_args_is_help=True)
+store_app = typer.Typer(help="Run or inspect a store.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(store_app, name="store")
-gateway_app = typer.Typer(help="Run the OpenAI-compatible gateway.", no_args_is_help=True)
+gateway_app = typer.Typer(help="Run the OpenAI-compatible gateway.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(gateway_app, name="gateway")
 
 

@@ -25,7 +25,7 @@ from .tables import console as make_console
 
 __all__ = ["rollouts_app"]
 
-rollouts_app = typer.Typer(help="Rollouts of a store.", no_args_is_help=True)
+rollouts_app = typer.Typer(help="Rollouts of a store.", no_args_is_help=True, rich_markup_mode="markdown")
 
 TEXT_CHARS = 600
 """``rollouts show`` prints at most this much of a question or reply (``--wide``: all of it)."""

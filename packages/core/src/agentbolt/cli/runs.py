@@ -52,7 +52,9 @@ R = TypeVar("R")
 StoreOption = ReadStoreOption
 TokenOption = StoreTokenOption
 
-runs_app = typer.Typer(help="Training and evaluation runs recorded in a store.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Training and evaluation runs recorded in a store.", no_args_is_help=True, rich_markup_mode="markdown"
+)
 
 
 class ExportFormat(StrEnum):

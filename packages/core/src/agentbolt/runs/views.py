@@ -114,6 +114,8 @@ class Token:
     prob: float | None
     shade: int
     """0 (improbable) .. 4 (near-certain), for colouring."""
+    text: str | None = None
+    """The token's text, when the recorded reply carries it (OpenAI ``logprobs.content[].token``)."""
 
 
 @dataclass
@@ -204,14 +206,33 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _token_row(ids: Sequence[Any], logprobs: Sequence[Any] | None) -> list[Token]:
+def _token_row(ids: Sequence[Any], logprobs: Sequence[Any] | None, texts: Sequence[str] | None = None) -> list[Token]:
     out = []
     for i, tid in enumerate(ids):
         lp = logprobs[i] if logprobs is not None and i < len(logprobs) else None
         prob = math.exp(lp) if isinstance(lp, int | float) and math.isfinite(lp) else None
         shade = 0 if prob is None else min(4, int(prob * 5))
-        out.append(Token(id=int(tid), logprob=lp, prob=prob, shade=shade))
+        text = texts[i] if texts is not None and len(texts) == len(ids) else None
+        out.append(Token(id=int(tid), logprob=lp, prob=prob, shade=shade, text=text))
     return out
+
+
+def _token_texts(span: t.Span) -> list[str] | None:
+    """Each response token's text from the recorded reply's ``logprobs.content`` (Chat
+    Completions, as vLLM and agentbolt-torch answer), else ``None``."""
+    body = _json(span.attributes.get(semconv.LLM_RESPONSE))
+    if not isinstance(body, dict):
+        return None
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    logprobs = choices[0].get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("token"), str) for e in content
+    ):
+        return None
+    return [e["token"] for e in content]
 
 
 def _call_view(span: t.Span) -> CallView:
@@ -230,7 +251,9 @@ def _call_view(span: t.Span) -> CallView:
         output_messages=_messages(a.get(semconv.GEN_AI_OUTPUT_MESSAGES)),
         tools=list(tools) if isinstance(tools, list) else [],
         prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),
-        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),
+        tokens=_token_row(
+            a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS), _token_texts(span)
+        ),
         token_source=str(a.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING)),
         finish_reason=str(reasons[0]) if isinstance(reasons, list | tuple) and reasons else None,
         policy_version=a.get(semconv.POLICY_VERSION),
