@@ -268,7 +268,17 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         return page("serving.html", request, view=None, serve_runs=[], nav="serve")
 
     async def serving_page(request: Request) -> Response:
-        view = await serving.serving_view(store, request.path_params["run_id"], sessions=_sessions(request))
+        run = await store.get_run(request.path_params["run_id"])
+        if run.algorithm != serving.SERVE_ALGORITHM:  # a training run has no sessions: say so and link its page
+            return page(
+                "serving.html",
+                request,
+                view=None,
+                training_run=run,
+                serve_runs=await serving.serve_runs(store),
+                nav="serve",
+            )
+        view = await serving.serving_view(store, run.run_id, sessions=_sessions(request))
         return page("serving.html", request, view=view, serve_runs=await serving.serve_runs(store), nav="serve")
 
     async def api_serving(request: Request) -> Response:
