@@ -238,7 +238,7 @@ def test_every_table_is_readable_at_80_columns(tiny_store: str, store_db: Path) 
     assert "…" not in out and rollout_id in out
     table_lines = out[out.index("calls: tokens in and out") :].splitlines()
     _fits("\n".join(table_lines))
-    assert {"call", "prompt", "response", "reward", "advantage", "trained"} <= set(" ".join(table_lines).split())
+    assert {"call", "prompt", "response", "advantage", "trained"} <= set(" ".join(table_lines).split())
     assert "source" in narrow("rollouts", "show", rollout_id, "--store", tiny_store, "--wide")
 
     _fits(narrow("runs", "show", run_id, "--store", tiny_store))

@@ -35,7 +35,7 @@ from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
 from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
-from .runs import open_existing_store
+from .runs import not_found, open_existing_store
 from .runs import register as _register_run_commands
 from .serve import register as _register_serve
 from .tables import Column, show, table
@@ -394,14 +394,14 @@ def doctor(
     try:
         report = asyncio.run(go())
     except NotFoundError as exc:
-        typer.echo(f"error: {exc} in {store} (agentbolt rollouts list -s {store} lists them)", err=True)
+        typer.echo(f"error: {not_found(exc, store)}", err=True)
         raise typer.Exit(code=1) from None
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     if run is not None and report.counts.rollouts == 0:
         typer.echo(
-            f"error: no rollouts of run {run!r} in {store} (agentbolt runs list -s {store} lists the runs)", err=True
+            f"error: no rollouts of run {run!r} in {store} (agentbolt runs list -s {store} lists them)", err=True
         )
         raise typer.Exit(code=1)
     if as_json:

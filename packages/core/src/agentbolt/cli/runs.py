@@ -45,7 +45,7 @@ from .options import (
 from .tables import Column, show, table
 from .tables import console as make_console
 
-__all__ = ["open_existing_store", "register", "run_in_store"]
+__all__ = ["not_found", "open_existing_store", "register", "run_in_store"]
 
 R = TypeVar("R")
 
@@ -107,14 +107,14 @@ def run_in_store(url: str, token: str | None, work: Callable[[Any], Awaitable[R]
     try:
         return asyncio.run(go())
     except NotFoundError as exc:
-        typer.echo(f"error: {_not_found(exc, url)}", err=True)
+        typer.echo(f"error: {not_found(exc, url)}", err=True)
         raise typer.Exit(code=1) from None
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
 
 
-def _not_found(exc: NotFoundError, url: str) -> str:
+def not_found(exc: NotFoundError, url: str) -> str:
     """``no run 'x' in sqlite:///runs.db (agentbolt runs list -s ... lists them)``."""
     ids = exc.ids if isinstance(exc.ids, list | tuple) else [exc.ids]
     shown = ", ".join(repr(str(i)) for i in ids)
@@ -163,15 +163,16 @@ def runs_list(
         for run, card in listed:
             typer.echo(orjson.dumps({**run.model_dump(mode="json"), "summary": card.to_dict()}).decode())
         return
+    metrics = {card.headline.metric for _, card in listed if card.headline is not None}
     columns = [
         Column("run", ident=True),
         Column("name", wide=True),
         Column("algorithm", wide=True),
         Column("model", wide=True),
-        Column("status"),
+        Column("status", ident=True),
         Column("started", wide=True),
         Column("steps", number=True),
-        Column("held-out"),
+        Column("held-out", ident=True),
         Column("reward", number=True),
         Column("s/step", number=True),
         Column("findings"),
@@ -185,7 +186,7 @@ def runs_list(
             r.status.value,
             _time(r.started_at),
             str(r.steps),
-            _heldout_cell(card),
+            _heldout_cell(card, named=len(metrics) > 1),
             _num3(card.train_reward),
             "-" if card.s_per_step is None else f"{card.s_per_step:.1f}",
             _findings_cell(card),
@@ -198,8 +199,9 @@ def runs_list(
         wide=wide,
         to=console,
     )
+    named = next(iter(metrics)) if len(metrics) == 1 else "each run's own metric"
     console.print(
-        "held-out: the run's own metric (accuracy...) at its first -> last evaluation; reward: training reward, "
+        f"held-out: {named}, first -> last evaluation (runs show RUN: ± se and n); reward: training reward, "
         f"mean of the last {LAST_K} steps; s/step: mean; findings: agentbolt doctor -s STORE --run RUN",
         style="dim",
         highlight=False,
@@ -210,14 +212,14 @@ def _num3(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _heldout_cell(card: Any) -> str:
-    """``accuracy 0.292→0.531`` (``0.292`` with one evaluation, ``-`` with none)."""
+def _heldout_cell(card: Any, *, named: bool) -> str:
+    """``0.292→0.531`` (``accuracy 0.292→0.531`` when ``named``; one value with one evaluation,
+    ``-`` with none)."""
     h = card.headline
     if h is None:
         return "-"
-    if len(h.evaluations) == 1:
-        return f"{h.metric} {h.first.mean:.3f}"
-    return f"{h.metric} {h.first.mean:.3f}→{h.last.mean:.3f}"
+    value = f"{h.first.mean:.3f}" if len(h.evaluations) == 1 else f"{h.first.mean:.3f}→{h.last.mean:.3f}"
+    return f"{h.metric} {value}" if named else value
 
 
 def _findings_cell(card: Any) -> str:

@@ -55,7 +55,7 @@ def table(
         for i, c in enumerate(columns)
         if (wide or not c.wide) and (c.name in keep or not rows or any(r[i] not in ("", "-") for r in rows))
     ]
-    out = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    out = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for i in shown:
         c = columns[i]
         justify: Literal["left", "right"] = "right" if c.number else "left"
