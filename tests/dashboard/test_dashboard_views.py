@@ -4,6 +4,7 @@ no horizontal overflow at 390 px — in Chromium, against a store of real tiny-m
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,12 @@ import pytest
 from dashboard_helpers import DashboardThread, sql
 
 from agentbolt.runs.evaluation import read_heldout, set_score
+
+
+def off_loop(coro: Any) -> Any:
+    """Run a coroutine on its own thread (Playwright's sync API owns this thread's loop)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def first_run(store_db: Path) -> str:
@@ -27,7 +34,7 @@ def test_the_summary_card_equals_the_runs_held_out_record(
         s for (s,) in sql(store_db, "SELECT DISTINCT step FROM rollouts WHERE run_id = ? AND mode = 'val'", run_id)
     ]
     first, last = f"val{min(steps)}", f"val{max(steps)}"
-    outcomes = asyncio.run(read_heldout(tiny_store, [first, last], run_id=run_id, spans=False))
+    outcomes = off_loop(read_heldout(tiny_store, [first, last], run_id=run_id, spans=False))
     for metric, score in (("accuracy", lambda o: float(o.score() >= 1.0)), ("reward", lambda o: o.score())):
         record = set_score(metric, [score(o) for o in outcomes[first]], [score(o) for o in outcomes[last]])
         page.goto(f"{dashboard.url}/runs/{run_id}")

@@ -138,6 +138,12 @@ function runsPage() {
   setInterval(() => { refreshTable().catch(console.error); if (picked().length) refreshChart().catch(console.error); }, POLL_MS);
 }
 
+/** Small charts' axes: whole steps on x, compact numbers on y. */
+const STEP_AXES = [
+  { label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => String(v)) },
+  { size: 64, values: (u, vals) => vals.map((v) => (v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(1) : fmt(v))) },
+];
+
 /** TensorBoard's smoothing: an exponential moving average, debiased at the start. */
 function smooth(values, weight) {
   if (!weight) return values;
@@ -161,7 +167,7 @@ function saveView(view) {
   const q = new URLSearchParams(location.search);
   q.set("charts", view.charts.join(","));
   q.set("smooth", String(view.smooth));
-  history.replaceState(null, "", `${location.pathname}?${q.toString().replace(/%2F/g, "/").replace(/%2C/g, ",")}`);
+  history.replaceState(null, "", `${location.pathname}?${q.toString().replace(/%2F/g, "/").replace(/%2C/g, ",").replace(/%3A/g, ":")}`);
 }
 
 /** A small chart of one metric: raw points faint, the smoothed line over them. */
@@ -184,7 +190,8 @@ function metricPlot(el, title, drawn, smoothing) {
   el.dataset.points = String(steps.length);
   return new uPlot({
     width: Math.max(260, el.clientWidth || 400), height: 200, legend: { show: drawn.length > 1 || !!smoothing },
-    axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { size: 56 }],
+    scales: { x: { time: false } },
+    axes: STEP_AXES,
     series,
   }, data, el);
 }
@@ -196,7 +203,8 @@ function heldoutPlot(el, fig) {
   el.dataset.points = String(fig.steps.length);
   return new uPlot({
     width: Math.max(260, el.clientWidth || 400), height: 200, legend: { show: true },
-    axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { size: 56 }],
+    scales: { x: { time: false } },
+    axes: STEP_AXES,
     series: [
       { label: "step" },
       { label: fig.label, stroke: COLORS[2], width: 2, points: { show: true, size: 7 }, value: (u, v, s, i) => (v === null ? "–" : `${fmt(v)} (n=${fig.n[i]})`) },
