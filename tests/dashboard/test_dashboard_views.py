@@ -186,3 +186,29 @@ def test_the_serving_path_of_a_training_run_is_not_an_error(
     assert response.status == 200
     assert "training run" in page.locator("main").inner_text()
     assert page.locator(f'a[href="/runs/{run_id}"]').count() >= 1
+
+
+def test_a_held_out_question_links_its_sample_at_every_evaluation(
+    dashboard: DashboardThread, page: Any, store_db: Path
+) -> None:
+    """Before/after on the same held-out question: each evaluation's sample, with its verdict."""
+    run_id = first_run(store_db)
+    rollout_id, task_id = sql(
+        store_db,
+        "SELECT rollout_id, task_id FROM rollouts WHERE run_id = ? AND mode = 'val' ORDER BY id LIMIT 1",
+        run_id,
+    )[0]
+    expected = sql(
+        store_db,
+        "SELECT step, rollout_id, final_reward FROM rollouts WHERE run_id = ? AND mode = 'val' AND task_id = ? "
+        "ORDER BY step",
+        run_id,
+        task_id,
+    )
+    page.goto(f"{dashboard.url}/rollouts/{rollout_id}")
+    links = page.locator("#same-question a").all()
+    assert [(int(a.get_attribute("data-step")), a.get_attribute("href")) for a in links] == [
+        (step, f"/rollouts/{r}") for step, r, _ in expected
+    ]
+    for a, (_, _, reward) in zip(links, expected, strict=True):
+        assert ("✓" if reward >= 1.0 else "✗") in a.inner_text()

@@ -171,6 +171,9 @@ class TrajectoryView:
     """Question, reply, expected answer and verdict (the page's first screen)."""
     group: list[GroupMember] = field(default_factory=list)
     """The samples of the rollout's group (itself included), in enqueue order."""
+    evaluations: list[tuple[int, GroupMember]] = field(default_factory=list)
+    """A held-out rollout's question at each evaluation of the run (step, sample), oldest first:
+    the same question before and after training, each sample linked."""
 
     @property
     def held_out(self) -> bool:
@@ -370,6 +373,8 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     view.group_size = len(group)
     metric = heldout_metric(run.config if run is not None else None)
     view.answer = rollout_answer(rollout, calls, spans, metric)
+    if rollout.mode is t.RolloutMode.VAL and rollout.run_id is not None and rollout.task_id:
+        view.evaluations = await _same_question(store, rollout, metric)
     group_spans = await store.query_spans([r.rollout_id for r in group], latest_attempt_only=True)
     try:
         batch = lightningrl_for(run).process(group, group_spans)
@@ -409,6 +414,20 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
                 call.exclusion_detail = found.exclusion_detail
             call.transition = by_span.get(call.span.span_id)
     return view
+
+
+async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[tuple[int, GroupMember]]:
+    """The run's held-out rollouts of the same task, by evaluation step (oldest first)."""
+    found = await store.search_rollouts(
+        RolloutSearch(run_id=rollout.run_id, mode=t.RolloutMode.VAL, text=rollout.task_id, limit=200)
+    )
+    out = []
+    for r in found.items:
+        if r.task_id != rollout.task_id or r.step is None:
+            continue
+        correct = None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold
+        out.append((r.step, GroupMember(r.rollout_id, r.final_reward, None, correct)))
+    return sorted(out, key=lambda x: (x[0], x[1].rollout_id))
 
 
 async def fidelity(store: Store, rollout_ids: Sequence[str]) -> dict[str, int]:
