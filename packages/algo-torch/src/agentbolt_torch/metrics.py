@@ -365,7 +365,9 @@ def plot_curves(
             )
             for x, y, n in zip(xs, ys, ns, strict=True):
                 label = f"{y:.2f}" + (f"\nn={n:.0f}" if n else "")
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(7, 0), ha="left", va="center", fontsize=8)
+                ax.annotate(
+                    label, (x, y), textcoords="offset points", xytext=(7, 0), ha="left", va="center", fontsize=8
+                )
             ax.margins(x=0.12, y=0.15)  # room for the labels beside the last point and above the bars
             if any(ns):
                 ax.text(0.01, 0.99, "error bars: ± 1 se", transform=ax.transAxes, va="top", fontsize=8, color="0.4")

@@ -35,6 +35,7 @@ from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
 from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
+from .rollouts import rollouts_app
 from .runs import not_found, open_existing_store
 from .runs import register as _register_run_commands
 from .serve import register as _register_serve
@@ -413,7 +414,8 @@ def doctor(
     raise typer.Exit(0 if report.ok else 1)
 
 
-_register_run_commands(app)  # runs, rollouts, export, dashboard
+_register_run_commands(app)  # runs, export, dashboard
+app.add_typer(rollouts_app, name="rollouts")
 _register_serve(app)  # serve
 
 

@@ -519,8 +519,6 @@ def dashboard(
 def register(app: typer.Typer) -> None:
     """Add these commands to the ``agentbolt`` command line."""
     app.add_typer(runs_app, name="runs")
-    from .rollouts import rollouts_app
-
-    app.add_typer(rollouts_app, name="rollouts")
+    # rollouts (agentbolt.cli.rollouts) are added by agentbolt.cli.app
     app.command("export")(export)
     app.command("dashboard")(dashboard)
