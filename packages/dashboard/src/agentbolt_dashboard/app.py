@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt import __version__
 from agentbolt import types as t
 from agentbolt.errors import NotFoundError, UserError
-from agentbolt.runs import views
+from agentbolt.runs import reward_view, views
 from agentbolt.runs.health import run_health
 from agentbolt.runs.summary import LAST_K, run_summary
 from agentbolt.store import RolloutSearch
@@ -221,7 +221,7 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         return JSONResponse(card.to_dict())
 
     async def rewards_page(request: Request) -> Response:
-        view = await views.reward_debugger(store, request.path_params["run_id"])
+        view = await reward_view.reward_debugger(store, request.path_params["run_id"])
         return page("rewards.html", request, view=view, nav="runs")
 
     async def rollouts_page(request: Request) -> Response:
