@@ -1,9 +1,11 @@
-"""Screenshots of every dashboard page into docs/img/dashboard-*.png.
+"""Screenshots of every dashboard page into docs/img/dashboard-*.png, at 1360 px and (runs,
+a run, a trajectory) at 390 px, a phone's width.
 
 Trains two tiny-model runs (torch-grpo, 2 steps each) into a fresh SQLite store (or uses
-``--store URL``), serves the dashboard and drives Debian's Chromium with Playwright::
+``--store URL``, e.g. a short quickstart's), serves the dashboard and drives Debian's Chromium
+with Playwright. The screenshots illustrate the pages; their numbers are not results::
 
-    uv run --frozen --no-sync python scripts/dashboard_screenshots.py [--store sqlite:///runs.db]
+    uv run --frozen --no-sync python scripts/dashboard_screenshots.py [--store sqlite:///runs/quickstart.db]
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def main() -> None:
     rollout = (
         sqlite3.connect(db)
         .execute(
-            "SELECT rollout_id FROM rollouts WHERE mode = 'train' AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
+            "SELECT rollout_id FROM rollouts WHERE mode = 'train' AND status = 'succeeded' "
+            "ORDER BY final_reward >= 1 DESC, id DESC LIMIT 1"  # a right answer, when there is one
         )
         .fetchone()[0]
     )
@@ -55,11 +58,20 @@ def main() -> None:
         run_id = page.locator("#runs-table tbody tr").first.get_attribute("data-run")
         page.goto(f"{dash.url}/runs/{run_id}")
         page.wait_for_selector("#steps-table tbody tr")
+        page.wait_for_selector("#chart-grid .uplot")
         page.screenshot(path=out / "dashboard-run.png", full_page=True)
         page.goto(f"{dash.url}/rollouts?run={run_id}&mode=train")
         page.screenshot(path=out / "dashboard-rollouts.png", full_page=True)
         page.goto(f"{dash.url}/rollouts/{rollout}")
-        page.screenshot(path=out / "dashboard-trajectory.png", full_page=True)
+        page.screenshot(path=out / "dashboard-trajectory.png")  # the first screen: question, reply, verdict
+        phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+        for name, path in (("runs", "/runs"), ("run", f"/runs/{run_id}"), ("trajectory", f"/rollouts/{rollout}")):
+            phone.goto(dash.url + path)
+            phone.wait_for_load_state("networkidle")
+            width = phone.evaluate("document.documentElement.scrollWidth")
+            if width > 390:
+                raise SystemExit(f"{path} is {width} px wide at 390 px")
+            phone.screenshot(path=out / f"dashboard-{name}-390.png", full_page=name != "run")
         page.goto(f"{dash.url}/runs/{run_id}/rewards")
         page.screenshot(path=out / "dashboard-rewards.png", full_page=True)
         page.goto(f"{dash.url}/health")

@@ -29,9 +29,10 @@ N_HELDOUT = 96
 """The held-out questions of the default run (``train.py --val``)."""
 
 
-def trivial_scores(data_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One row per policy on the default held-out questions (``data_dir`` is not used: the data is code)."""
-    val = make_tasks(N_HELDOUT, seed=2, prefix="val-", heldout=True)
+def trivial_scores(data_dir: Path | None = None, val: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per policy on the default held-out questions, or on ``val`` (``data_dir`` is not
+    used: the data is code)."""
+    val = val if val is not None else make_tasks(N_HELDOUT, seed=2, prefix="val-", heldout=True)
     frequent = Counter(t["answer"] for t in val).most_common(1)[0][0]
     policies = {
         "constant": lambda t: "<answer>16</answer>",

@@ -33,11 +33,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner processes
 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
+from baselines import trivial_scores  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
-from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score  # noqa: E402
+from agentbolt.runs.evaluation import (  # noqa: E402
+    RunRecord,
+    latest_run,
+    mean_and_se,
+    provenance,
+    read_heldout,
+    set_score,
+)
+from agentbolt.runs.health import run_health  # noqa: E402
+from agentbolt.store import open_store  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
 from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
@@ -105,6 +115,7 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
     if not tags:
         return None
     outcomes = asyncio.run(read_heldout(args.store, tags, spans=False))
+    findings = asyncio.run(training_findings(args.store))
     correct = {tag: [float(o.score() >= 1.0) for o in found] for tag, found in outcomes.items()}
     stages = {}
     for tag in tags:
@@ -123,11 +134,25 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         extra={
             "algorithm": args.algorithm,
             "tool": not args.no_tool,
+            "findings": findings,
             "max_staleness": args.max_staleness,
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
         },
     )
+
+
+async def training_findings(store_url: str) -> list[str]:
+    """The codes of the latest run's training-health findings (``tools_never_called``...), as
+    ``agentbolt doctor`` and the run's summary card report them."""
+    run_id = await latest_run(store_url)
+    if run_id is None:
+        return []
+    store = open_store(store_url)
+    try:
+        return [f.code for f in (await run_health(store, run_id)).findings]
+    finally:
+        await store.close()
 
 
 def peak_memory() -> str:
@@ -181,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=300.0,
         ),
         progress=not args.no_progress,
+        # how the run's summary card (agentbolt runs show, the dashboard) names the held-out metric
+        run_config={
+            "heldout_metric": {"name": "accuracy", "threshold": 1.0},
+            "trivial": {row["policy"]: row["score"] for row in trivial_scores(val=val)} if val else {},
+        },
     )
     started = time.time()
     result = trainer.fit(train, val, max_staleness=args.max_staleness)

@@ -222,7 +222,7 @@ def test_cli_doctor_reads_a_store_and_exits_1_when_not_ok(tmp_path: Any) -> None
     assert out.exit_code == 1, out.output
     assert "ERROR missing_token_ids (8)" in out.output and "Fix: use a backend that returns token ids" in out.output
     out = CliRunner().invoke(app, ["doctor", "--store", url, "--run", "no-such-run", "--json"])
-    assert json.loads(out.output)["counts"]["rollouts"] == 0
+    assert out.exit_code == 1 and "no rollouts of run 'no-such-run'" in out.stderr  # not an empty report
     store = open_store(url)
     asyncio.run(store.close())
 

@@ -204,3 +204,42 @@ def test_trainer_rejects_unusable_settings() -> None:
             store="memory://",
             runners=RunnerOptions(n=0),
         ).dev([{"task_id": "a"}, {"task_id": "a"}], llm="http://127.0.0.1:9/v1")
+
+
+class EvaluatingAlgorithm(CountingAlgorithm):
+    """CountingAlgorithm that also evaluates the held-out tasks before and after, and records
+    ``train/reward`` and ``time/step_s``."""
+
+    name = "evaluating"
+
+    async def run(self, ctx: AlgorithmContext, train: list[t.Task], val: list[t.Task]) -> dict[str, Any]:
+        await asyncio.to_thread(ctx.gateway.set_upstreams, [self.upstream])
+        await ctx.publish(t.Resources(llm=t.LLMEndpoint(base_url=ctx.gateway_url, model="fake-model")))
+        for step in (0, 1):
+            if step:
+                rollouts = await ctx.run_rollouts(train, group_size=2, tag="step1", step=1)
+                reward = sum(r.final_reward or 0 for r in rollouts) / len(rollouts)
+                ctx.log_metrics(1, {"train/reward": reward, "time/step_s": 2.0})
+            await ctx.run_rollouts(val, group_size=1, mode=t.RolloutMode.VAL, tag=f"val{step}", step=step)
+        return {"steps": 1}
+
+
+def test_a_run_ends_with_its_summary_card(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The console summary at the end of fit(): held-out before -> after named as the run names its
+    metric, the trivial policies, the training reward as a mean of the last steps, s/step."""
+    with FakeLLMServer(FakeLLM()) as server:
+        trainer = Trainer(
+            e2e_agents.plain_agent,
+            EvaluatingAlgorithm(server.base_url),
+            store="memory://",
+            runners=RunnerOptions(n=0),
+            progress=True,
+            run_config={"heldout_metric": {"name": "exact_match", "threshold": 0.05}, "trivial": {"constant": 0.1}},
+        )
+        trainer.fit([{"task_id": f"t{i}", "i": i} for i in range(2)], [{"task_id": f"v{i}", "i": i} for i in range(8)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "did it learn?" in err
+    # plain_agent's reward is i / 100: 3 of 8 held-out tasks (i = 5, 6, 7) reach 0.05, before and after
+    assert "held-out exact_match 0.375 ± 0.171 -> 0.375 ± 0.171 (n=8, steps 0 -> 1" in err
+    assert "trivial policies (exact_match): best constant 0.100" in err
+    assert "training reward 0.005 (mean of the last 1 steps)" in err and "2.0 s/step (mean of 1 steps)" in err

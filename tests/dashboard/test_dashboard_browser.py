@@ -33,7 +33,7 @@ def test_every_page_loads(dashboard: DashboardThread, page: Any, store_db: Path)
     run_id = runs[0][0]
     response = page.goto(f"{dashboard.url}/runs/{run_id}")
     assert response.status == 200
-    page.wait_for_selector("#run-chart .uplot")
+    page.wait_for_selector("#chart-grid .uplot")
     steps = page.locator("#steps-table tbody tr")
     assert steps.count() == len(
         sql(store_db, "SELECT 1 FROM run_metrics JOIN runs ON runs.id = run_key WHERE run_id = ?", run_id)
@@ -102,14 +102,14 @@ def test_a_trajectory_shows_token_ids_and_transitions(dashboard: DashboardThread
         rollout_id,
     )[0][0]
     ids = re.search(r'"agentbolt\.llm\.response_token_ids":\[([0-9,]*)\]', body).group(1).split(",")
-    tokens = [t.split("\n")[0] for t in page.locator(".tokens .tok").all_inner_texts()]
-    assert tokens == ids  # the call's response token ids, in order, each with its probability
-    assert page.locator(".tok small").first.inner_text().startswith("0.")
+    tokens = [t.get_attribute("data-id") for t in page.locator(".tokens .tok").all()]
+    assert tokens == ids  # the call's response tokens, in order, each with its probability on hover
+    assert page.locator(".tokens .tok").first.get_attribute("title").startswith("p 0.")
     row = page.locator("#transitions table tbody tr").first
     cells = row.locator("td").all_inner_texts()
     assert cells[-1] == "trained" and cells[7] == "exact"
     assert re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?", cells[6]), cells  # an advantage from LightningRL
-    assert "You are a careful calculator" in page.locator(".chat").first.inner_text()
+    assert "You are a careful calculator" in page.locator(".call .chat").first.text_content()  # collapsed
 
 
 def test_a_held_out_trajectory_is_never_marked_trained(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
@@ -130,9 +130,9 @@ def test_the_run_page_shows_training_health(dashboard: DashboardThread, page: An
     run_id = sql(store_db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0][0]
     page.goto(f"{dashboard.url}/runs/{run_id}")
     card = page.locator("#training-health")
-    head = page.locator("#health-table thead").inner_text()
+    head = page.locator("#health-table thead").text_content()
     assert "steps 1" in head and "steps 2" in head
-    text = card.inner_text()
+    text = " ".join(card.text_content().split())
     assert "training reward" in text and "held-out reward (2 tasks paired, steps 0 and 2" in text
     assert "sampled tokens with p ≥ 0.99" in text and "samples repeating one of their group" in text
     shown = {x.get_attribute("data-code") for x in page.locator("#health-findings li").all()}
@@ -179,7 +179,9 @@ def test_a_new_step_appears_without_reload(dashboard: DashboardThread, page: Any
     page.wait_for_selector('#steps-table tr[data-step="2"]')  # polled in, no reload
     assert page.evaluate("window.__sameDocument") is True
     assert page.locator("#run-steps").inner_text() == "2"
-    assert page.locator("#run-chart").get_attribute("data-points") == "2"
+    page.wait_for_function(
+        "document.querySelector('#chart-grid [data-chart=\"train/reward\"] .plot')?.dataset.points === '2'"
+    )
 
 
 def test_unknown_ids_are_404_pages_and_the_dashboard_is_read_only(dashboard: DashboardThread, page: Any) -> None:
@@ -237,14 +239,14 @@ def test_policies_by_role_get_one_curve_per_policy(dashboard: DashboardThread, p
 
     first, second = off_loop(record("roles-a", 1.0)), off_loop(record("roles-b", 2.0))
     page.goto(f"{dashboard.url}/runs/{first}")
-    page.select_option("#run-metric", "train/{policy}/loss")
-    page.wait_for_selector("#run-chart .uplot")
-    # the chart is redrawn for the new metric asynchronously: wait for its per-policy legend
-    page.wait_for_function("(document.querySelector('#run-chart .u-legend') || {}).innerText?.includes('rewriter')")
-    legend = page.locator("#run-chart .u-legend").inner_text()
+    page.locator("details.picker summary").click()
+    page.locator("input.chart-pick[value='train/{policy}/loss']").check()
+    panel = "#chart-grid [data-chart='train/{policy}/loss']"
+    page.wait_for_function(f"(document.querySelector(\"{panel} .u-legend\") || {{}}).innerText?.includes('rewriter')")
+    legend = page.locator(f"{panel} .u-legend").inner_text()
     assert "writer" in legend and "rewriter" in legend
-    assert page.locator("#run-chart").get_attribute("data-points") == "3"
-    assert "loss per policy" in page.locator("#run-metric option[value='train/{policy}/loss']").inner_text()
+    assert page.locator(f"{panel} .plot").get_attribute("data-points") == "3"
+    assert "loss per policy" in page.locator(f"{panel} h3").inner_text()
 
     page.goto(f"{dashboard.url}/runs")
     for run_id in (first, second):

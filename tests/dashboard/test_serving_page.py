@@ -148,7 +148,8 @@ def test_empty_states_tell_what_to_do(tmp_path: Path) -> None:
                 assert "agentbolt serve --upstream" in empty.text
                 training = await store.start_run(RunSpec(name="a training run", algorithm="torch-grpo"))
                 wrong = await client.get(f"/runs/{training.run_id}/serving")
-                assert wrong.status_code == 400 and "not an `agentbolt serve` run" in wrong.text
+                assert wrong.status_code == 200 and "is a training run" in wrong.text  # a page that says so, not a 400
+                assert f'href="/runs/{training.run_id}"' in wrong.text
                 assert "serving" not in (await client.get("/runs")).text.split("<main>")[1]
         finally:
             await store.close()

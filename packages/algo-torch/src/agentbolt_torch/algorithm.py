@@ -548,7 +548,7 @@ class TorchGRPO(Algorithm):
             step=step,
         )
         accuracy, reward = self._accuracy(rollouts), mean_reward(rollouts)
-        log_step(step, {"val/accuracy": accuracy, "val/reward": reward})
+        log_step(step, {"val/accuracy": accuracy, "val/reward": reward, "val/n": float(len(rollouts))})
         return accuracy, reward
 
 

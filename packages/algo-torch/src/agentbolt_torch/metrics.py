@@ -344,6 +344,9 @@ def plot_curves(
     panels = [p for p in panels if p[1][0]] or [(reward_key, reward)]
     fig = Figure(figsize=(6 * len(panels), 4), dpi=100)
     FigureCanvasAgg(fig)
+    from matplotlib.ticker import MaxNLocator
+
+    counts = dict(zip(*_series(records, "val/n"), strict=True))
     for i, (key, (xs, ys)) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         if not xs:
@@ -352,14 +355,26 @@ def plot_curves(
             ax.plot(xs, ys, color="tab:blue", alpha=0.35, marker=".", linewidth=1, label="per step")
             if len(ys) > 1:
                 ax.plot(xs, _moving_average(ys, window), color="tab:blue", linewidth=2, label=f"moving avg ({window})")
-            ax.legend(loc="lower right")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # below: hides no point
         else:
-            ax.plot(xs, ys, color="tab:green", marker="o", linewidth=2)
-            for x, y in zip(xs, ys, strict=True):
-                ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+            ns = [counts.get(x) for x in xs]
+            # a share of n held-out questions: its standard error is sqrt(p (1 - p) / n)
+            errors = [math.sqrt(max(y * (1 - y), 0.0) / n) if n else 0.0 for y, n in zip(ys, ns, strict=True)]
+            ax.errorbar(
+                xs, ys, yerr=errors if any(errors) else None, color="tab:green", marker="o", linewidth=2, capsize=4
+            )
+            for x, y, n in zip(xs, ys, ns, strict=True):
+                label = f"{y:.2f}" + (f"\nn={n:.0f}" if n else "")
+                ax.annotate(
+                    label, (x, y), textcoords="offset points", xytext=(7, 0), ha="left", va="center", fontsize=8
+                )
+            ax.margins(x=0.12, y=0.15)  # room for the labels beside the last point and above the bars
+            if any(ns):
+                ax.text(0.01, 0.99, "error bars: ± 1 se", transform=ax.transAxes, va="top", fontsize=8, color="0.4")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
         ax.set_xlabel("step")
         ax.set_ylabel(key)
-        ax.set_title("reward" if key == reward_key else "held-out accuracy")
+        ax.set_title("training reward" if key == reward_key else "held-out accuracy")
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)

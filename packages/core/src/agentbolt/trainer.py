@@ -38,6 +38,7 @@ from .policies import Policies
 from .runners.pool import RunnerPool
 from .runners.runner import Runner
 from .runs.recorder import RunRecorder
+from .runs.summary import RunSummary, run_summary
 from .store import DEFAULT_STORE_URL, Store, open_store
 
 __all__ = ["Trainer"]
@@ -114,6 +115,10 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary (``False`` logs only).
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
+        run_config: more settings recorded with the run (JSON), beside the algorithm's: how the
+            example names its held-out metric and what trivial policies score on it, which the
+            run's summary card shows (:mod:`agentbolt.runs.summary`), e.g.
+            ``{"heldout_metric": {"name": "accuracy", "threshold": 1.0}, "trivial": {"constant": 0.03}}``.
     """
 
     def __init__(
@@ -131,6 +136,7 @@ class Trainer:
         metrics_path: str | Path | None = None,
         progress: bool = True,
         run_name: str | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.agent = agent
         self.algorithm = algorithm
@@ -153,6 +159,7 @@ class Trainer:
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.run_name = run_name
+        self.run_config = dict(run_config or {})
         self.console = Console(stderr=True)
         self._gateway_capture = self.capture.gateway_options()  # loads the tokenizer now: errors before any work
         if not self.policies.is_shared:
@@ -282,7 +289,7 @@ class Trainer:
                 policies=self.policies,
             )
             stack.push_async_callback(algorithm.close)
-            recorder = RunRecorder(store, ctx, algorithm, name=self.run_name)
+            recorder = RunRecorder(store, ctx, algorithm, name=self.run_name, extra_config=self.run_config)
             await recorder.start()
             algo_task = asyncio.ensure_future(recorder.watch(algorithm.run(ctx, train, val)))
             try:
@@ -298,8 +305,11 @@ class Trainer:
                 if not algo_task.done():
                     algo_task.cancel()
             counts = await store.count_rollouts()
+            card = await _run_card(store, ctx.run_id) if self.show_progress else None
         if self.show_progress:
             self._print_summary(algorithm, result, counts, time.monotonic() - started)
+            if card is not None:
+                self._print_card(card)
         return result
 
     async def _start_runners(self, stack: AsyncExitStack, store: Store) -> list[asyncio.Task[Any]]:
@@ -356,6 +366,17 @@ class Trainer:
         if callable(details):
             self.console.print(details())
 
+    def _print_card(self, card: RunSummary) -> None:
+        """The run's summary card (held-out before -> after, training reward, s/step) and its
+        training-health findings, each with what to do (``agentbolt doctor`` has the numbers)."""
+        self.console.print(f"[bold]{card.run.run_id}[/bold]: did it learn?")
+        for line in card.lines():
+            self.console.print(f"  {line}", markup=False, highlight=False)
+        for f in card.findings or ():
+            colour = "yellow" if f.severity == "warning" else "red" if f.severity == "error" else "dim"
+            self.console.print(f"[{colour}]{f.severity.upper()} {f.code}[/{colour}]: ", end="")
+            self.console.print(f"{f.message}. Fix: {f.fix}", markup=False, highlight=False)
+
     def _print_evaluate(self, result: EvaluateResult) -> None:
         if result.failures:
             for kind, n in sorted(result.failures.items()):
@@ -369,6 +390,15 @@ class Trainer:
         if result.report is not None:
             for line in result.report.render().splitlines()[:-1]:
                 self.console.print(f"  {line}", markup=False, highlight=False)
+
+
+async def _run_card(store: Store, run_id: str) -> RunSummary | None:
+    """The run's summary card, or ``None`` (logged) when it cannot be read: the summary never fails a run."""
+    try:
+        return await run_summary(store, run_id)
+    except Exception as exc:
+        log.warning("could not summarize run %s: %s", run_id, exc)
+        return None
 
 
 async def _watch_pool(pool: RunnerPool, period_s: float = 0.5) -> None:

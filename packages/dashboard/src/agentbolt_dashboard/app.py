@@ -35,12 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt import __version__
 from agentbolt import types as t
 from agentbolt.errors import NotFoundError, UserError
-from agentbolt.runs import views
+from agentbolt.runs import reward_view, views
 from agentbolt.runs.health import run_health
+from agentbolt.runs.summary import LAST_K, run_summary
 from agentbolt.store import RolloutSearch
 from agentbolt.store.base import Store
 
-from . import serving
+from . import charts, serving
 
 __all__ = ["TOKEN_COOKIE", "create_app"]
 
@@ -50,6 +51,8 @@ HERE = Path(__file__).parent
 TOKEN_COOKIE = "agentbolt_dashboard_token"
 PAGE_SIZE = 50
 FIDELITY_SAMPLE = 50
+FINDINGS_RUNS = 20
+"""The Runs page checks the training health (findings) of this many newest runs."""
 """The Health page counts captured-call fidelity over this many latest succeeded rollouts."""
 
 
@@ -175,26 +178,50 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         policies = {run.run_id: views.run_policies(run.config) for run in runs}
         every = sorted({name for names in policies.values() for name in names})
         metrics = views.metric_names(latest, every)
-        return page("runs.html", request, runs=runs, metrics=metrics, policies=policies, nav="runs")
+        cards = {  # findings (they read spans) for the newest runs only
+            run.run_id: await run_summary(store, run.run_id, findings=i < FINDINGS_RUNS) for i, run in enumerate(runs)
+        }
+        return page(
+            "runs.html",
+            request,
+            runs=runs,
+            cards=cards,
+            last_k=LAST_K,
+            findings_runs=FINDINGS_RUNS,
+            metrics=metrics,
+            policies=policies,
+            nav="runs",
+        )
 
     async def run_page(request: Request) -> Response:
         run = await store.get_run(request.path_params["run_id"])
-        counts = await store.search_rollouts(RolloutSearch(run_id=run.run_id, limit=1))
         policies = views.run_policies(run.config)
         health = await run_health(store, run.run_id)
+        card = await run_summary(store, run.run_id, findings=False)
+        card.findings = health.findings
+        groups = charts.chart_groups(run.latest, policies, card)
         return page(
             "run.html",
             request,
             run=run,
+            card=card,
+            groups=groups,
+            default_charts=charts.default_charts(groups),
+            heldout=charts.heldout_series(card),
             metrics=views.metric_names(run.latest, policies),
             policies={run.run_id: policies},
-            rollouts=counts.total,
+            rollouts=card.rollouts,
             health=health,
+            last_k=LAST_K,
             nav="runs",
         )
 
+    async def api_summary(request: Request) -> Response:
+        card = await run_summary(store, request.path_params["run_id"])
+        return JSONResponse(card.to_dict())
+
     async def rewards_page(request: Request) -> Response:
-        view = await views.reward_debugger(store, request.path_params["run_id"])
+        view = await reward_view.reward_debugger(store, request.path_params["run_id"])
         return page("rewards.html", request, view=view, nav="runs")
 
     async def rollouts_page(request: Request) -> Response:
@@ -241,7 +268,17 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         return page("serving.html", request, view=None, serve_runs=[], nav="serve")
 
     async def serving_page(request: Request) -> Response:
-        view = await serving.serving_view(store, request.path_params["run_id"], sessions=_sessions(request))
+        run = await store.get_run(request.path_params["run_id"])
+        if run.algorithm != serving.SERVE_ALGORITHM:  # a training run has no sessions: say so and link its page
+            return page(
+                "serving.html",
+                request,
+                view=None,
+                training_run=run,
+                serve_runs=await serving.serve_runs(store),
+                nav="serve",
+            )
+        view = await serving.serving_view(store, run.run_id, sessions=_sessions(request))
         return page("serving.html", request, view=view, serve_runs=await serving.serve_runs(store), nav="serve")
 
     async def api_serving(request: Request) -> Response:
@@ -273,6 +310,7 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         Route("/serve", serve_index),
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id:path}/metrics", api_metrics),
+        Route("/api/runs/{run_id:path}/summary", api_summary),
         Route("/api/runs/{run_id:path}/serving", api_serving),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -4,7 +4,7 @@ agentbolt --version
 agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
 agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
-agentbolt doctor --store sqlite:///runs.db [--run RUN_ID]
+agentbolt doctor -s sqlite:///runs.db [--run RUN_ID]   (or AGENTBOLT_STORE)
 agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
 
 Each command imports the part it runs inside its body (the store server and the gateway bring
@@ -18,8 +18,10 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import textwrap
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -32,8 +34,9 @@ from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
-from .options import ListenHost, ListenPort, secret_option, store_option
-from .runs import open_existing_store
+from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
+from .rollouts import rollouts_app
+from .runs import not_found, open_existing_store
 from .runs import register as _register_run_commands
 from .serve import register as _register_serve
 from .tables import Column, show, table
@@ -48,10 +51,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings' line breaks join into paragraphs; no markup shows raw
 )
-store_app = typer.Typer(help="Run or inspect a store.", no_args_is_help=True)
+store_app = typer.Typer(help="Run or inspect a store.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(store_app, name="store")
-gateway_app = typer.Typer(help="Run the OpenAI-compatible gateway.", no_args_is_help=True)
+gateway_app = typer.Typer(help="Run the OpenAI-compatible gateway.", no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(gateway_app, name="gateway")
 
 
@@ -372,7 +376,7 @@ def runner(
 
 @app.command()
 def doctor(
-    store: Annotated[str, typer.Option(help="Store URL (sqlite:///runs.db, postgresql://..., http://host:port).")],
+    store: ReadStoreOption,
     run: Annotated[
         str | None, typer.Option(help="Only this run: a rollout id prefix such as run-3f2a (Trainer run ids).")
     ] = None,
@@ -383,8 +387,9 @@ def doctor(
     """Report what the store's rollouts captured (token sources, drift, failed vs missing calls,
     template rewrites, adapters, agent names, group sizes), each run's training health (reward
     without held-out gain, entropy collapse, identical samples, tool calls) and what to fix.
-    Exit 1 if anything is wrong, 2 if the store cannot be read."""
+    Exit 1 if anything is wrong or an id is unknown, 2 if the store cannot be read."""
 
+    from ..errors import NotFoundError
     from ..runs.doctor import doctor as run_doctor
 
     async def go() -> DoctorReport:
@@ -397,14 +402,28 @@ def doctor(
 
     try:
         report = asyncio.run(go())
+    except NotFoundError as exc:
+        typer.echo(f"error: {not_found(exc, store)}", err=True)
+        raise typer.Exit(code=1) from None
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.render())
+    if run is not None and report.counts.rollouts == 0:
+        typer.echo(
+            f"error: no rollouts of run {run!r} in {store} (agentbolt runs list -s {store} lists them)", err=True
+        )
+        raise typer.Exit(code=1)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        width = max(40, shutil.get_terminal_size().columns)
+        for line in report.render().splitlines():  # wrapped to the terminal, continuation lines indented
+            typer.echo(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False) if line else "")
     raise typer.Exit(0 if report.ok else 1)
 
 
-_register_run_commands(app)  # runs, rollouts, export, dashboard
+_register_run_commands(app)  # runs, export, dashboard
+app.add_typer(rollouts_app, name="rollouts")
 _register_serve(app)  # serve
 
 

@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-__all__ = ["ListenHost", "ListenPort", "secret_option", "store_option"]
+__all__ = [
+    "ListenHost",
+    "ListenPort",
+    "QuietOption",
+    "ReadStoreOption",
+    "StoreTokenOption",
+    "WideOption",
+    "secret_option",
+    "store_option",
+]
 
 ListenHost = Annotated[str, typer.Option(help="Address to listen on; anything but loopback requires --token.")]
 """``--host`` of a server command (default it to ``"127.0.0.1"``)."""
@@ -24,3 +33,27 @@ def secret_option(envvar: str, help: str, *names: str) -> Any:
 def store_option(help: str) -> Any:
     """``--store`` / ``-s``: the store URL a command uses (``help`` says what for)."""
     return typer.Option("--store", "-s", help=help)
+
+
+ReadStoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        "-s",
+        envvar="AGENTBOLT_STORE",
+        show_envvar=True,
+        help="Store to read: sqlite:///runs.db, postgresql://host/db or http://host:4747.",
+    ),
+]
+"""``--store`` / ``-s`` (or ``AGENTBOLT_STORE``) of every command that reads a store."""
+StoreTokenOption = Annotated[
+    str | None, secret_option("AGENTBOLT_STORE_TOKEN", "Bearer token of a store server.", "--store-token")
+]
+"""``--store-token`` (or ``AGENTBOLT_STORE_TOKEN``): the token of a store server."""
+WideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide", "-w", help="Every column, at its natural width: wider than 80 columns (the default fits 80)."
+    ),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the ids, one per line.")]

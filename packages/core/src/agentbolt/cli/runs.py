@@ -28,36 +28,33 @@ from urllib.parse import urlsplit
 
 import orjson
 import typer
-from rich.tree import Tree
 
 from .. import types as t
-from ..errors import AgentboltError, UserError
+from ..errors import AgentboltError, NotFoundError, UserError
 from ..plugins.registry import default_plugins
 from ..store.run_records import RolloutSearch
-from .options import ListenHost, ListenPort, secret_option
+from .options import (
+    ListenHost,
+    ListenPort,
+    QuietOption,
+    ReadStoreOption,
+    StoreTokenOption,
+    WideOption,
+    secret_option,
+)
 from .tables import Column, show, table
 from .tables import console as make_console
 
-__all__ = ["open_existing_store", "register"]
+__all__ = ["not_found", "open_existing_store", "register", "run_in_store"]
 
 R = TypeVar("R")
 
-StoreOption = Annotated[
-    str,
-    typer.Option(
-        "--store",
-        "-s",
-        envvar="AGENTBOLT_STORE",
-        show_envvar=True,
-        help="Store to read: sqlite:///runs.db, postgresql://host/db or http://host:4747.",
-    ),
-]
-TokenOption = Annotated[
-    str | None, secret_option("AGENTBOLT_STORE_TOKEN", "Bearer token of a store server.", "--store-token")
-]
+StoreOption = ReadStoreOption
+TokenOption = StoreTokenOption
 
-runs_app = typer.Typer(help="Training and evaluation runs recorded in a store.", no_args_is_help=True)
-rollouts_app = typer.Typer(help="Rollouts of a store.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Training and evaluation runs recorded in a store.", no_args_is_help=True, rich_markup_mode="markdown"
+)
 
 
 class ExportFormat(StrEnum):
@@ -97,16 +94,32 @@ async def _opened(url: str, token: str | None) -> AsyncIterator[Any]:
         await store.close()
 
 
-def _run(url: str, token: str | None, work: Callable[[Any], Awaitable[R]]) -> R:
+def run_in_store(url: str, token: str | None, work: Callable[[Any], Awaitable[R]], *, run: str | None = None) -> R:
+    """``work(store)`` on the opened store. An unknown id (``run``, checked first when given, or
+    any the work asks for) is an error with exit status 1; a store that cannot be read, 2."""
+
     async def go() -> R:
         async with _opened(url, token) as store:
+            if run is not None:
+                await store.get_run(run)
             return await work(store)
 
     try:
         return asyncio.run(go())
+    except NotFoundError as exc:
+        typer.echo(f"error: {not_found(exc, url)}", err=True)
+        raise typer.Exit(code=1) from None
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def not_found(exc: NotFoundError, url: str) -> str:
+    """``no run 'x' in sqlite:///runs.db (agentbolt runs list -s ... lists them)``."""
+    ids = exc.ids if isinstance(exc.ids, list | tuple) else [exc.ids]
+    shown = ", ".join(repr(str(i)) for i in ids)
+    lister = "runs list" if exc.what == "run" else "rollouts list"
+    return f"no {exc.what} {shown} in {url} (agentbolt {lister} -s {url} lists them)"
 
 
 def _time(ts: float | None) -> str:
@@ -121,41 +134,48 @@ def _num(x: Any) -> str:
 # -- runs ------------------------------------------------------------------------------------------
 
 
-WideOption = Annotated[bool, typer.Option("--wide", "-w", help="Every column (the default fits 80 columns).")]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the ids, one per line.")]
-
-
 @runs_app.command("list")
 def runs_list(
     store: StoreOption,
     limit: Annotated[int, typer.Option(help="Most runs shown (newest first).")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines (each run with its summary).")] = False,
     wide: WideOption = False,
     quiet: QuietOption = False,
     store_token: TokenOption = None,
 ) -> None:
-    """List runs, newest first, with their latest reward, held-out reward and loss
-    (``RUN=$(agentbolt runs list -q --limit 1)``: the newest run's id)."""
-    runs = _run(store, store_token, lambda s: s.list_runs(limit=limit))
+    """List runs, newest first: each run's held-out metric at its first and last evaluation, its
+    training reward (mean of the last steps), seconds per step (mean) and training-health findings.
+    RUN=$(agentbolt runs list -q --limit 1) is the newest run's id."""
+    from ..runs.summary import LAST_K, run_summary
+
+    async def work(s: Any) -> list[Any]:
+        runs = await s.list_runs(limit=limit)
+        if quiet:
+            return [(r, None) for r in runs]
+        return [(r, await run_summary(s, r.run_id)) for r in runs]
+
+    listed = run_in_store(store, store_token, work)
     if quiet:
-        for run in runs:
+        for run, _ in listed:
             typer.echo(run.run_id)
         return
     if as_json:
-        for run in runs:
-            typer.echo(run.model_dump_json())
+        for run, card in listed:
+            typer.echo(orjson.dumps({**run.model_dump(mode="json"), "summary": card.to_dict()}).decode())
         return
+    metrics = {card.headline.metric for _, card in listed if card.headline is not None}
     columns = [
         Column("run", ident=True),
-        Column("name"),
+        Column("name", wide=True),
         Column("algorithm", wide=True),
         Column("model", wide=True),
-        Column("status"),
+        Column("status", ident=True),
         Column("started", wide=True),
         Column("steps", number=True),
+        Column("held-out", ident=True),
         Column("reward", number=True),
-        Column("held-out", number=True),
-        Column("loss", number=True, wide=True),
+        Column("s/step", number=True),
+        Column("findings"),
     ]
     rows = [
         [
@@ -166,43 +186,108 @@ def runs_list(
             r.status.value,
             _time(r.started_at),
             str(r.steps),
-            _num(r.latest.get("train/reward")),
-            _num(r.latest.get("val/reward")),
-            _num(r.latest.get("update/loss")),
+            _heldout_cell(card, named=len(metrics) > 1),
+            _num3(card.train_reward),
+            "-" if card.s_per_step is None else f"{card.s_per_step:.1f}",
+            _findings_cell(card),
         ]
-        for r in runs
+        for r, card in listed
     ]
-    show(table(f"runs in {store}", columns, rows, wide=wide, keep=("status", "steps", "reward", "held-out")), wide=wide)
+    console = make_console()
+    show(
+        table(f"runs in {store}", columns, rows, wide=wide, keep=("status", "steps", "held-out", "reward")),
+        wide=wide,
+        to=console,
+    )
+    named = next(iter(metrics)) if len(metrics) == 1 else "each run's own metric"
+    console.print(
+        f"held-out: {named}, first -> last evaluation (runs show RUN: ± se and n); reward: training reward, "
+        f"mean of the last {LAST_K} steps; s/step: mean; findings: agentbolt doctor -s STORE --run RUN",
+        style="dim",
+        highlight=False,
+    )
+
+
+def _num3(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _heldout_cell(card: Any, *, named: bool) -> str:
+    """``0.292→0.531`` (``accuracy 0.292→0.531`` when ``named``; one value with one evaluation,
+    ``-`` with none)."""
+    h = card.headline
+    if h is None:
+        return "-"
+    value = f"{h.first.mean:.3f}" if len(h.evaluations) == 1 else f"{h.first.mean:.3f}→{h.last.mean:.3f}"
+    return f"{h.metric} {value}" if named else value
+
+
+def _findings_cell(card: Any) -> str:
+    if card.findings is None:
+        return "-"
+    if not card.findings:
+        return "none"
+    warned = card.warnings
+    return f"{warned} warning{'s' if warned != 1 else ''}" if warned else f"{len(card.findings)} info"
+
+
+PER_STEP = ("train/reward", "val/{metric}", "val/reward", "update/loss", "update/kl", "time/step_s")
+"""The columns of ``runs show``'s metrics per step (``--all``: every metric)."""
 
 
 @runs_app.command("show")
 def runs_show(
-    run_id: Annotated[str, typer.Argument(help="The run id.")],
+    run_id: Annotated[str, typer.Argument(help="The run id (agentbolt runs list).")],
     store: StoreOption,
+    all_metrics: Annotated[
+        bool, typer.Option("--all", help="Also every recorded metric of every step, and the run's settings (JSON).")
+    ] = False,
     store_token: TokenOption = None,
 ) -> None:
-    """One run: its settings, latest metrics and metrics per step."""
+    """One run: did it learn (the summary card: held-out before -> after with standard errors,
+    trivial policies, training reward, s/step, findings), then its main metrics per step."""
+    from ..runs.summary import run_summary
 
-    async def work(s: Any) -> tuple[Any, Any, Any, Any]:
-
-        run = await s.get_run(run_id)
+    async def work(s: Any) -> tuple[Any, Any, Any]:
         return (
-            run,
+            await run_summary(s, run_id),
             await s.get_run_metrics(run_id),
-            (await s.search_rollouts(RolloutSearch(run_id=run_id, limit=1))).total,
-            await _algorithm_summary(run, s),
+            await _algorithm_summary(await s.get_run(run_id), s),
         )
 
-    run, metrics, n_rollouts, summary = _run(store, store_token, work)
+    card, metrics, summary = run_in_store(store, store_token, work, run=run_id)
+    run = card.run
     console = make_console()
-    console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]")
-    console.print(f"algorithm {run.algorithm}  model {run.model or '-'}  steps {run.steps}  rollouts {n_rollouts}")
-    console.print(f"started {_time(run.started_at)}  ended {_time(run.ended_at) or '-'}")
+    console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]", highlight=False)
+    console.print(
+        f"{run.algorithm} on {run.model or '-'}; {run.steps} steps, {card.rollouts} rollouts; started "
+        f"{_time(run.started_at)}, ended {_time(run.ended_at) or '-'}",
+        highlight=False,
+    )
     if run.error:
         console.print(f"[red]error: {run.error}[/red]")
-    console.print_json(orjson.dumps(run.config).decode())
-    rows = [[str(m.step), "  ".join(f"{k}={v:.4g}" for k, v in m.values.items())] for m in metrics]
-    show(table("metrics per step", [Column("step", number=True), Column("metrics")], rows), to=console)
+    for line in card.lines():
+        console.print(f"  {line}", highlight=False, markup=False)
+    for f in card.findings or ():
+        console.print(f"  {f.severity.upper()} {f.code}: {f.message}. Fix: {f.fix}", highlight=False, markup=False)
+    per_step: dict[int, dict[str, float]] = {}
+    for m in metrics:
+        per_step.setdefault(m.step, {}).update(m.values)
+    if all_metrics:
+        console.print_json(orjson.dumps(run.config).decode())
+        rows = [
+            [str(k), "  ".join(f"{n}={v:.4g}" for n, v in sorted(vs.items()))] for k, vs in sorted(per_step.items())
+        ]
+        show(table("every metric per step", [Column("step", number=True), Column("metrics")], rows), to=console)
+    else:
+        metric = card.headline.metric if card.headline is not None and card.headline.metric != "reward" else "accuracy"
+        keys = [k.format(metric=metric) for k in PER_STEP]
+        keys = [k for k in keys if any(k in vs for vs in per_step.values())]
+        labels = {"train/reward": "reward", "val/reward": "held-out reward", "time/step_s": "s/step"}
+        labels[f"val/{metric}"] = f"held-out {metric}"
+        columns = [Column("step", number=True), *(Column(labels.get(k, k.split("/")[-1]), number=True) for k in keys)]
+        rows = [[str(k), *(_num(vs.get(name)) for name in keys)] for k, vs in sorted(per_step.items())]
+        show(table("main metrics per step (--all: every metric and the settings)", columns, rows), to=console)
     if summary is not None:
         console.print(summary)
 
@@ -217,126 +302,6 @@ async def _algorithm_summary(run: Any, store: Any) -> Any:
         return None
     describe = getattr(factory, "describe_run", None)
     return None if describe is None else await describe(run, store)
-
-
-# -- rollouts --------------------------------------------------------------------------------------
-
-
-@rollouts_app.command("list")
-def rollouts_list(
-    store: StoreOption,
-    run: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
-    status: Annotated[list[t.RolloutStatus] | None, typer.Option("--status", help="Any of these statuses.")] = None,
-    step: Annotated[int | None, typer.Option(help="Only this step.")] = None,
-    mode: Annotated[
-        t.RolloutMode | None, typer.Option(help="Only training (train) or held-out (val) rollouts.")
-    ] = None,
-    limit: Annotated[int, typer.Option(help="Most rollouts shown (newest first).")] = 50,
-    wide: WideOption = False,
-    quiet: QuietOption = False,
-    store_token: TokenOption = None,
-) -> None:
-    """List rollouts, newest first."""
-
-    query = RolloutSearch(run_id=run, status=status or None, step=step, mode=mode, limit=limit)
-    page = _run(store, store_token, lambda s: s.search_rollouts(query))
-    if quiet:
-        for r in page.items:
-            typer.echo(r.rollout_id)
-        return
-    columns = [
-        Column("rollout", ident=True),
-        Column("task", wide=True),
-        Column("step", number=True, wide=True),
-        Column("mode"),
-        Column("status"),
-        Column("reward", number=True),
-        Column("attempts", number=True, wide=True),
-        Column("failure"),
-    ]
-    rows = [
-        [
-            r.rollout_id,
-            r.task_id or "",
-            "" if r.step is None else str(r.step),
-            r.mode.value,
-            r.status.value,
-            _num(r.final_reward),
-            str(r.attempt_count),
-            f"{r.error.kind.value}: {r.error.type}" if r.error else "",
-        ]
-        for r in page.items
-    ]
-    title = f"{page.total} rollouts" + (f" of {run}" if run else "")
-    show(table(title, columns, rows, wide=wide, keep=("mode", "status", "reward")), wide=wide)
-
-
-@rollouts_app.command("show")
-def rollouts_show(
-    rollout_id: Annotated[str, typer.Argument(help="The rollout id.")],
-    store: StoreOption,
-    wide: WideOption = False,
-    store_token: TokenOption = None,
-) -> None:
-    """One rollout: its span tree and the transitions LightningRL makes from it."""
-    from ..runs.views import trajectory
-
-    v = _run(store, store_token, lambda s: trajectory(s, rollout_id))
-    r = v.rollout
-    console = make_console()
-    console.print(
-        f"[bold]{r.rollout_id}[/bold] [{r.status.value}] task {r.task_id} run {r.run_id or '-'} step "
-        f"{'-' if r.step is None else r.step} reward {_num(v.final_reward)}"
-    )
-    if r.error:
-        console.print(f"[red]{r.error.kind.value}: {r.error.type}: {r.error.message}[/red]")
-    tree = Tree("spans (latest attempt)")
-    stack: list[tuple[int, Any]] = [(-1, tree)]
-    for row in v.rows:
-        while stack[-1][0] >= row.depth:
-            stack.pop()
-        dur = "open" if row.duration_ms is None else f"{row.duration_ms:.1f} ms"
-        node = stack[-1][1].add(f"[cyan]{row.kind}[/cyan] {row.span.name} [dim]{row.summary} · {dur}[/dim]")
-        stack.append((row.depth, node))
-    console.print(tree)
-    columns = [
-        Column("call", number=True),
-        Column("agent"),
-        Column("span", ident=True, wide=True),
-        Column("prompt", number=True),
-        Column("response", number=True),
-        Column("reward", number=True),
-        Column("advantage", number=True),
-        Column("source", wide=True),
-        Column("trained"),
-    ]
-    rows = [
-        [
-            "-" if c.index is None else str(c.index),
-            c.agent_name or "-",
-            c.span.span_id,
-            str(len(c.prompt_ids)),
-            str(len(c.tokens)),
-            _num(c.transition.reward) if c.transition else "-",
-            _num(c.transition.advantage) if c.transition and not v.held_out else "-",
-            c.token_source,
-            "held-out: never trained"
-            if v.held_out
-            else "yes"
-            if c.transition
-            else f"excluded: {c.exclusion}"
-            if c.exclusion
-            else "-",
-        ]
-        for c in v.calls
-    ]
-    title = (
-        f"transitions (LightningRL {v.settings['credit']} credit, {v.settings['advantage']} advantage, "
-        f"group of {v.group_size})"
-    )
-    show(table(title, columns, rows, wide=wide, keep=("call", "prompt", "response", "trained")), wide=wide, to=console)
-    if v.lightningrl_error:
-        console.print(f"[red]LightningRL: {v.lightningrl_error}[/red]")
 
 
 # -- export ----------------------------------------------------------------------------------------
@@ -463,7 +428,7 @@ def export(
     its training rollouts unless --mode says otherwise."""
     out = output.open("wb") if output is not None else sys.stdout.buffer
     try:
-        counts = _run(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward, mode))
+        counts = run_in_store(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward, mode))
     finally:
         if output is not None:
             out.close()
@@ -554,6 +519,6 @@ def dashboard(
 def register(app: typer.Typer) -> None:
     """Add these commands to the ``agentbolt`` command line."""
     app.add_typer(runs_app, name="runs")
-    app.add_typer(rollouts_app, name="rollouts")
+    # rollouts (agentbolt.cli.rollouts) are added by agentbolt.cli.app
     app.command("export")(export)
     app.command("dashboard")(dashboard)

@@ -3,7 +3,7 @@
 Each table names its columns once: identifiers are never cut (they are what one copies into the
 next command), long text wraps, a column empty in every row is left out, and columns marked
 ``wide`` appear only with ``--wide``, which prints every column at its natural width (the
-terminal wraps lines that are longer).
+terminal wraps lines that are longer, and a note on stderr says so).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def table(
         for i, c in enumerate(columns)
         if (wide or not c.wide) and (c.name in keep or not rows or any(r[i] not in ("", "-") for r in rows))
     ]
-    out = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    out = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for i in shown:
         c = columns[i]
         justify: Literal["left", "right"] = "right" if c.number else "left"
@@ -75,5 +75,11 @@ def show(printed: RenderableType, *, wide: bool = False, to: Console | None = No
     if wide:
         natural = Measurement.get(out, out.options.update_width(100_000), printed).maximum
         if natural > out.width:
+            Console(stderr=True).print(
+                f"--wide: this table is {natural} columns wide and the terminal {out.width}: its lines wrap "
+                "(without --wide it fits)",
+                style="dim",
+                highlight=False,
+            )
             out = Console(width=natural, file=out.file, force_terminal=out.is_terminal)
     out.print(printed)

@@ -5,6 +5,11 @@
   :mod:`agentbolt.store.run_records`, exported by :mod:`agentbolt.store`);
 - :mod:`~agentbolt.runs.views` — read models of a run's rollouts (trajectories, transitions,
   reward statistics) for the CLI and the dashboard;
+- :mod:`~agentbolt.runs.summary` — a run's summary card ("did it learn?": held-out before ->
+  after with standard errors, trivial policies, training reward, s/step, findings);
+- :mod:`~agentbolt.runs.answer` — a rollout's question, reply, expected answer and verdict;
+- :mod:`~agentbolt.runs.reward_view` — the reward debugger (training and held-out apart,
+  discrete rewards by value, groups without reward spread);
 - :mod:`~agentbolt.runs.doctor` — checks what a run captured (``agentbolt doctor``);
 - :mod:`~agentbolt.runs.health` — training health of a run (reward without held-out gain,
   entropy collapse, identical samples, tool calls), for the doctor and the dashboard;

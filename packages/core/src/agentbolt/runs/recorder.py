@@ -24,8 +24,17 @@ R = TypeVar("R")
 class RunRecorder:
     """Start the run of ``ctx.run_id`` in ``store`` and finish it around the algorithm."""
 
-    def __init__(self, store: Store, ctx: AlgorithmContext, algorithm: Algorithm, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        ctx: AlgorithmContext,
+        algorithm: Algorithm,
+        *,
+        name: str | None = None,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
         self.store = store
+        self.extra_config = dict(extra_config or {})
         self.ctx = ctx
         self.algorithm = algorithm
         self.name = name
@@ -45,7 +54,7 @@ class RunRecorder:
         return self.run
 
     def _config(self) -> dict[str, Any]:
-        config = self.algorithm.run_config()
+        config = {**self.algorithm.run_config(), **self.extra_config}
         if not self.ctx.policies.is_shared:  # the dashboard draws per-policy curves from it
             config = {**config, "policies": self.ctx.policies.as_record()}
         return config

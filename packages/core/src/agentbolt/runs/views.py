@@ -11,7 +11,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -22,18 +22,20 @@ from ..errors import NotFoundError, UserError
 from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
 from ..store.run_records import RolloutSearch, Run
+from .answer import RolloutAnswer, rollout_answer
+from .summary import heldout_metric
 
 __all__ = [
     "METRIC_PRESETS",
     "POLICY_PLACEHOLDER",
     "CallView",
+    "GroupMember",
     "SpanRow",
     "TrajectoryView",
     "fidelity",
     "lightningrl_for",
     "metric_names",
     "policy_family",
-    "reward_debugger",
     "run_policies",
     "trajectory",
 ]
@@ -111,6 +113,8 @@ class Token:
     prob: float | None
     shade: int
     """0 (improbable) .. 4 (near-certain), for colouring."""
+    text: str | None = None
+    """The token's text, when the recorded reply carries it (OpenAI ``logprobs.content[].token``)."""
 
 
 @dataclass
@@ -134,6 +138,17 @@ class CallView:
     exclusion_detail: str | None = None
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    """One sample of a group, as the group's other samples link to it."""
+
+    rollout_id: str
+    reward: float | None
+    advantage: float | None
+    """The advantage LightningRL gave its calls (held-out samples: ``None``, never trained)."""
+    correct: bool | None
+
+
 @dataclass
 class TrajectoryView:
     """Everything the trajectory page shows."""
@@ -151,6 +166,13 @@ class TrajectoryView:
     lightningrl_error: str | None = None
     group_size: int = 0
     notes: dict[str, int] = field(default_factory=dict)
+    answer: RolloutAnswer | None = None
+    """Question, reply, expected answer and verdict (the page's first screen)."""
+    group: list[GroupMember] = field(default_factory=list)
+    """The samples of the rollout's group (itself included), in enqueue order."""
+    evaluations: list[tuple[int, GroupMember]] = field(default_factory=list)
+    """A held-out rollout's question at each evaluation of the run (step, sample), oldest first:
+    the same question before and after training, each sample linked."""
 
     @property
     def held_out(self) -> bool:
@@ -186,14 +208,33 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _token_row(ids: Sequence[Any], logprobs: Sequence[Any] | None) -> list[Token]:
+def _token_row(ids: Sequence[Any], logprobs: Sequence[Any] | None, texts: Sequence[str] | None = None) -> list[Token]:
     out = []
     for i, tid in enumerate(ids):
         lp = logprobs[i] if logprobs is not None and i < len(logprobs) else None
         prob = math.exp(lp) if isinstance(lp, int | float) and math.isfinite(lp) else None
         shade = 0 if prob is None else min(4, int(prob * 5))
-        out.append(Token(id=int(tid), logprob=lp, prob=prob, shade=shade))
+        text = texts[i] if texts is not None and len(texts) == len(ids) else None
+        out.append(Token(id=int(tid), logprob=lp, prob=prob, shade=shade, text=text))
     return out
+
+
+def _token_texts(span: t.Span) -> list[str] | None:
+    """Each response token's text from the recorded reply's ``logprobs.content`` (Chat
+    Completions, as vLLM and agentbolt-torch answer), else ``None``."""
+    body = _json(span.attributes.get(semconv.LLM_RESPONSE))
+    if not isinstance(body, dict):
+        return None
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    logprobs = choices[0].get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("token"), str) for e in content
+    ):
+        return None
+    return [e["token"] for e in content]
 
 
 def _call_view(span: t.Span) -> CallView:
@@ -212,7 +253,9 @@ def _call_view(span: t.Span) -> CallView:
         output_messages=_messages(a.get(semconv.GEN_AI_OUTPUT_MESSAGES)),
         tools=list(tools) if isinstance(tools, list) else [],
         prompt_ids=list(a.get(semconv.PROMPT_TOKEN_IDS, ()) or ()),
-        tokens=_token_row(a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS)),
+        tokens=_token_row(
+            a.get(semconv.RESPONSE_TOKEN_IDS, ()) or (), a.get(semconv.RESPONSE_LOGPROBS), _token_texts(span)
+        ),
         token_source=str(a.get(semconv.TOKEN_SOURCE, semconv.TOKEN_SOURCE_MISSING)),
         finish_reason=str(reasons[0]) if isinstance(reasons, list | tuple) and reasons else None,
         policy_version=a.get(semconv.POLICY_VERSION),
@@ -327,12 +370,29 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         if all(r.rollout_id != rollout_id for r in group):
             group.append(rollout)
     view.group_size = len(group)
+    metric = heldout_metric(run.config if run is not None else None)
+    view.answer = rollout_answer(rollout, calls, spans, metric)
+    if rollout.mode is t.RolloutMode.VAL and rollout.run_id is not None and rollout.task_id:
+        view.evaluations = await _same_question(store, rollout, metric)
     group_spans = await store.query_spans([r.rollout_id for r in group], latest_attempt_only=True)
     try:
         batch = lightningrl_for(run).process(group, group_spans)
     except Exception as exc:  # show why instead of failing the page
         view.lightningrl_error = f"{type(exc).__name__}: {exc}"
         return view
+    advantage: dict[str, float] = {}
+    for x in batch.transitions:
+        if x.advantage is not None:
+            advantage.setdefault(x.rollout_id, x.advantage)
+    view.group = [
+        GroupMember(
+            r.rollout_id,
+            r.final_reward,
+            None if r.mode is t.RolloutMode.VAL else advantage.get(r.rollout_id),
+            None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold,
+        )
+        for r in sorted(group, key=lambda r: (r.created_at, r.rollout_id))
+    ]
     view.transitions = [x for x in batch.transitions if x.rollout_id == rollout_id]
     by_span = {x.span_id: x for x in view.transitions}
     episode = next((e for e in batch.episodes if e.rollout_id == rollout_id), None)
@@ -340,6 +400,8 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         view.rewards = list(episode.rewards)
         view.final_reward = episode.final_reward
         view.final_source = episode.final_source
+        if view.answer is not None and episode.final_reward is not None:
+            view.answer = replace(view.answer, reward=episode.final_reward)
         view.notes = dict(episode.notes)
         by_gateway = {c.gateway_span.span_id: c for c in episode.calls if c.gateway_span is not None}
         for call in view.calls:
@@ -353,6 +415,20 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     return view
 
 
+async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[tuple[int, GroupMember]]:
+    """The run's held-out rollouts of the same task, by evaluation step (oldest first)."""
+    found = await store.search_rollouts(
+        RolloutSearch(run_id=rollout.run_id, mode=t.RolloutMode.VAL, text=rollout.task_id, limit=200)
+    )
+    out = []
+    for r in found.items:
+        if r.task_id != rollout.task_id or r.step is None:
+            continue
+        correct = None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold
+        out.append((r.step, GroupMember(r.rollout_id, r.final_reward, None, correct)))
+    return sorted(out, key=lambda x: (x[0], x[1].rollout_id))
+
+
 async def fidelity(store: Store, rollout_ids: Sequence[str]) -> dict[str, int]:
     """LLM calls by ``token_source`` (exact / retokenized / missing) among these rollouts."""
     counts: Counter[str] = Counter({semconv.TOKEN_SOURCE_EXACT: 0, semconv.TOKEN_SOURCE_RETOKENIZED: 0})
@@ -364,95 +440,6 @@ async def fidelity(store: Store, rollout_ids: Sequence[str]) -> dict[str, int]:
                 if semconv.TOKEN_SOURCE in s.attributes:
                     counts[str(s.attributes[semconv.TOKEN_SOURCE])] += 1
     return dict(counts)
-
-
-def histogram(values: Sequence[float], bins: int = 10) -> list[dict[str, Any]]:
-    """Equal-width bins over the values' range: ``[{lo, hi, n, pct}]`` (``pct`` of the fullest bin)."""
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        return [{"lo": lo, "hi": hi, "n": len(values), "pct": 100.0}]
-    width = (hi - lo) / bins
-    counts = [0] * bins
-    for v in values:
-        counts[min(int((v - lo) / width), bins - 1)] += 1
-    top = max(counts)
-    return [
-        {"lo": lo + i * width, "hi": lo + (i + 1) * width, "n": n, "pct": n / top * 100} for i, n in enumerate(counts)
-    ]
-
-
-@dataclass
-class RewardDebugger:
-    """The reward debugger page of a run."""
-
-    run: Run
-    rollouts: int
-    per_agent: dict[str, dict[str, list[dict[str, Any]]]]
-    """agent name -> reward name (``final`` and each dimension) -> histogram."""
-    stats: dict[str, dict[str, dict[str, float]]]
-    """agent name -> reward name -> {n, mean, min, max}."""
-    top: list[tuple[t.Transition, str | None]]
-    """Transitions with the largest |advantage| (with their agent name)."""
-    excluded: dict[str, int]
-
-
-async def reward_debugger(store: Store, run_id: str, *, max_rollouts: int = 400, top: int = 20) -> RewardDebugger:
-    """Rewards and reward dimensions per agent, and the calls with the largest |advantage|, over
-    the run's latest ``max_rollouts`` finished rollouts (``NotFoundError`` for an unknown run)."""
-    run = await store.get_run(run_id)
-    rollouts: list[t.Rollout] = []
-    offset = 0
-    while len(rollouts) < max_rollouts:
-        page = await store.search_rollouts(
-            RolloutSearch(
-                run_id=run_id,
-                status=[t.RolloutStatus.SUCCEEDED, t.RolloutStatus.FAILED],
-                limit=min(500, max_rollouts - len(rollouts)),
-                offset=offset,
-            )
-        )
-        rollouts.extend(page.items)
-        offset += len(page.items)
-        if not page.items or offset >= page.total:
-            break
-    spans: dict[str, list[t.Span]] = {}
-    ids = [r.rollout_id for r in rollouts]
-    for i in range(0, len(ids), 200):
-        spans.update(await store.query_spans(ids[i : i + 200], latest_attempt_only=True))
-    batch = lightningrl_for(run).process(rollouts, spans) if rollouts else None
-    values: dict[str, dict[str, list[float]]] = {}
-    agent_of: dict[tuple[str, str | None], str | None] = {}
-    if batch is not None:
-        for ep in batch.episodes:
-            agents = sorted({c.agent_name or "(no agent)" for c in ep.calls}) or ["(no agent)"]
-            for c in ep.calls:
-                if c.gateway_span is not None:
-                    agent_of[(ep.rollout_id, c.gateway_span.span_id)] = c.agent_name
-            for agent in agents:
-                slot = values.setdefault(agent, {})
-                if ep.final_reward is not None:
-                    slot.setdefault("final", []).append(ep.final_reward)
-                for rec in ep.rewards:
-                    for name, v in (rec.dimensions or {}).items():
-                        if isinstance(v, int | float) and math.isfinite(v):
-                            slot.setdefault(name, []).append(float(v))
-    ranked = sorted(
-        (x for x in (batch.transitions if batch else []) if x.advantage is not None),
-        key=lambda x: -abs(x.advantage or 0.0),
-    )[:top]
-    return RewardDebugger(
-        run=run,
-        rollouts=len(rollouts),
-        per_agent={a: {k: histogram(v) for k, v in d.items()} for a, d in values.items()},
-        stats={
-            a: {k: {"n": len(v), "mean": sum(v) / len(v), "min": min(v), "max": max(v)} for k, v in d.items() if v}
-            for a, d in values.items()
-        },
-        top=[(x, agent_of.get((x.rollout_id, x.span_id))) for x in ranked],
-        excluded=dict(batch.report.excluded) if batch else {},
-    )
 
 
 POLICY_PLACEHOLDER = "{policy}"

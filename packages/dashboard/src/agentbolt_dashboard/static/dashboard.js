@@ -126,7 +126,6 @@ function runsPage() {
       const badge = tr.querySelector('[data-field="status"]');
       badge.textContent = run.status; badge.className = `badge ${run.status}`;
       tr.querySelector('[data-field="steps"]').textContent = run.steps;
-      for (const cell of tr.querySelectorAll("[data-metric]")) cell.textContent = fmt(run.latest[cell.dataset.metric]);
     }
   }
 
@@ -139,12 +138,124 @@ function runsPage() {
   setInterval(() => { refreshTable().catch(console.error); if (picked().length) refreshChart().catch(console.error); }, POLL_MS);
 }
 
+/** Small charts' axes: whole steps on x, compact numbers on y. */
+const STEP_AXES = [
+  { label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], values: (u, vals) => vals.map((v) => String(v)) },
+  { size: 64, values: (u, vals) => vals.map((v) => (v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(1) : fmt(v))) },
+];
+
+/** TensorBoard's smoothing: an exponential moving average, debiased at the start. */
+function smooth(values, weight) {
+  if (!weight) return values;
+  let last = 0, n = 0;
+  return values.map((v) => {
+    if (v === null || v === undefined) return null;
+    last = last * weight + (1 - weight) * v; n += 1;
+    return last / (1 - Math.pow(weight, n));
+  });
+}
+
+/** The run page's view, kept in its URL: the charts shown and the smoothing. */
+function viewFromURL(defaults) {
+  const q = new URLSearchParams(location.search);
+  const charts = q.has("charts") ? q.get("charts").split(",").filter(Boolean) : defaults;
+  const weight = Math.min(0.95, Math.max(0, Number(q.get("smooth")) || 0));
+  return { charts, smooth: weight };
+}
+
+function saveView(view) {
+  const q = new URLSearchParams(location.search);
+  q.set("charts", view.charts.join(","));
+  q.set("smooth", String(view.smooth));
+  history.replaceState(null, "", `${location.pathname}?${q.toString().replace(/%2F/g, "/").replace(/%2C/g, ",").replace(/%3A/g, ":")}`);
+}
+
+/** A small chart of one metric: raw points faint, the smoothed line over them. */
+function metricPlot(el, title, drawn, smoothing) {
+  const maps = drawn.map((l) => l.s.points(l.key));
+  const steps = [...new Set(maps.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+  const raw = maps.map((m) => steps.map((x) => (m.has(x) ? m.get(x) : null)));
+  const series = [{ label: "step" }];
+  const data = [steps];
+  drawn.forEach((l, i) => {
+    const color = COLORS[i % COLORS.length];
+    if (smoothing) {
+      series.push({ label: `${l.label} (raw)`, stroke: color + "55", width: 1, spanGaps: true, points: { show: false }, value: (u, v) => fmt(v) });
+      data.push(raw[i]);
+    }
+    series.push({ label: smoothing ? `${l.label} (smoothed ${smoothing})` : l.label, stroke: color, width: 2, spanGaps: true,
+      points: { show: steps.length < 40, size: 5 }, value: (u, v) => fmt(v) });
+    data.push(smooth(raw[i], smoothing));
+  });
+  el.dataset.points = String(steps.length);
+  return new uPlot({
+    width: Math.max(260, el.clientWidth || 400), height: 200, legend: { show: drawn.length > 1 || !!smoothing },
+    scales: { x: { time: false } },
+    axes: STEP_AXES,
+    series,
+  }, data, el);
+}
+
+/** A held-out chart: each evaluation's mean, a band of ± 1 standard error, and n. */
+function heldoutPlot(el, fig) {
+  const lo = fig.mean.map((m, i) => m - fig.se[i]);
+  const hi = fig.mean.map((m, i) => m + fig.se[i]);
+  el.dataset.points = String(fig.steps.length);
+  return new uPlot({
+    width: Math.max(260, el.clientWidth || 400), height: 200, legend: { show: true },
+    scales: { x: { time: false } },
+    axes: STEP_AXES,
+    series: [
+      { label: "step" },
+      { label: fig.label, stroke: COLORS[2], width: 2, points: { show: true, size: 7 }, value: (u, v, s, i) => (v === null ? "–" : `${fmt(v)} (n=${fig.n[i]})`) },
+      { label: "− 1 se", stroke: COLORS[2] + "44", width: 1, points: { show: false }, value: (u, v) => fmt(v) },
+      { label: "+ 1 se", stroke: COLORS[2] + "44", width: 1, points: { show: false }, value: (u, v) => fmt(v) },
+    ],
+    bands: [{ series: [3, 2], fill: COLORS[2] + "22" }],
+  }, [fig.steps, fig.mean, lo, hi], el);
+}
+
 function runPage() {
   const runId = window.AGENTBOLT_RUN;
+  const config = window.AGENTBOLT_CHARTS;
   const series = new RunSeries(runId);
-  const chart = new Chart(document.getElementById("run-chart"));
-  const select = document.getElementById("run-metric");
+  const grid = document.getElementById("chart-grid");
+  const slider = document.getElementById("smooth");
+  const sliderValue = document.getElementById("smooth-value");
+  const picks = [...document.querySelectorAll("input.chart-pick")];
+  const labels = new Map(config.groups.flat());
   const body = document.querySelector("#steps-table tbody");
+  const view = viewFromURL(config.defaults);
+  const plots = new Map();
+  slider.value = String(view.smooth); sliderValue.textContent = String(view.smooth);
+  for (const box of picks) box.checked = view.charts.includes(box.value);
+
+  function render() {
+    for (const plot of plots.values()) plot.destroy();
+    plots.clear();
+    grid.textContent = "";
+    for (const key of view.charts) {
+      const panel = document.createElement("div");
+      panel.className = "panel";
+      panel.dataset.chart = key;
+      const title = document.createElement("h3");
+      title.textContent = labels.get(key) || key;
+      const note = document.createElement("span");
+      note.className = "muted small";
+      const heldout = config.heldout[key];
+      if (heldout) note.textContent = ` mean ± 1 se, n=${heldout.n[heldout.n.length - 1]} per evaluation`;
+      else if (key.includes(POLICY)) note.textContent = " one line per policy";
+      title.append(note);
+      const el = document.createElement("div");
+      el.className = "plot";
+      panel.append(title, el);
+      grid.append(panel);
+      if (heldout) { plots.set(key, heldoutPlot(el, heldout)); continue; }
+      const drawn = lines(key, [series], [window.AGENTBOLT_RUN_LABEL || runId]);
+      plots.set(key, metricPlot(el, labels.get(key) || key, drawn, view.smooth));
+    }
+    grid.dataset.charts = view.charts.join(",");
+  }
 
   function addRows(rows) {
     for (const row of rows) {
@@ -160,27 +271,24 @@ function runPage() {
     }
   }
 
-  async function tick() {
+  async function tick(force = false) {
     const fresh = await series.poll();
     if (fresh.length) {
       addRows(fresh);
-      const known = new Set([...select.options].map((o) => o.value));
-      const policies = policiesOf(runId);
-      for (const row of fresh) for (const k of Object.keys(row.values)) {
-        const family = policyFamily(k, policies);
-        if (family && !known.has(family)) {
-          select.add(new Option(`${family.replace("/" + POLICY, "")} per policy (${family})`, family)); known.add(family);
-        }
-        if (!known.has(k)) { select.add(new Option(k, k)); known.add(k); }
-      }
       document.getElementById("run-steps").textContent = Math.max(...series.rows.map((r) => r.step));
     }
-    if (!select.value && select.options.length) select.value = select.options[0].value;
-    if (select.value) chart.draw(select.value, [series], [window.AGENTBOLT_RUN_LABEL || runId]);
+    if (fresh.length || force) render();
   }
 
-  select.addEventListener("change", () => { chart.key = ""; tick(); });
-  tick().catch(console.error);
+  for (const box of picks) box.addEventListener("change", () => {
+    view.charts = picks.filter((b) => b.checked).map((b) => b.value);
+    saveView(view); render();
+  });
+  slider.addEventListener("input", () => {
+    view.smooth = Number(slider.value); sliderValue.textContent = slider.value;
+    saveView(view); render();
+  });
+  tick(true).catch(console.error);
   setInterval(() => tick().catch(console.error), POLL_MS);
 }
 
@@ -213,7 +321,15 @@ function servingPage() {
   setInterval(() => { refresh().catch(console.error); drawChart().catch(console.error); }, SERVING_POLL_MS);
 }
 
+/** The trajectory page: token ids on demand beside each token's text. */
+function trajectoryPage() {
+  for (const box of document.querySelectorAll("input.show-ids")) {
+    box.addEventListener("change", () => box.closest(".call").querySelector(".tokens").classList.toggle("ids", box.checked));
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  trajectoryPage();
   if (window.AGENTBOLT_PAGE === "runs") runsPage();
   if (window.AGENTBOLT_PAGE === "run") runPage();
   if (window.AGENTBOLT_PAGE === "serving") servingPage();
