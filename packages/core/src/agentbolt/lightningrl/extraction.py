@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from ..reward_validation import RewardBounds
 from ..types import Rollout, Span
 from .calls import extract_calls
 from .episode import AgentMatch, Episode, agent_selector
@@ -101,6 +102,7 @@ def extract_episode(
     max_response_length: int | None = None,
     max_length: int | None = None,
     promote_trailing_reward: bool = True,
+    reward_bounds: RewardBounds | None = None,
 ) -> Episode:
     """Build the :class:`Episode` of one rollout from its spans (rules in the module docstring).
 
@@ -112,6 +114,8 @@ def extract_episode(
         max_prompt_length, max_response_length, max_length: exclude longer calls (``over_length``).
         promote_trailing_reward: without any final reward, use the last untargeted reward after
             the last call as the episode return.
+        reward_bounds: the run's declared reward range (:class:`~agentbolt.reward_validation.RewardBounds`);
+            a refused reward value puts the episode in quarantine (:attr:`Episode.quarantine`).
     """
     select = agent_selector(agent_match)
     notes: Counter[str] = Counter()
@@ -140,7 +144,9 @@ def extract_episode(
         allow_retokenized=allow_retokenized,
         limits=(max_prompt_length, max_response_length, max_length),
     )
-    rewards, final, source = attach_rewards(rollout, ordered, calls, notes, promote_trailing_reward)
+    rewards, final, source, quarantine = attach_rewards(
+        rollout, ordered, calls, notes, promote_trailing_reward, reward_bounds
+    )
     return Episode(
         rollout=rollout,
         attempt_id=attempt_id,
@@ -150,4 +156,5 @@ def extract_episode(
         final_reward=final,
         final_source=source,
         notes={k: v for k, v in notes.items() if v},
+        quarantine=quarantine,
     )

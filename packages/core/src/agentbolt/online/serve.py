@@ -322,7 +322,8 @@ class OnlineServer:
 
     async def record_feedback(self, feedback: Feedback, *, source: str = "client") -> FeedbackResult:
         """Record one feedback (what ``POST /v1/feedback`` does)."""
-        result = await record_feedback(self.store, self.sessions, feedback, source=source)
+        bounds = self.updates.lightningrl.reward_bounds
+        result = await record_feedback(self.store, self.sessions, feedback, source=source, bounds=bounds)
         if result.status == "recorded":
             self.feedback_count["client"] += 1
             for rollout_id in result.rollout_ids:
