@@ -450,8 +450,8 @@ class LightningRL:
             excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
         if result.quarantined:
             groups = {t.rollout_id: t.group_id for t in kept}
-            for rollout_id, why in result.quarantined.items():
-                reason, _, detail = why.partition(": ")
+            for rollout_id, message in result.quarantined.items():
+                reason, _, detail = message.partition(": ")
                 report.quarantined.append(
                     Quarantined(
                         rollout_id=rollout_id,

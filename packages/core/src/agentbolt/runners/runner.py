@@ -452,9 +452,7 @@ def _as_reward(result: Any) -> float | None:
     try:
         return reward_number(result, "the agent's return value")
     except RewardRefused as exc:
-        raise UserError(
-            f"{exc}; an agent returns a reward (a finite float, at most 1e15 in magnitude) or None"
-        ) from None
+        raise UserError(f"{exc}; an agent returns a finite float reward or None (at most 1e15 in magnitude)") from None
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -149,6 +149,8 @@ class TrajectoryView:
     final_source: str | None
     settings: dict[str, Any]
     lightningrl_error: str | None = None
+    quarantine: Any = None
+    """Why LightningRL quarantined the rollout (a :class:`~agentbolt.lightningrl.Quarantined`), if it did."""
     group_size: int = 0
     notes: dict[str, int] = field(default_factory=dict)
 
@@ -334,6 +336,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         view.lightningrl_error = f"{type(exc).__name__}: {exc}"
         return view
     view.transitions = [x for x in batch.transitions if x.rollout_id == rollout_id]
+    view.quarantine = next((q for q in batch.report.quarantined if q.rollout_id == rollout_id), None)
     by_span = {x.span_id: x for x in view.transitions}
     episode = next((e for e in batch.episodes if e.rollout_id == rollout_id), None)
     if episode is not None:
