@@ -280,7 +280,9 @@ class _GroupEstimator(AdvantageEstimator):
         adv = self._batch(adv, w, n_units)
         out = [t.model_copy(update={"advantage": a}) for t, a in zip(kept, adv, strict=True)]
         if adv:
-            stats.update(advantage_mean=math.fsum(adv) / len(adv), advantage_min=min(adv), advantage_max=max(adv))
+            m = _magnitude(adv)
+            mean = math.fsum(a / m for a in adv) / len(adv) * m
+            stats.update(advantage_mean=mean, advantage_min=min(adv), advantage_max=max(adv))
         return AdvantageResult(transitions=out, dropped=dropped, stats=stats, quarantined=quarantined)
 
 
