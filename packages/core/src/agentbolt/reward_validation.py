@@ -79,14 +79,14 @@ def reward_number(value: object, what: str = "reward") -> float:
         number = float(value)
     except (OverflowError, ValueError, TypeError):
         raise RewardRefused(
-            "too_large", f"{what} must be at most {MAX_ABS_REWARD:g} in magnitude, got {_preview(value)}"
+            "too_large", f"{what} must be at most 1e15 in magnitude, got {_preview(value)}"
         ) from None
     if not math.isfinite(number):
         raise RewardRefused("non_finite", f"{what} must be a finite number, got {number}")
     if abs(number) > MAX_ABS_REWARD:
         raise RewardRefused(
             "too_large",
-            f"{what} must be at most {MAX_ABS_REWARD:g} in magnitude, got {number:g}: rescale the rewards",
+            f"{what} must be at most 1e15 in magnitude, got {number:g}: rescale the rewards",
         )
     return number
 
