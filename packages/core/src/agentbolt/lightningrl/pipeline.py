@@ -326,7 +326,7 @@ class LightningRL:
             episodes.append(episode)
             transitions.extend(produced)
             credit_notes.update(notes)
-            sources[episode.final_source or "missing"] += 1
+            sources[episode.final_source or ("quarantined" if episode.quarantine else "missing")] += 1
             ep_notes = Counter(episode.notes)
             if not rollout.status.is_final:
                 ep_notes["rollout_not_finished"] += 1

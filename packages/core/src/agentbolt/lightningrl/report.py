@@ -155,7 +155,8 @@ class BatchReport(BaseModel):
     per_agent: dict[str, AgentStats] = Field(default_factory=dict)
     """Calls by agent name (``<none>`` for calls without one)."""
     final_reward_sources: dict[str, int] = Field(default_factory=dict)
-    """Rollouts by where their episode return came from (``missing`` when it had none)."""
+    """Rollouts by where their episode return came from (``missing`` when it had none,
+    ``quarantined`` when the rollout was quarantined before its return was read)."""
     missing_reward_policy: str = "drop"
     """``drop`` or ``fill``."""
     rewards: dict[str, int] = Field(default_factory=dict)
