@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentbolt import semconv
+from agentbolt.lightningrl import GRPO
 from agentbolt.online import OnlineServer, SessionOptions, UpdateOptions
 from agentbolt.online.feedback import Feedback, reward_span
 from agentbolt.testing.hostile import HOSTILE_REWARDS, is_hostile
@@ -148,3 +149,36 @@ async def test_a_stored_poison_reward_is_quarantined_and_the_update_goes_live(tm
         metrics = await server.store.get_run_metrics(server.run_id)
         assert any(m.values.get("lightningrl/quarantined/too_large") == 1.0 for m in metrics)
         assert all(math.isfinite(v) for m in metrics for v in m.values.values())
+
+
+class _FailsOnOneSession(GRPO):
+    """An estimator (a plugin's, say) that raises whenever one given session is in its batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.culprit: str | None = None
+
+    def estimate(self, transitions: Any) -> Any:
+        if any(t.rollout_id == self.culprit for t in transitions):
+            raise ZeroDivisionError("a plugin's arithmetic failed")
+        return super().estimate(transitions)
+
+
+async def test_an_update_that_raises_all_the_same_quarantines_the_culprit_not_the_batch(tmp_path: Path) -> None:
+    """The backstop: whatever makes LightningRL raise on the batch, each session is processed
+    alone, the one that raises is quarantined (``error``), the others train; nothing is retried."""
+    policy, estimator = _policy(), _FailsOnOneSession()
+    async with _server(tmp_path, policy, lightningrl={"advantage": estimator, "credit": "final"}) as server:
+        ids = [await _session(server, f"u{i}") for i in range(4)]
+        estimator.culprit = ids[2]
+        for i in range(4):
+            assert (
+                await post_feedback(server, {"feedback_id": f"f{i}", "session_id": f"u{i}", "reward": i})
+            ).is_success
+            await server.sessions.close(f"u{i}")
+        decision = await server.trainer.step()
+        assert decision is not None and decision.passed and policy.rows_seen == [3]
+        [entry] = [e for e in server.ledger.replay() if e["event"] == "quarantined"]
+        assert [(q["rollout_id"], q["reason"]) for q in entry["sessions"]] == [(ids[2], "error")]
+        assert "ZeroDivisionError" in entry["sessions"][0]["detail"]
+        assert set(ids) <= server.trained and await server.trainer.step(force=True) is None
