@@ -90,4 +90,3 @@ def test_a_hostile_credit_is_quarantined_and_the_step_goes_on(
     )
     (grad,) = torch.autograd.grad(loss, log_prob)
     assert math.isfinite(float(loss.detach())) and torch.isfinite(grad).all()
-

@@ -78,9 +78,7 @@ def reward_number(value: object, what: str = "reward") -> float:
     try:
         number = float(value)
     except (OverflowError, ValueError, TypeError):
-        raise RewardRefused(
-            "too_large", f"{what} must be at most 1e15 in magnitude, got {_preview(value)}"
-        ) from None
+        raise RewardRefused("too_large", f"{what} must be at most 1e15 in magnitude, got {_preview(value)}") from None
     if not math.isfinite(number):
         raise RewardRefused("non_finite", f"{what} must be a finite number, got {number}")
     if abs(number) > MAX_ABS_REWARD:
