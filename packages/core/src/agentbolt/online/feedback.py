@@ -34,7 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from .. import semconv
 from .. import types as t
-from ..reward_validation import RewardBounds, RewardRefused, reward_number
+from ..reward_validation import MAX_ABS_REWARD, RewardBounds, RewardRefused, reward_number
 from ..store.base import Store
 from .sessions import Session, SessionBook
 
@@ -59,7 +59,7 @@ def _number(value: Any) -> float:
         raise ValueError(str(exc)) from None
 
 
-_Reward = Annotated[float, BeforeValidator(_number)]
+_Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD), BeforeValidator(_number)]
 """A reward: a finite number (no bool, string or container) of magnitude at most 1e15."""
 
 
