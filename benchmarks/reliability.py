@@ -17,9 +17,10 @@ One row per scenario, each with its figures and whether it holds (exit code 1 if
 - R5: upstream down, slow past the timeout, 500, non-JSON 200, wrong-shape 200, reset
   mid-stream: the agent gets an OpenAI-style error in time, the attempt is retried as
   infrastructure, nothing succeeds.
-- R6: agents that raise, hang, block their loop, return garbage, never call the LLM, ask for a
-  wrong model, or kill their runner process: each rollout ends with a clear outcome in time and
-  a following rollout still succeeds.
+- R6: agents that raise, hang, block their loop, return garbage (a string, NaN, 1e308, True,
+  10**400: refused, since a reward is a finite number of magnitude at most 1e15), never call the
+  LLM, ask for a wrong model, or kill their runner process: each rollout ends with a clear
+  outcome in time and a following rollout still succeeds.
 
 ``--quick`` runs small versions (the tests run R1 and R2 that way).
 """
@@ -505,6 +506,7 @@ def r6_agents(workdir: Path) -> Row:
                 ("returns NaN", agents.returns, "nan"),
                 ("returns None", agents.returns, None),
                 ("returns 1e308", agents.returns, 1e308),
+                ("returns True", agents.returns, True),
                 ("returns 10**400", agents.returns, "huge_int"),
                 ("never calls the LLM", agents.no_llm, None),
                 ("calls a wrong model", agents.calls_llm, "no-such-model"),
@@ -520,7 +522,7 @@ def r6_agents(workdir: Path) -> Row:
     parts.append(f"kills its runner process: {death} in {death_s:.1f} s")
     holds = all(next_ok and seconds < 1.0 + 5 for _, _, seconds, next_ok in results) and death.startswith("succeeded")
     expected_failures = {"raises", "hangs (sync)", "blocks its loop", "returns a string", "returns NaN"}
-    expected_failures.add("returns 10**400")
+    expected_failures |= {"returns 10**400", "returns 1e308", "returns True"}  # rewards are finite numbers <= 1e15
     for name, outcome, _, _ in results:
         holds = holds and (outcome.startswith("failed") == (name in expected_failures))
     return "R6", "broken agents (timeout 1 s)", "; ".join(parts), holds

@@ -64,7 +64,7 @@ async def blocks_loop(task: object, resources: t.Resources) -> float:
 
 
 def returns(task: object, resources: t.Resources) -> object:
-    """Returns ``task`` as its reward (a string, NaN, None, 1e308, 10**400)."""
+    """Returns ``task`` as its reward (a string, NaN, None, 1e308, True, 10**400)."""
     return {"nan": float("nan"), "huge_int": 10**400}.get(str(task), task)
 
 

@@ -14,6 +14,10 @@ credit (``reward``) and the verl weight version that sampled it. verl overwrites
 applies :func:`~agentbolt.lightningrl.rollout_correction` (behaviour = ``rollout_log_probs``,
 proximal = verl's recomputed ``old_log_probs``) when configured, and lays the result out as
 verl's (B, R) tensors. Nothing here decides a training signal: LightningRL does.
+
+A row whose credit is not a reward (:mod:`agentbolt.reward_validation`: not a number, not finite,
+beyond ``1e15``) puts its rollout in quarantine: every row of that rollout is left out (mask 0),
+``agentbolt/lightningrl/quarantined/<reason>`` counts it, and the step goes on with the others.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from agentbolt.lightningrl import (
     LightningRL,
     LightningRLBatch,
     LightningRLConfig,
+    Quarantined,
     TrainingRow,
     rollout_correction,
     token_loss_weights,
 )
+from agentbolt.reward_validation import RewardRefused, reward_number
 from agentbolt.types import Transition
 
 __all__ = ["EXTRA_KEY", "VerlColumns", "row_extra", "verl_columns"]
@@ -135,8 +141,26 @@ def verl_columns(
     behaviour = rollout_log_probs.to(torch.float64).tolist() if rollout_log_probs is not None else None
     where: dict[tuple[str, int], int] = {}
     transitions = []
+    quarantined: dict[str, Quarantined] = {}
     for i, extra in enumerate(extras):
         if extra is None:
+            continue
+        try:
+            reward_number(extra.get("reward"), f"credit of batch row {i}")
+        except RewardRefused as exc:
+            rollout_id = str(extra.get("rollout_id"))
+            quarantined.setdefault(
+                rollout_id,
+                Quarantined(
+                    rollout_id=rollout_id,
+                    group_id=extra.get("group_id") if isinstance(extra.get("group_id"), str) else None,
+                    reason=exc.reason,
+                    detail=str(exc),
+                    stage="to_rows",
+                ),
+            )
+    for i, extra in enumerate(extras):
+        if extra is None or str(extra.get("rollout_id")) in quarantined:
             continue
         n = len(responses[i])
         t = _transition(
@@ -155,7 +179,7 @@ def verl_columns(
         transitions.append(t)
 
     lrl = LightningRL(lightningrl.replace(allow_empty=True))
-    batch = lrl.to_rows(transitions, policy_version=trained_version)
+    batch = lrl.to_rows(transitions, policy_version=trained_version, quarantined=list(quarantined.values()))
     rows: list[TrainingRow] = batch.rows
     positions = [where[(r.rollout_id, r.index)] for r in rows]
     row_masks = [r.response_mask for r in rows]

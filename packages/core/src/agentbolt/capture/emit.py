@@ -28,7 +28,7 @@ import orjson
 from .. import semconv
 from .. import types as t
 from ..errors import UserError
-from ..fields import finite_number
+from ..reward_validation import reward_number
 from .tracing import current_rollout
 
 __all__ = [
@@ -99,7 +99,7 @@ def _emit(
 
 
 def _reward_value(value: Any, what: str) -> float:
-    return finite_number(value, what, bools=True)  # True/False rewards are 1.0/0.0
+    return reward_number(value, what)  # RewardRefused (a UserError) names what is wrong
 
 
 def emit_reward(
@@ -115,7 +115,11 @@ def emit_reward(
 
     Args:
         reward: a number, or named dimensions ``{name: value}`` (then ``primary`` names the one
-            training uses; a single-entry dict needs no ``primary``).
+            training uses; a single-entry dict needs no ``primary``). Each value is a finite
+            ``int`` or ``float`` of magnitude at most ``1e15``: a ``bool`` (``float(ok)`` says
+            what you mean), a string, a list or an object raises
+            :class:`~agentbolt.reward_validation.RewardRefused` (a ``UserError``), and nothing is
+            recorded. The run's ``reward_range`` is applied when training reads the reward.
         target_span_id / target_response_id: credit a specific LLM call (its span id, from the
             gateway's ``X-Agentbolt-Span-Id`` response header, or the ``id`` of its response);
             otherwise the reward belongs to the LLM call that precedes it.

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .merge import MergeResult, merge_transitions
     from .pipeline import LightningRL, LightningRLBatch, off_policy_exclusion
     from .registry import get_advantage_estimator, get_credit_assigner, register_builtins
-    from .report import AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+    from .report import AgentStats, BatchReport, CallExclusion, EmptyBatchError, Quarantined, RolloutReport
     from .rows import TrainingRow, token_loss_weights, training_rows
 
 _EXPORTS: dict[str, str] = {
@@ -96,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     "MergeResult": "merge",
     "ReinforcePlusPlus": "advantage",
     "RewardRecord": "episode",
+    "Quarantined": "report",
     "RolloutReport": "report",
     "ToolCallRule": "air",
     "agent_selector": "episode",
@@ -144,6 +145,7 @@ __all__ = [
     "LightningRLConfig",
     "LossAggregation",
     "MergeResult",
+    "Quarantined",
     "Reconciliation",
     "ReinforcePlusPlus",
     "RewardRecord",

@@ -16,6 +16,16 @@ transitions keep their distinct credit; only the statistics are per rollout.
 **Level ``"transition"``** (v0 comparison): every transition is one sample (weight 1) in its
 group; rollouts with more calls weigh more.
 
+Arithmetic never overflows: when the largest magnitude in a group (or batch) exceeds
+:data:`SAFE_MAGNITUDE` (``1e150``, where squares would overflow float64), the values are divided by
+it before the mean, the squares and the std are taken (``math.fsum`` throughout), and GRPO's and the
+whitening's quotients are formed in that scale (they are scale-free). Below it nothing is scaled and
+the results are bit for bit the plain formulas. A group whose advantages still cannot be
+represented (RLOO's or REINFORCE++'s ``x - b`` beyond the float range, e.g. ``1e308`` and
+``-1e308`` in one group) is left out whole and reported in :attr:`AdvantageResult.quarantined`
+(``advantage_overflow``); the other groups keep their advantages. (LightningRL refuses rewards
+beyond ``1e15`` in magnitude before they get here: see :mod:`agentbolt.reward_validation`.)
+
 Edge cases: a group whose values are all equal (including a group of one) gets advantage
 exactly 0, never NaN; a group of one has no standard deviation, so no scaling is applied.
 Transitions with ``reward=None`` follow the ``missing`` policy: ``"drop"`` (default; removed and
@@ -37,10 +47,14 @@ from ..types import Transition
 __all__ = [
     "GRPO",
     "RLOO",
+    "SAFE_MAGNITUDE",
     "AdvantageEstimator",
     "AdvantageResult",
     "ReinforcePlusPlus",
 ]
+
+SAFE_MAGNITUDE = 1e150
+"""Largest magnitude used unscaled: its square (1e300) and sums of many such squares stay finite."""
 
 Level = Literal["rollout", "transition"]
 MissingPolicy = Literal["drop", "fill", "error"]
@@ -54,6 +68,9 @@ class AdvantageResult:
     """The input transitions (same order) with ``advantage`` set, minus dropped ones."""
     dropped: list[Transition] = field(default_factory=list)
     """Transitions removed because their reward was missing (``missing="drop"``)."""
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Rollout id -> why its transitions were left out: their group's advantages are not finite
+    (``advantage_overflow``)."""
     stats: dict[str, float | int | str] = field(default_factory=dict)
     """Counters for logging: ``groups``, ``singleton_groups`` (one rollout), ``zero_variance_groups``
     (several rollouts, all rewards equal: no learning signal),
@@ -103,16 +120,42 @@ def _scale(std: float | None, epsilon: float) -> float:
     return std + epsilon
 
 
-def _weighted_stats(values: Sequence[float], weights: Sequence[float], n_units: int) -> tuple[float, float | None]:
-    """(mean, Bessel-corrected std over ``n_units``) of weighted values; std is ``None`` for
-    one unit. All-equal values give their value exactly and std 0."""
+def _magnitude(values: Sequence[float]) -> float:
+    """The divisor that keeps arithmetic on ``values`` finite: 1 up to :data:`SAFE_MAGNITUDE`,
+    else the largest magnitude."""
+    top = max((abs(v) for v in values), default=0.0)
+    return top if top > SAFE_MAGNITUDE else 1.0
+
+
+def _weighted_stats(
+    values: Sequence[float], weights: Sequence[float], n_units: int, scale: float = 1.0
+) -> tuple[float, float | None]:
+    """(mean, Bessel-corrected std over ``n_units``) of weighted ``values / scale``; std is
+    ``None`` for one unit. All-equal values give their (scaled) value exactly and std 0."""
     if _all_equal(values):
-        return values[0], (0.0 if n_units > 1 else None)
-    mean = math.fsum(w * v for v, w in zip(values, weights, strict=True)) / n_units
+        return values[0] / scale, (0.0 if n_units > 1 else None)
+    scaled = values if scale == 1.0 else [v / scale for v in values]
+    mean = math.fsum(w * v for v, w in zip(scaled, weights, strict=True)) / n_units
     if n_units <= 1:
         return mean, None
-    var = math.fsum(w * (v - mean) ** 2 for v, w in zip(values, weights, strict=True)) / (n_units - 1)
+    var = math.fsum(w * (v - mean) ** 2 for v, w in zip(scaled, weights, strict=True)) / (n_units - 1)
     return mean, math.sqrt(var)
+
+
+def _normalized(
+    values: Sequence[float], weights: Sequence[float], n_units: int, epsilon: float, norm_std: bool
+) -> list[float]:
+    """``(v - mean) / (std + eps)`` (or ``v - mean`` without ``norm_std`` or std) of each value,
+    formed in the scale of :func:`_magnitude` so that no intermediate overflows."""
+    m = _magnitude(values)
+    mean, std = _weighted_stats(values, weights, n_units, m)
+    if m == 1.0:
+        scale = _scale(std, epsilon) if norm_std else 1.0
+        return [(v - mean) / scale for v in values]
+    centered = [v / m - mean for v in values]
+    if not norm_std or std is None or std + epsilon == 0.0:
+        return [c * m for c in centered]  # may overflow: the caller checks
+    return [c / (std + epsilon / m) for c in centered]
 
 
 class _GroupEstimator(AdvantageEstimator):
@@ -206,19 +249,41 @@ class _GroupEstimator(AdvantageEstimator):
             "filled_missing_reward": filled,
         }
         adv = [0.0] * len(kept)
-        for group in groups.values():
+        quarantined: dict[str, str] = {}
+        for key, group in groups.items():
             if len(group.rollouts) == 1:
                 stats["singleton_groups"] = int(stats["singleton_groups"]) + 1
             elif _all_equal([x[i] for i in group.members]):
                 stats["zero_variance_groups"] = int(stats["zero_variance_groups"]) + 1
-            for i, a in self._centered(x, w, group, stats).items():
+            centered = self._centered(x, w, group, stats)
+            if not all(math.isfinite(a) for a in centered.values()):
+                name = "its own group" if key.startswith("\x00") else f"group {key!r}"
+                top = max(abs(x[i]) for i in group.members)
+                for rollout_id in group.rollouts:
+                    quarantined[rollout_id] = (
+                        f"advantage_overflow: the advantages of {name} (rewards up to {top:g} in magnitude) "
+                        "exceed the float range"
+                    )
+                continue
+            for i, a in centered.items():
                 adv[i] = a
-        n_units = len(n_per_rollout) if self.level == "rollout" else len(kept)
+        if quarantined:
+            keep = [i for i, t in enumerate(kept) if t.rollout_id not in quarantined]
+            kept, x, w, adv = (
+                [kept[i] for i in keep],
+                [x[i] for i in keep],
+                [w[i] for i in keep],
+                [adv[i] for i in keep],
+            )
+            stats["quarantined_rollouts"] = len(quarantined)
+        n_units = len({t.rollout_id for t in kept}) if self.level == "rollout" else len(kept)
         adv = self._batch(adv, w, n_units)
         out = [t.model_copy(update={"advantage": a}) for t, a in zip(kept, adv, strict=True)]
         if adv:
-            stats.update(advantage_mean=math.fsum(adv) / len(adv), advantage_min=min(adv), advantage_max=max(adv))
-        return AdvantageResult(transitions=out, dropped=dropped, stats=stats)
+            m = _magnitude(adv)
+            mean = math.fsum(a / m for a in adv) / len(adv) * m
+            stats.update(advantage_mean=mean, advantage_min=min(adv), advantage_max=max(adv))
+        return AdvantageResult(transitions=out, dropped=dropped, stats=stats, quarantined=quarantined)
 
 
 class GRPO(_GroupEstimator):
@@ -250,9 +315,8 @@ class GRPO(_GroupEstimator):
         self, x: list[float], w: list[float], group: _Group, stats: dict[str, float | int | str]
     ) -> dict[int, float]:
         values = [x[i] for i in group.members]
-        mean, std = _weighted_stats(values, [w[i] for i in group.members], len(group.units))
-        scale = _scale(std, self.epsilon) if self.norm_std else 1.0
-        return {i: (x[i] - mean) / scale for i in group.members}
+        adv = _normalized(values, [w[i] for i in group.members], len(group.units), self.epsilon, self.norm_std)
+        return dict(zip(group.members, adv, strict=True))
 
 
 class RLOO(_GroupEstimator):
@@ -276,7 +340,8 @@ class RLOO(_GroupEstimator):
     def _centered(
         self, x: list[float], w: list[float], group: _Group, stats: dict[str, float | int | str]
     ) -> dict[int, float]:
-        means = {u: _mean([x[i] for i in m]) for u, m in group.units.items()}
+        m = _magnitude([x[i] for i in group.members])
+        means = {u: _mean([x[i] / m for i in members]) for u, members in group.units.items()}
         scores = list(means.values())
         equal = _all_equal(scores)
         total = math.fsum(scores)
@@ -285,7 +350,7 @@ class RLOO(_GroupEstimator):
         for unit, members in group.units.items():
             baseline = means[unit] if n == 1 or equal else (total - means[unit]) / (n - 1)
             for i in members:
-                out[i] = x[i] - baseline
+                out[i] = x[i] - baseline if m == 1.0 else (x[i] / m - baseline) * m  # may overflow: checked
         return out
 
 
@@ -322,12 +387,10 @@ class ReinforcePlusPlus(_GroupEstimator):
         self, x: list[float], w: list[float], group: _Group, stats: dict[str, float | int | str]
     ) -> dict[int, float]:
         values = [x[i] for i in group.members]
-        mean, _ = _weighted_stats(values, [w[i] for i in group.members], len(group.units))
-        return {i: x[i] - mean for i in group.members}
+        adv = _normalized(values, [w[i] for i in group.members], len(group.units), self.epsilon, norm_std=False)
+        return dict(zip(group.members, adv, strict=True))
 
     def _batch(self, adv: list[float], w: list[float], n_units: int) -> list[float]:
         if not self.whiten or not adv:
             return adv
-        mean, std = _weighted_stats(adv, w, n_units)
-        scale = _scale(std, self.epsilon)
-        return [(a - mean) / scale for a in adv]
+        return _normalized(adv, w, n_units, self.epsilon, norm_std=True)

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import UserError, invalid_fields_message
+from ..reward_validation import RewardBounds
 from .advantage import AdvantageEstimator
 from .aggregation import DEFAULT_LOSS_AGGREGATION, LossAggregation
 from .correction import RolloutCorrection
@@ -86,6 +87,13 @@ class LightningRLConfig(BaseModel):
     """A rollout flagged by reconciliation (an instrumentation LLM span with a response joined no
     gateway call: a call the gateway did not see, or a failed join): ``exclude`` its calls (reason
     ``unreconciled``, reported) or ``train`` them anyway (the flag is still reported)."""
+    reward_range: tuple[float, float] | None = None
+    """The range the run's rewards live in, ``(low, high)`` inclusive; ``None`` (default): any
+    finite number up to ``1e15`` in magnitude. Checked on every reward LightningRL reads (reward
+    spans, ``Rollout.final_reward``) and, in ``agentbolt serve``, on feedback as it arrives."""
+    reward_out_of_range: Literal["refuse", "clip"] = "refuse"
+    """A reward outside ``reward_range``: ``refuse`` (its rollout is quarantined in training;
+    feedback gets a 422) or ``clip`` it to the nearest bound (counted as ``rewards_clipped``)."""
     allow_empty: bool = False
     """Return an empty batch instead of raising :class:`~agentbolt.lightningrl.EmptyBatchError`."""
     loss_aggregation: LossAggregation = DEFAULT_LOSS_AGGREGATION
@@ -135,9 +143,15 @@ class LightningRLConfig(BaseModel):
             raise ValueError("advantage_options apply to an estimator given by name, not to an instance")
         try:
             self._correction()
+            self.reward_bounds  # noqa: B018 - validates reward_range
         except UserError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def reward_bounds(self) -> RewardBounds:
+        """``reward_range`` and ``reward_out_of_range`` as a :class:`~agentbolt.reward_validation.RewardBounds`."""
+        return RewardBounds(self.reward_range, self.reward_out_of_range)
 
     def _correction(self) -> RolloutCorrection:
         return RolloutCorrection(

@@ -76,6 +76,11 @@ class ExclusionReason(enum.StrEnum):
     POLICY_MISMATCH = "policy_mismatch"
     """With policies by role: the call was served by another policy (or the base model) than its
     agent's, e.g. because the gateway could not name the agent when the call was made."""
+    QUARANTINED = "quarantined"
+    """The rollout holds a value that would make a training step fail or mislead it (a refused
+    reward, a non-finite credit or advantage, an absurd length, an error while processing it):
+    it is left out with its reason (:class:`~agentbolt.lightningrl.report.Quarantined`) and the
+    step goes on with the rest."""
 
 
 RewardAttachment: TypeAlias = Literal["final", "target_span", "target_response", "preceding", "unattached", "malformed"]
@@ -236,6 +241,9 @@ class Episode:
     """Counters of what extraction noticed (spans of other attempts, joins, malformed rewards...)."""
     reconciliation: Reconciliation | None = None
     """Gateway calls vs framework LLM spans (``None`` for episodes built by hand)."""
+    quarantine: tuple[str, str] | None = None
+    """``(reason, detail)`` when a value of the rollout puts it in quarantine (a refused reward:
+    ``not_a_number``, ``non_finite``, ``too_large``, ``out_of_range``); ``None`` otherwise."""
 
     @property
     def rollout_id(self) -> str:
@@ -320,6 +328,12 @@ class Episode:
             for c in self.calls
         )
         return replace(self, calls=calls)
+
+    def with_quarantine(self, reason: str, detail: str) -> Episode:
+        """A copy in quarantine: every trainable call excluded as ``quarantined``."""
+        return replace(
+            self.with_exclusion(ExclusionReason.QUARANTINED, f"{reason}: {detail}"), quarantine=(reason, detail)
+        )
 
     def with_exclusion(self, reason: ExclusionReason, detail: str | None = None) -> Episode:
         """A copy in which every trainable call is excluded for ``reason``."""

@@ -65,6 +65,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
+from ..reward_validation import RewardBounds
 from ..types import Rollout, Span
 from .calls import extract_calls
 from .episode import AgentMatch, Episode, agent_selector
@@ -117,6 +118,7 @@ def extract_episode(
     max_length: int | None = None,
     promote_trailing_reward: bool = True,
     unreconciled: Literal["exclude", "train"] = "exclude",
+    reward_bounds: RewardBounds | None = None,
 ) -> Episode:
     """Build the :class:`Episode` of one rollout from its spans (rules in the module docstring).
 
@@ -130,6 +132,8 @@ def extract_episode(
             the last call as the episode return.
         unreconciled: what happens to the calls of a rollout flagged by reconciliation:
             ``exclude`` (reason ``unreconciled``) or ``train`` (the flag is still reported).
+        reward_bounds: the run's declared reward range (:class:`~agentbolt.reward_validation.RewardBounds`);
+            a refused reward value puts the episode in quarantine (:attr:`Episode.quarantine`).
     """
     select = agent_selector(agent_match)
     notes: Counter[str] = Counter()
@@ -159,7 +163,9 @@ def extract_episode(
         limits=(max_prompt_length, max_response_length, max_length),
         train_unreconciled=unreconciled == "train",
     )
-    rewards, final, source = attach_rewards(rollout, ordered, calls, notes, promote_trailing_reward)
+    rewards, final, source, quarantine = attach_rewards(
+        rollout, ordered, calls, notes, promote_trailing_reward, reward_bounds
+    )
     return Episode(
         rollout=rollout,
         attempt_id=attempt_id,
@@ -170,4 +176,5 @@ def extract_episode(
         final_source=source,
         notes={k: v for k, v in notes.items() if v},
         reconciliation=reconciliation,
+        quarantine=quarantine,
     )

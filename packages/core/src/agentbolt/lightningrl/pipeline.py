@@ -24,16 +24,27 @@ Missing episode return (no final reward span, no ``Rollout.final_reward``, no tr
 to promote): :class:`~agentbolt.lightningrl.LightningRLConfig` ``missing_reward="drop"`` (default) leaves the rollout's calls out with reason
 ``missing_reward``; ``"fill"`` uses ``fill_value`` as the return. Both are counted in
 ``report.final_reward_sources`` (``missing`` / ``filled``); a missing reward is never a silent 0.
+
+**Quarantine.** No stored value can stop a step. A rollout whose reward is refused
+(:mod:`agentbolt.reward_validation`: not a number, not finite, beyond ``1e15`` in magnitude,
+outside the run's ``reward_range``), whose credit is not finite, whose call has an absurd length
+(more than :data:`MAX_CALL_TOKENS` tokens), whose processing raises, or whose group's
+advantages overflow is left out with its reason: ``report.quarantined`` (one
+:class:`~agentbolt.lightningrl.report.Quarantined` each), ``excluded["quarantined"]`` for its calls,
+``lightningrl/quarantined/<reason>`` in the metrics. The rest of the batch trains.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import UserError
+from ..reward_validation import RewardRefused, reward_number
 from ..types import Rollout, Span, Transition
 from .advantage import AdvantageEstimator
 from .aggregation import token_count
@@ -43,16 +54,21 @@ from .episode import Episode, ExclusionReason, LLMCall
 from .extraction import extract_episode
 from .merge import merge_transitions
 from .registry import get_advantage_estimator, get_credit_assigner
-from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, RolloutReport
+from .report import NO_AGENT, AgentStats, BatchReport, CallExclusion, EmptyBatchError, Quarantined, RolloutReport
 from .rows import TrainingRow, training_rows
 
 if TYPE_CHECKING:
     from ..plugins.registry import Plugins
     from ..store import Store
 
-__all__ = ["LightningRL", "LightningRLBatch", "off_policy_exclusion"]
+__all__ = ["MAX_CALL_TOKENS", "LightningRL", "LightningRLBatch", "off_policy_exclusion"]
+
+log = logging.getLogger(__name__)
 
 _EXAMPLES_PER_REASON = 3
+
+MAX_CALL_TOKENS = 1 << 20
+"""A call of more tokens (prompt + response) than this is an absurd length: its rollout is quarantined."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +182,10 @@ class LightningRL:
             max_length=cfg.max_length,
             promote_trailing_reward=cfg.promote_trailing_reward,
             unreconciled=cfg.unreconciled,
+            reward_bounds=cfg.reward_bounds,
         )
+        if episode.quarantine is not None:
+            return episode.with_quarantine(*episode.quarantine)
         exclusions = {}
         for call in episode.trainable_calls:
             why = self.exclude(call) if self.exclude is not None else None
@@ -176,7 +195,14 @@ class LightningRL:
 
     def assign(self, episode: Episode) -> tuple[Episode, list[Transition], Mapping[str, int]]:
         """Credit for one episode: (episode after the missing-reward policy, its transitions with
-        ``reward`` set, credit notes)."""
+        ``reward`` set, credit notes). An episode in quarantine (or put there here: credit that is
+        not finite, an absurd length) gives no transition."""
+        if episode.quarantine is not None:
+            return episode, [], {}
+        for call in episode.trainable_calls:
+            n = len(call.prompt_ids or ()) + len(call.response_ids or ())
+            if n > MAX_CALL_TOKENS:
+                return episode.with_quarantine("absurd_length", f"call {call.index} has {n} tokens"), [], {}
         credit = self.credit.assign(episode)
         if credit is None:
             if self.config.missing_reward == "fill":
@@ -191,6 +217,13 @@ class LightningRL:
             raise UserError(
                 f"credit assigner {self.credit!r} returned {len(credit.rewards)} rewards for "
                 f"{len(episode.calls)} calls of rollout {episode.rollout_id!r}"
+            )
+        bad = next((i for i, r in enumerate(credit.rewards) if not math.isfinite(r)), None)
+        if bad is not None:
+            return (
+                episode.with_quarantine("non_finite_credit", f"credit {credit.rewards[bad]} on call {bad}"),
+                [],
+                {},
             )
         rollout = episode.rollout
         transitions = []
@@ -273,12 +306,29 @@ class LightningRL:
         episodes: list[Episode] = []
         transitions: list[Transition] = []
         for rollout in rollouts:
-            episode = self.extract(rollout, by_rollout.get(rollout.rollout_id, ()), policy_version=policy_version)
-            episode, produced, notes = self.assign(episode)
+            try:
+                episode = self.extract(rollout, by_rollout.get(rollout.rollout_id, ()), policy_version=policy_version)
+                episode, produced, notes = self.assign(episode)
+            except UserError:
+                raise  # misuse (a configuration or plugin contract), not a bad value
+            except Exception as exc:  # a value no check foresaw: this rollout only
+                log.warning("rollout %s quarantined: processing it raised %r", rollout.rollout_id, exc)
+                episode = _broken_episode(rollout, f"{type(exc).__name__}: {_short(str(exc))}")
+                produced, notes = [], {}
+            if episode.quarantine is not None:
+                report.quarantined.append(
+                    Quarantined(
+                        rollout_id=rollout.rollout_id,
+                        group_id=rollout.group_id,
+                        reason=episode.quarantine[0],
+                        detail=episode.quarantine[1],
+                        stage="collect",
+                    )
+                )
             episodes.append(episode)
             transitions.extend(produced)
             credit_notes.update(notes)
-            sources[episode.final_source or "missing"] += 1
+            sources[episode.final_source or ("quarantined" if episode.quarantine else "missing")] += 1
             ep_notes = Counter(episode.notes)
             if not rollout.status.is_final:
                 ep_notes["rollout_not_finished"] += 1
@@ -358,9 +408,12 @@ class LightningRL:
         policy_version: int | None = None,
         report: BatchReport | None = None,
         episodes: Sequence[Episode] = (),
+        quarantined: Sequence[Quarantined] = (),
     ) -> LightningRLBatch:
         """The per-batch step: the staleness bound, advantages and loss weights of transitions
-        with credit (from :meth:`collect`, possibly gathered from several processes).
+        with credit (from :meth:`collect`, possibly gathered from several processes). A rollout
+        with a transition whose reward is refused, or whose group's advantages overflow, is
+        quarantined (all its transitions left out) and the rest goes on.
 
         Args:
             transitions: transitions with ``reward`` set (``collect``'s), in any order.
@@ -369,6 +422,8 @@ class LightningRL:
                 call of a merged row) and the kept ones fill ``report.staleness``.
             report: :meth:`collect`'s report, completed here (a fresh one otherwise).
             episodes: carried into the result.
+            quarantined: rollouts the caller already left out (e.g. rows whose reward could not
+                be read), added to the report.
 
         Raises:
             EmptyBatchError: no row is left (unless ``allow_empty``).
@@ -385,6 +440,8 @@ class LightningRL:
         else:
             report = report.model_copy(deep=True)
         report.policy_version = policy_version
+        report.quarantined.extend(quarantined)
+        transitions = self._checked_rewards(transitions, report)
         kept: list[Transition] = []
         staleness: Counter[str] = Counter()
         excluded = Counter(report.excluded)
@@ -403,6 +460,21 @@ class LightningRL:
         result = self.advantage.estimate(kept)
         if result.dropped:
             excluded[ExclusionReason.MISSING_REWARD.value] += len(result.dropped)
+        if result.quarantined:
+            groups = {t.rollout_id: t.group_id for t in kept}
+            for rollout_id, message in result.quarantined.items():
+                reason, _, detail = message.partition(": ")
+                report.quarantined.append(
+                    Quarantined(
+                        rollout_id=rollout_id,
+                        group_id=groups.get(rollout_id),
+                        reason=reason,
+                        detail=detail,
+                        stage="to_rows",
+                    )
+                )
+            left = [t for t in kept if t.rollout_id in result.quarantined]
+            _unexclude_trained(report, left, excluded)
         report.excluded = dict(excluded)
         report.advantage = dict(result.stats)
         report.staleness = dict(staleness)
@@ -411,6 +483,28 @@ class LightningRL:
         if not rows and not cfg.allow_empty:
             raise EmptyBatchError(report)
         return LightningRLBatch(transitions=list(result.transitions), report=report, episodes=list(episodes), rows=rows)
+
+    def _checked_rewards(self, transitions: Sequence[Transition], report: BatchReport) -> list[Transition]:
+        """``transitions`` minus those of rollouts with a reward that is refused (quarantined)."""
+        bad: dict[str, tuple[str, str, str | None]] = {}
+        for t in transitions:
+            if t.reward is None or t.rollout_id in bad:
+                continue
+            try:
+                reward_number(t.reward, f"credit of call {t.index}")
+            except RewardRefused as exc:
+                bad[t.rollout_id] = (exc.reason, str(exc), t.group_id)
+        if not bad:
+            return list(transitions)
+        for rollout_id, (reason, detail, group_id) in bad.items():
+            report.quarantined.append(
+                Quarantined(rollout_id=rollout_id, group_id=group_id, reason=reason, detail=detail, stage="to_rows")
+            )
+        left = [t for t in transitions if t.rollout_id in bad]
+        excluded = Counter(report.excluded)
+        _unexclude_trained(report, left, excluded)
+        report.excluded = dict(excluded)
+        return [t for t in transitions if t.rollout_id not in bad]
 
     async def from_store(
         self, store: Store, rollout_ids: Sequence[str], *, policy_version: int | None = None
@@ -430,6 +524,38 @@ def _group_spans(spans: Mapping[str, Sequence[Span]] | Sequence[Span]) -> Mappin
             raise UserError(f"span {s.span_id} ({s.name}) has no rollout_id; pass spans by rollout id instead")
         out.setdefault(s.rollout_id, []).append(s)
     return out
+
+
+def _broken_episode(rollout: Rollout, detail: str) -> Episode:
+    """An episode with no call, in quarantine for ``error`` (processing the rollout raised)."""
+    return Episode(
+        rollout=rollout,
+        attempt_id=rollout.current_attempt_id,
+        spans=(),
+        calls=(),
+        rewards=(),
+        final_reward=None,
+        final_source=None,
+        quarantine=("error", detail),
+    )
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _unexclude_trained(report: BatchReport, left: Sequence[Transition], excluded: Counter[str]) -> None:
+    """Count the calls of ``left`` (transitions quarantined in :meth:`LightningRL.to_rows`) as
+    excluded ``quarantined`` instead of trained."""
+    for t in left:
+        calls = _calls(t)
+        excluded[ExclusionReason.QUARANTINED.value] += calls
+        report.trained_calls -= min(calls, report.trained_calls)
+        stats = report.per_agent.setdefault(t.agent_name or NO_AGENT, AgentStats())
+        stats.trained -= min(calls, stats.trained)
+        stats.excluded[ExclusionReason.QUARANTINED.value] = (
+            stats.excluded.get(ExclusionReason.QUARANTINED.value, 0) + calls
+        )
 
 
 def _count_output(report: BatchReport, transitions: Sequence[Transition]) -> None:

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AgentboltError
 
-__all__ = ["AgentStats", "BatchReport", "CallExclusion", "EmptyBatchError", "RolloutReport"]
+__all__ = ["AgentStats", "BatchReport", "CallExclusion", "EmptyBatchError", "Quarantined", "RolloutReport"]
 
 _MODEL = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -48,6 +48,11 @@ _HINTS = {
         "it knows when the call is made (X-Agentbolt-Agent-Name header or CaptureOptions(agent_names=...)), which "
         "must agree with the name the framework adapter records"
     ),
+    "quarantined": (
+        "these rollouts hold a value that would stop or mislead the step (see report.quarantined and "
+        "`agentbolt doctor`): fix what sends it (rewards must be finite numbers within 1e15 and the declared "
+        "reward_range); the rest of the batch trained"
+    ),
     "missing_reward": (
         "no episode return: return a float from the agent or emit a final reward, "
         "or use missing_reward='fill' with an explicit fill_value"
@@ -72,6 +77,25 @@ class CallExclusion(BaseModel):
     """An :class:`~agentbolt.lightningrl.episode.ExclusionReason` value."""
     detail: str | None = None
     """Specifics."""
+
+
+class Quarantined(BaseModel):
+    """A rollout left out of a step because one of its values would stop or mislead it."""
+
+    model_config = _MODEL
+
+    rollout_id: str
+    """The rollout."""
+    group_id: str | None = None
+    """Its group."""
+    reason: str
+    """``not_a_number``, ``non_finite``, ``too_large``, ``out_of_range`` (a refused reward),
+    ``non_finite_credit``, ``advantage_overflow`` (its group's advantages are not finite),
+    ``absurd_length`` or ``error`` (processing it raised)."""
+    detail: str
+    """What was wrong, with the value (shortened)."""
+    stage: str
+    """Where: ``collect`` (per rollout) or ``to_rows`` (per batch: rewards and advantages)."""
 
 
 class AgentStats(BaseModel):
@@ -143,7 +167,8 @@ class BatchReport(BaseModel):
     per_agent: dict[str, AgentStats] = Field(default_factory=dict)
     """Calls by agent name (``<none>`` for calls without one)."""
     final_reward_sources: dict[str, int] = Field(default_factory=dict)
-    """Rollouts by where their episode return came from (``missing`` when it had none)."""
+    """Rollouts by where their episode return came from (``missing`` when it had none,
+    ``quarantined`` when the rollout was quarantined before its return was read)."""
     missing_reward_policy: str = "drop"
     """``drop`` or ``fill``."""
     rewards: dict[str, int] = Field(default_factory=dict)
@@ -166,10 +191,19 @@ class BatchReport(BaseModel):
     staleness: dict[str, int] = Field(default_factory=dict)
     """Trained transitions by staleness (trained version minus the version that sampled them),
     when ``policy_version`` is given; transitions of an unrecorded version are under ``unknown``."""
+    quarantined: list[Quarantined] = Field(default_factory=list)
+    """Rollouts in quarantine, with their reason (their calls are also under ``excluded["quarantined"]``)."""
     examples: list[CallExclusion] = Field(default_factory=list)
     """Up to three excluded calls per reason."""
     per_rollout: list[RolloutReport] = Field(default_factory=list)
     """One entry per rollout."""
+
+    def quarantine_counts(self) -> dict[str, int]:
+        """Rollouts in quarantine by reason."""
+        out: dict[str, int] = {}
+        for q in self.quarantined:
+            out[q.reason] = out.get(q.reason, 0) + 1
+        return out
 
     def summary(self) -> str:
         """One paragraph: counts, exclusions by reason with hints, missing rewards."""
@@ -189,6 +223,8 @@ class BatchReport(BaseModel):
                 lines.append(f"  flagged rollout {ro.rollout_id}: {ro.flag}")
         for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
             lines.append(f"  excluded {n} x {reason}: {_HINTS.get(reason, '')}".rstrip(": "))
+        for q in self.quarantined[:6]:
+            lines.append(f"  quarantined rollout {q.rollout_id} ({q.stage}): {q.reason} - {q.detail}")
         missing = self.final_reward_sources.get("missing", 0)
         if missing:
             lines.append(f"  {missing} rollouts had no episode return (policy {self.missing_reward_policy!r})")
@@ -212,6 +248,10 @@ class BatchReport(BaseModel):
         for section in (*sections, "staleness"):
             for k, v in getattr(self, section).items():
                 out[f"{prefix}{section}/{k}"] = float(v)
+        if self.quarantined:
+            out[f"{prefix}quarantined"] = float(len(self.quarantined))
+            for reason, n in self.quarantine_counts().items():
+                out[f"{prefix}quarantined/{reason}"] = float(n)
         for k, v in self.advantage.items():
             if isinstance(v, int | float):
                 out[f"{prefix}advantage/{k}"] = float(v)

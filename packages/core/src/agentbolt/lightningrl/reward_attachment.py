@@ -5,6 +5,12 @@ the episode return (the highest source precedence wins, client > judge > agent, 
 latest: :mod:`agentbolt.reward_precedence`); an intermediate reward attaches to its explicit target
 (span id, then response id), else to the latest call before it; without a final reward the
 return is ``Rollout.final_reward``, else (optionally) a promoted trailing reward, else missing.
+
+Every value is checked (:mod:`agentbolt.reward_validation`) against the run's
+:class:`~agentbolt.reward_validation.RewardBounds`: a value outside a declared range is clipped
+(``rewards_clipped``) when the run says so; a value that is refused (not a number, not finite,
+beyond ``1e15`` in magnitude, outside the range) is kept as ``malformed`` with its reason and puts
+the rollout in **quarantine** (the first refusal is returned): none of its calls train.
 """
 
 from __future__ import annotations
@@ -18,11 +24,18 @@ from typing import Any, Literal
 
 from .. import semconv
 from ..reward_precedence import RANKS, reward_source
+from ..reward_validation import RewardBounds, RewardRefused
 from ..types import Rollout, Span
 from . import spans as sp
 from .episode import LLMCall, RewardAttachment, RewardRecord
 
 __all__ = ["attach_rewards"]
+
+
+_DEFAULT_BOUNDS = RewardBounds()
+
+Quarantine = tuple[str, str]
+"""(reason, detail) of a rollout put in quarantine."""
 
 
 def _finite(value: Any) -> float | None:
@@ -32,7 +45,10 @@ def _finite(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _reward_fields(span: Span) -> tuple[float | None, str | None, dict[str, float]]:
+def _reward_fields(
+    span: Span, bounds: RewardBounds, notes: Counter[str]
+) -> tuple[float | None, str | None, dict[str, float], RewardRefused | None]:
+    """(value, primary name, dimensions, the refusal of a value present but refused)."""
     attrs = span.attributes
     name = attrs.get(semconv.REWARD_PRIMARY)
     name = name if isinstance(name, str) and name else None
@@ -40,10 +56,17 @@ def _reward_fields(span: Span) -> tuple[float | None, str | None, dict[str, floa
     parsed = sp.parse_json_attr(span, semconv.REWARD_DIMENSIONS)
     if isinstance(parsed, Mapping):
         dims = {str(k): v for k, v in ((k, _finite(v)) for k, v in parsed.items()) if v is not None}
-    value = _finite(attrs.get(semconv.REWARD_VALUE))
-    if value is None and semconv.REWARD_VALUE not in attrs and name is not None:
-        value = dims.get(name)
-    return value, name, dims
+    raw = attrs.get(semconv.REWARD_VALUE)
+    if raw is None and name is not None:
+        raw = dims.get(name)
+    if raw is None:
+        return None, name, dims, None
+    try:
+        value, clipped = bounds.check(raw, f"reward of span {span.span_id}")
+    except RewardRefused as exc:
+        return None, name, dims, exc
+    notes["rewards_clipped"] += clipped
+    return value, name, dims, None
 
 
 def _is_final(span: Span) -> bool:
@@ -57,13 +80,18 @@ def attach_rewards(
     calls: list[LLMCall],
     notes: Counter[str],
     promote_trailing_reward: bool,
-) -> tuple[list[RewardRecord], float | None, Literal["span", "rollout", "trailing_reward"] | None]:
-    """(a record per reward span in ``seq`` order, the episode return, where the return came from).
+    bounds: RewardBounds | None = None,
+) -> tuple[list[RewardRecord], float | None, Literal["span", "rollout", "trailing_reward"] | None, Quarantine | None]:
+    """(a record per reward span in ``seq`` order, the episode return, where the return came from,
+    the quarantine of the rollout or ``None``).
 
     ``calls`` are the episode's calls (:func:`~agentbolt.lightningrl.calls.extract_calls`);
-    ``notes`` counts attachments, malformed and superseded rewards (updated in place). The
-    return is ``None`` (source ``None``) when missing.
+    ``notes`` counts attachments, malformed, clipped and superseded rewards (updated in place). The
+    return is ``None`` (source ``None``) when missing. ``bounds``: the run's declared range
+    (default: none; every value is still checked for type, finiteness and magnitude).
     """
+    bounds = bounds or _DEFAULT_BOUNDS
+    quarantine: Quarantine | None = None
     call_of_member = {sid: c.index for c in calls for sid in c.span_ids}
     call_of_response: dict[str, int] = {}
     for c in calls:
@@ -75,13 +103,14 @@ def attach_rewards(
     for pos, span in enumerate(ordered):
         if not sp.is_reward_span(span):
             continue
-        value, name, dims = _reward_fields(span)
+        value, name, dims, refused = _reward_fields(span, bounds, notes)
         detail: str | None
         common: dict[str, Any] = {"span_id": span.span_id, "position": pos, "name": name, "dimensions": dims}
         final = _is_final(span)
         if value is None:
-            raw = span.attributes.get(semconv.REWARD_VALUE)
-            detail = "no agentbolt.reward.value" if raw is None else f"non-finite or non-numeric value {raw!r}"
+            detail = "no agentbolt.reward.value" if refused is None else str(refused)
+            if refused is not None and quarantine is None:
+                quarantine = (refused.reason, str(refused))
             records.append(RewardRecord(value=None, is_final=final, attachment="malformed", detail=detail, **common))
             notes["rewards_malformed"] += 1
             continue
@@ -137,9 +166,14 @@ def attach_rewards(
         value = winner.value
         if rollout.final_reward is not None and rollout.final_reward != value:
             notes["final_reward_differs_from_rollout"] += 1
-        return records, value, "span"
-    if rollout.final_reward is not None and math.isfinite(rollout.final_reward):
-        return records, float(rollout.final_reward), "rollout"
+        return records, value, "span", quarantine
+    if rollout.final_reward is not None:
+        try:
+            value, clipped = bounds.check(rollout.final_reward, f"final_reward of rollout {rollout.rollout_id}")
+        except RewardRefused as exc:
+            return records, None, None, quarantine or (exc.reason, str(exc))
+        notes["rewards_clipped"] += clipped
+        return records, value, "rollout", quarantine
     if promote_trailing_reward:
         last_call = positions[-1] if positions else -1
         valid = [i for i, r in enumerate(records) if r.attachment != "malformed"]
@@ -150,5 +184,5 @@ def attach_rewards(
                 records[i] = replace(r, attachment="final", call_index=None, detail="promoted trailing reward")
                 notes[f"rewards_{r.attachment}"] -= 1
                 notes["rewards_promoted_to_final"] += 1
-                return records, r.value, "trailing_reward"
-    return records, None, None
+                return records, r.value, "trailing_reward", quarantine
+    return records, None, None, quarantine

@@ -3,7 +3,8 @@
 - ``POST /v1/feedback``: a :class:`~agentbolt.online.feedback.Feedback` body; 200 with a
   :class:`~agentbolt.online.feedback.FeedbackResult`, 404 for an unknown session or response,
   409 for a feedback id reused with other content or for another session or response (the
-  message names the first use), 422 for a malformed body (NaN included).
+  message names the first use), 422 for a malformed body or a refused reward (not a number, not
+  finite, beyond 1e15 in magnitude, outside the serve config's ``reward_range``).
 - ``POST /v1/sessions/close``: ``{"session_id": ...}``: close a session now (it becomes
   trainable once rewarded) instead of waiting for its idle window.
 - ``GET /v1/online/status``: the live version, sessions, feedback and judge counters (the run's,
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..gateway import control
 from ..gateway.http import Request
 from ..gateway.routing import ExtraRoute
-from .feedback import Feedback, FeedbackConflict, FeedbackResult, UnknownTarget
+from .feedback import Feedback, FeedbackConflict, FeedbackResult, RewardRefused, UnknownTarget
 
 __all__ = ["CloseSession", "online_openapi_paths", "online_routes"]
 
@@ -81,6 +82,8 @@ def online_routes(server: Any) -> dict[str, ExtraRoute]:
             return _error(404, str(exc), "agentbolt_unknown_session")
         except FeedbackConflict as exc:
             return _error(409, str(exc), "agentbolt_feedback_conflict")
+        except RewardRefused as exc:  # outside the serve config's reward_range
+            return _error(422, str(exc), "agentbolt_reward_refused")
         except Exception as exc:  # the store failed: nothing was recorded, the client may retry
             log.warning("feedback %s not recorded: %s", body.feedback_id, exc)
             return _error(503, f"the store could not record the feedback ({exc}); retry", "agentbolt_store_error")
@@ -119,7 +122,7 @@ def online_openapi_paths() -> dict[str, Any]:
             409: "The feedback id was used before (in this run) with other content or another target.",
             415: "The body is not JSON.",
             421: "A Host the server does not answer.",
-            422: "The body does not match the schema.",
+            422: "The body does not match the schema, or the reward is refused (outside reward_range).",
             503: "The store could not record it; retry.",
         }
         return {str(c): {"description": text[c], "content": error} for c in codes}

@@ -20,23 +20,25 @@ and changes nothing. A client's final reward beats a judge's whatever order they
 store's rule, :mod:`agentbolt.reward_precedence`). The answer says whether the reward will be
 trained: ``recorded``, or ``recorded_not_trained`` when an update already consumed the session.
 It is **validated** before anything is written: an unknown session or response is a 404, a
-non-finite number a 422. Judges record their scores the same way (``source:
-judge``).
+reward that is not a number (``true``, ``"1"``, an object, a list), not finite, beyond ``1e15``
+in magnitude or outside the serve config's ``reward_range`` a 422 (or clipped, with
+``reward_out_of_range="clip"``): :mod:`agentbolt.reward_validation`. Judges record their scores
+the same way (``source: judge``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from .. import semconv
 from .. import types as t
+from ..reward_validation import MAX_ABS_REWARD, RewardBounds, RewardRefused, reward_number
 from ..store.base import Store
 from .sessions import FeedbackUse, Session, SessionBook
 
@@ -45,6 +47,7 @@ __all__ = [
     "FeedbackConflict",
     "FeedbackResult",
     "FeedbackUse",
+    "RewardRefused",
     "UnknownTarget",
     "record_feedback",
     "reward_span",
@@ -52,6 +55,17 @@ __all__ = [
 
 _BODY = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 _Id = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def _number(value: Any) -> float:
+    try:
+        return reward_number(value, "the value")
+    except RewardRefused as exc:  # pydantic turns a ValueError into a 422 naming the field
+        raise ValueError(str(exc)) from None
+
+
+_Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD), BeforeValidator(_number)]
+"""A reward: a finite number (no bool, string or container) of magnitude at most 1e15."""
 
 
 class Feedback(BaseModel):
@@ -66,9 +80,10 @@ class Feedback(BaseModel):
     response_id: _Id | None = None
     """The ``id`` of one response (Chat Completions ``chatcmpl-...``, Responses ``resp_...``,
     Messages ``msg_...``)."""
-    reward: float
-    """The reward (any finite number; the scale is yours, keep it consistent)."""
-    dimensions: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], float], Field(max_length=64)] = (
+    reward: _Reward
+    """The reward: a finite number of magnitude at most 1e15 (no ``true``, no ``"1"``), within the
+    serve config's ``reward_range`` when one is declared; the scale is yours, keep it consistent."""
+    dimensions: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], _Reward], Field(max_length=64)] = (
         Field(default_factory=dict)
     )
     """Further named scores (finite), kept with the reward for analysis."""
@@ -77,13 +92,6 @@ class Feedback(BaseModel):
     makes it the return of that response's session (default: a reward of that call only)."""
     comment: Annotated[str, Field(max_length=4000)] | None = None
     """Free text kept with the reward."""
-
-    @field_validator("reward")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
 
     @model_validator(mode="after")
     def _one_target(self) -> Feedback:
@@ -201,13 +209,19 @@ async def record_feedback(
     *,
     source: str = "client",
     trained_in: Mapping[str, int | None] | None = None,
+    bounds: RewardBounds | None = None,
 ) -> FeedbackResult:
     """Store ``feedback`` as reward spans (see the module docstring); raises
-    :class:`UnknownTarget` or :class:`FeedbackConflict`, having changed nothing.
+    :class:`UnknownTarget`, :class:`FeedbackConflict` or :class:`RewardRefused` (outside
+    ``bounds``, the declared reward range), having changed nothing.
 
     ``trained_in`` maps the rollout ids of sessions an update consumed to the live version that
     update started from (``None`` when unknown): a reward on them is ``recorded_not_trained``.
     """
+    if bounds is not None:
+        reward, clipped = bounds.check(feedback.reward, "reward")
+        if clipped:
+            feedback = feedback.model_copy(update={"reward": reward})
     segments = targets(book, feedback)
     fingerprint = feedback.fingerprint()
     target = (

@@ -343,7 +343,10 @@ class OnlineServer:
 
     async def record_feedback(self, feedback: Feedback, *, source: str = "client") -> FeedbackResult:
         """Record one feedback (what ``POST /v1/feedback`` does)."""
-        result = await record_feedback(self.store, self.sessions, feedback, source=source, trained_in=self.trained_in)
+        bounds = self.updates.lightningrl.reward_bounds
+        result = await record_feedback(
+            self.store, self.sessions, feedback, source=source, trained_in=self.trained_in, bounds=bounds
+        )
         if result.status != "duplicate":
             self.feedback_count["client"] += 1
             for rollout_id in result.rollout_ids:

@@ -5,7 +5,9 @@ untrained sessions wait:
 
 1. take the oldest (up to ``max_sessions``), leaving out any whose first message is a held-out
    task's; regroup them (:mod:`agentbolt.online.grouping`) and run LightningRL on their spans
-   exactly as for a training run (``process(..., policy_version=live)``);
+   exactly as for a training run (``process(..., policy_version=live)``); sessions whose values
+   would stop the step are quarantined with their reason (ledger ``quarantined``, metrics
+   ``lightningrl/quarantined/*``) and the others train;
 2. record in the ledger that these sessions are consumed, then update the training copy
    (``policy.train(rows)``, on a worker thread: live traffic keeps flowing);
 3. publish a resources version for the candidate and load it into the standby slot;
@@ -26,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import types as t
-from ..lightningrl import LightningRL
+from ..lightningrl import BatchReport, LightningRL, LightningRLBatch, Quarantined
 from . import keys
 from .gate import GateDecision, decide
 from .grouping import group_ids
@@ -109,10 +111,18 @@ class OnlineTrainer:
             batch, self.options.grouping, prefix=f"u{self.updates + 1}", min_group=self.options.min_group
         )
         regrouped = [r.model_copy(update={"group_id": g}) for r, g in zip(rollouts, groups, strict=True)]
-        processed = self.lightningrl.process(regrouped, spans, policy_version=server.live_version)
+        processed = self._process(regrouped, spans)
         rows = list(processed.rows)
         report = processed.report.metrics("lightningrl/")
         server.ledger.append("consumed", sessions=ids, rows=len(rows), version=server.live_version)
+        if processed.report.quarantined:
+            quarantined = [q.model_dump() for q in processed.report.quarantined]
+            server.ledger.append("quarantined", sessions=quarantined)
+            log.warning(
+                "online update: %d sessions quarantined (the others train): %s",
+                len(quarantined),
+                "; ".join(f"{q['rollout_id']}: {q['reason']}" for q in quarantined[:5]),
+            )
         server.trained.update(ids)
         server.trained_in.update(dict.fromkeys(ids, server.live_version))
         if not rows:
@@ -144,6 +154,52 @@ class OnlineTrainer:
         server.record_decision(decision)
         await server.log_metrics({**values, **decision.metrics(), "serve/live_version": float(server.live_version)})
         return decision
+
+    def _process(self, rollouts: list[t.Rollout], spans: dict[str, list[t.Span]]) -> LightningRLBatch:
+        """LightningRL on the update's sessions. LightningRL quarantines the sessions whose values
+        would stop the step; should processing the batch raise all the same, each session is
+        processed alone and the ones that raise are quarantined (reason ``error``), so one session
+        never blocks the others' training (the same batch is never retried forever)."""
+        version = self.server.live_version
+        try:
+            return self.lightningrl.process(rollouts, spans, policy_version=version)
+        except Exception as exc:
+            log.warning("online update: processing %d sessions raised %r; finding the culprit", len(rollouts), exc)
+        good: list[t.Rollout] = []
+        broken: list[Quarantined] = []
+        for rollout in rollouts:
+            try:
+                self.lightningrl.process([rollout], spans, policy_version=version)
+                good.append(rollout)
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+                broken.append(
+                    Quarantined(
+                        rollout_id=rollout.rollout_id,
+                        group_id=rollout.group_id,
+                        reason="error",
+                        detail=detail,
+                        stage="update",
+                    )
+                )
+        try:
+            collected = self.lightningrl.collect(good, spans, policy_version=version)
+            return self.lightningrl.to_rows(
+                collected.transitions,
+                policy_version=version,
+                report=collected.report,
+                episodes=collected.episodes,
+                quarantined=broken,
+            )
+        except Exception as exc:  # the group as a whole still fails: nothing of this update trains
+            log.warning("online update: the remaining sessions still raise %r; quarantining the update", exc)
+            detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+            broken += [
+                Quarantined(rollout_id=r.rollout_id, group_id=r.group_id, reason="error", detail=detail, stage="update")
+                for r in good
+            ]
+            report = BatchReport(rollouts=len(rollouts), quarantined=broken)
+            return LightningRLBatch(transitions=[], report=report)
 
     async def _gate(self, version: int, upstream: Any) -> GateDecision:
         server = self.server

@@ -154,6 +154,12 @@ class PolicyLightningRL:
             extraction=dict(base.extraction),
             credit=dict(base.credit),
         )
+        seen: set[tuple[str, str]] = set()
+        for batch in batches.values():  # a rollout in quarantine in any pass, once
+            for q in batch.report.quarantined:
+                if (q.rollout_id, q.reason) not in seen:
+                    seen.add((q.rollout_id, q.reason))
+                    report.quarantined.append(q)
         per_agent: dict[str, AgentStats] = {}
         excluded: Counter[str] = Counter()
         shown: Counter[str] = Counter()

@@ -31,7 +31,6 @@ import asyncio
 import importlib
 import inspect
 import logging
-import math
 import os
 import socket
 import time
@@ -45,6 +44,7 @@ from ..capture.adapters import capture_span, instrument_adapters
 from ..capture.emit import emit_exception, emit_reward
 from ..capture.tracing import RolloutContext, install_otel, rollout_context
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
+from ..reward_validation import RewardRefused, reward_number
 from ..store.base import Store
 from ..store.wire import DEFAULT_LEASE_S
 from .reporter import Reporter
@@ -449,14 +449,10 @@ class Runner:
 def _as_reward(result: Any) -> float | None:
     if result is None:
         return None
-    if isinstance(result, bool | int | float):
-        try:
-            reward = float(result)
-        except OverflowError:
-            reward = math.inf
-        if math.isfinite(reward):
-            return reward
-    raise UserError(f"the agent returned {result!r}; an agent returns a finite float reward or None")
+    try:
+        return reward_number(result, "the agent's return value")
+    except RewardRefused as exc:
+        raise UserError(f"{exc}; an agent returns a finite float reward or None (at most 1e15 in magnitude)") from None
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

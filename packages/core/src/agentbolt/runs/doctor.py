@@ -21,6 +21,9 @@ stored spans of **every attempt** of the selected rollouts; each finding says wh
 - ``unjoined_llm_spans``: framework LLM spans that joined no gateway call and carry no response
   (e.g. LlamaIndex's ``_prepare_chat_with_tools``): kept as operations, never calls;
 - ``unnamed_calls``: calls without an agent name (``agent_match`` cannot select them);
+- ``quarantined_values``: rollouts holding a reward value training refuses (not a number, not
+  finite, beyond 1e15 in magnitude): LightningRL quarantines them (:mod:`agentbolt.runs.quarantine`);
+  a run's own quarantines (its ``reward_range`` included) come from its metrics (``quarantined``);
 - ``singleton_groups``: training rollout groups of one, whose GRPO / RLOO advantages are all zero
   (held-out rollouts are never trained: they count only when nothing else is selected, as in
   ``Trainer.dev``).
@@ -45,6 +48,7 @@ from ..lightningrl.spans import is_gateway_call
 from ..store.base import Store
 from .findings import Finding, Severity
 from .health import RunHealth, diagnose_run
+from .quarantine import QUARANTINE_FIX, quarantine_finding, quarantined_in_metrics, stored_quarantine
 
 __all__ = ["CaptureCounts", "DoctorReport", "Finding", "Severity", "diagnose", "doctor"]
 
@@ -93,6 +97,10 @@ class CaptureCounts:
     upstream_forwarded: int | None = None
     """Calls the gateway sent upstream (only when the gateway's counters are known)."""
     spans_dropped: int | None = None
+    quarantined: dict[str, int] = field(default_factory=dict)
+    """Rollouts whose stored reward values LightningRL would quarantine, by reason."""
+    quarantine_examples: list[str] = field(default_factory=list)
+    """Up to three ``"rollout: detail"`` examples."""
 
 
 @dataclass
@@ -245,6 +253,12 @@ def diagnose(
                     c.adapters[str(name)] = c.adapters.get(str(name), 0) + 1
                 for why in s.attributes.get(semconv.CAPTURE_ADAPTER_FAILURES) or ():
                     c.adapter_failures[str(why)] = c.adapter_failures.get(str(why), 0) + 1
+        if rollout.current_attempt_id is not None and (calls or rollout.final_reward is not None):
+            why = stored_quarantine(rollout, own)
+            if why is not None:
+                c.quarantined[why[0]] = c.quarantined.get(why[0], 0) + 1
+                if len(c.quarantine_examples) < 3:
+                    c.quarantine_examples.append(f"{rollout.rollout_id}: {why[1]}")
         if calls and rollout.current_attempt_id is not None:
             episode = extract_episode(rollout, own)
             rec = episode.reconciliation
@@ -423,6 +437,19 @@ def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
                 "X-Agentbolt-Agent-Name header, so agent_match can select them",
             )
         )
+    if c.quarantined:
+        n = sum(c.quarantined.values())
+        reasons = ", ".join(f"{k} x{v}" for k, v in sorted(c.quarantined.items()))
+        out.append(
+            Finding(
+                "quarantined_values",
+                "warning",
+                n,
+                f"{n} rollouts hold a reward value training refuses ({reasons}): LightningRL quarantines them "
+                f"and trains the rest (e.g. {'; '.join(c.quarantine_examples)})",
+                QUARANTINE_FIX,
+            )
+        )
     if c.singleton_groups:
         out.append(
             Finding(
@@ -468,4 +495,16 @@ async def doctor(
     ids = [r.rollout_id for r in rollouts]
     for i in range(0, len(ids), 200):
         spans.update(await store.query_spans(ids[i : i + 200]))
-    return diagnose(rollouts, spans, gateway_stats=gateway_stats)
+    report = diagnose(rollouts, spans, gateway_stats=gateway_stats)
+    for run_id in sorted({r.run_id for r in rollouts if r.run_id is not None}):
+        try:
+            counts = quarantined_in_metrics(await store.get_run_metrics(run_id))
+        except Exception:  # a run without a record (rollouts enqueued by hand)
+            continue
+        finding = quarantine_finding(run_id, counts)
+        if finding is not None:
+            report.findings.append(finding)
+            for health in report.runs:
+                if health.run_id == run_id:
+                    health.findings.append(finding)
+    return report

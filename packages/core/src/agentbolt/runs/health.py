@@ -47,6 +47,7 @@ from ..lightningrl.spans import is_gateway_call, parse_json_attr
 from ..store.base import Store
 from ..store.run_records import RolloutSearch
 from .findings import Finding
+from .quarantine import quarantine_finding, quarantined_in_metrics
 
 __all__ = [
     "COLLAPSE_SHARE",
@@ -564,4 +565,8 @@ async def run_health(store: Store, run_id: str) -> RunHealth:
     ids = [r.rollout_id for r in wanted]
     for i in range(0, len(ids), 200):
         spans.update(await store.query_spans(ids[i : i + 200], latest_attempt_only=True))
-    return diagnose_run(run_id, wanted, spans)
+    health = diagnose_run(run_id, wanted, spans)
+    quarantined = quarantine_finding(run_id, quarantined_in_metrics(await store.get_run_metrics(run_id)))
+    if quarantined is not None:
+        health.findings.append(quarantined)
+    return health

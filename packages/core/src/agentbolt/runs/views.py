@@ -164,6 +164,8 @@ class TrajectoryView:
     final_source: str | None
     settings: dict[str, Any]
     lightningrl_error: str | None = None
+    quarantine: Any = None
+    """Why LightningRL quarantined the rollout (a :class:`~agentbolt.lightningrl.Quarantined`), if it did."""
     group_size: int = 0
     notes: dict[str, int] = field(default_factory=dict)
     answer: RolloutAnswer | None = None
@@ -394,6 +396,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
         for r in sorted(group, key=lambda r: (r.created_at, r.rollout_id))
     ]
     view.transitions = [x for x in batch.transitions if x.rollout_id == rollout_id]
+    view.quarantine = next((q for q in batch.report.quarantined if q.rollout_id == rollout_id), None)
     by_span = {x.span_id: x for x in view.transitions}
     episode = next((e for e in batch.episodes if e.rollout_id == rollout_id), None)
     if episode is not None:

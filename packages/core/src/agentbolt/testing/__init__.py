@@ -9,6 +9,8 @@
 - :mod:`agentbolt.testing.requirements`: a test's missing PostgreSQL or browser skips it, or
   fails it in CI (``CI=true``).
 - :mod:`agentbolt.testing.outbound`: refuse and record connections that would leave the machine.
+- :mod:`agentbolt.testing.hostile`: hostile reward values (overflowing, non-finite, text, bool,
+  nested, huge) for tests of reward validation and quarantine.
 
 APO's scripted optimizer LLM is in agentbolt-apo (:mod:`agentbolt_apo.testing`). Submodules
 import on demand, so ``import agentbolt.testing`` stays cheap and pytest-free.

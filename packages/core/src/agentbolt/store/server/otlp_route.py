@@ -17,6 +17,7 @@ from starlette.responses import Response
 from ... import semconv
 from ... import types as t
 from ...errors import NotFoundError, SchemaError, StoreUnavailableError
+from ...reward_validation import reward_span_problem
 from .. import wire as w
 from ..base import Store
 from . import otlp
@@ -57,6 +58,11 @@ async def export_traces(request: Request, store: Store, max_bytes: int) -> Respo
     except SchemaError as exc:
         return _otlp_error(fmt, 400, str(exc))
     spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
+    refused = [(s, why) for s in spans if (why := reward_span_problem(s.name, s.attributes)) is not None]
+    if refused:  # a reward that is not a finite number within 1e15 never reaches the store
+        rejected.extend(why for _, why in refused)
+        bad = {id(s) for s, _ in refused}
+        spans = [s for s in spans if id(s) not in bad]
     missing = [s for s in spans if not s.rollout_id]
     if missing:
         rejected.extend(
