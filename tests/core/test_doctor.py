@@ -94,6 +94,7 @@ def test_a_clean_run_has_no_findings_and_dev_says_capture_ok() -> None:
     assert result.report is not None and result.report.findings == [], result.report.render()
     assert result.capture_ok()
     assert result.llm_calls == 8 and result.calls_with_exact_ids == 8
+    assert result.lightningrl_calls == 8 and result.rollouts_unreconciled == 0 and result.unjoined_llm_spans == 0
     report = stored(store)
     assert report.findings == [] and report.counts.calls == 8 and report.counts.groups == 2
     assert result.report.counts.upstream_forwarded == 8  # the gateway's own count agrees
@@ -224,6 +225,39 @@ def test_cli_doctor_reads_a_store_and_exits_1_when_not_ok(tmp_path: Any) -> None
     assert json.loads(out.output)["counts"]["rollouts"] == 0
     store = open_store(url)
     asyncio.run(store.close())
+
+
+def bypassing_agent(direct_url: str) -> Any:
+    """One call through the gateway, and one, traced by the agent's own GenAI instrumentation, to
+    a fixed URL (the backend itself): a model call the gateway never sees."""
+    from opentelemetry import trace
+
+    async def agent(task: dict[str, Any], resources: t.Resources) -> float:
+        assert resources.llm is not None
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
+        tracer = trace.get_tracer("my-genai-instrumentation")
+        async with AsyncOpenAI(base_url=resources.llm.base_url, api_key="x", max_retries=0) as client:
+            await client.chat.completions.create(model="m", messages=messages)
+        with tracer.start_as_current_span("chat m", attributes={semconv.GEN_AI_OPERATION_NAME: "chat"}) as span:
+            async with AsyncOpenAI(base_url=direct_url, api_key="x", max_retries=0) as client:
+                direct = await client.chat.completions.create(model="m", messages=messages)
+            span.set_attribute(semconv.GEN_AI_RESPONSE_ID, direct.id)
+        return 1.0
+
+    return agent
+
+
+def test_a_call_that_bypasses_the_gateway_flags_the_rollout() -> None:
+    with FakeLLMServer(backend()) as direct:
+        result, store = dev(bypassing_agent(direct.base_url), backend(), n_samples=1)
+    assert result.report is not None
+    finding = result.report.finding("unreconciled")
+    assert finding is not None and finding.severity == "error" and finding.count == 2
+    assert "resources.llm.base_url" in finding.fix and not result.capture_ok()
+    assert result.rollouts_unreconciled == 2 and result.lightningrl_calls == result.llm_calls == 2
+    assert "reconciliation (final attempts): 2 gateway calls, 2 LightningRL calls" in result.report.render()
+    counts = stored(store).counts
+    assert set(counts.unreconciled_rollouts) == set(counts.reconciliation) and counts.unjoined_llm_spans == 2
 
 
 def test_dev_prints_the_report_and_a_summary_without_repeated_rows(capsys: Any) -> None:

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from agentbolt import semconv
+from agentbolt.request_fingerprint import fingerprints
 from agentbolt.types import Rollout, RolloutStatus, Span, SpanEvent, SpanStatus, StatusCode
 
 __all__ = ["Trace", "rollout"]
@@ -78,8 +79,11 @@ class Trace:
         version: int | None = 1,
         error: str | None = None,
         policy: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        start_ns: int | None = None,
     ) -> Span:
-        """A gateway LLM-call span (``policy``: the policy by role that served it)."""
+        """A gateway LLM-call span (``policy``: the policy by role that served it; ``messages``:
+        the request's messages, recorded with their fingerprints as the gateway does)."""
         self._responses += 1
         rid = response_id or f"chatcmpl-{self.rollout.rollout_id}-{self._responses}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -107,6 +111,9 @@ class Trace:
             attrs[semconv.GEN_AI_AGENT_NAME] = agent_name
         if policy is not None:
             attrs[semconv.POLICY_NAME] = policy
+        if messages is not None:
+            attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(messages)
+            attrs[semconv.LLM_REQUEST_FINGERPRINT] = fingerprints(messages)
         status = SpanStatus(code=StatusCode.ERROR, message=error) if error else None
         return self.add(
             Span.create(
@@ -114,6 +121,8 @@ class Trace:
                 attributes=attrs,
                 parent_span_id=parent.span_id if parent else None,
                 status=status,
+                start_time_ns=start_ns,
+                end_time_ns=None if start_ns is None else start_ns + 1_000_000,
             )
         )
 
@@ -124,6 +133,9 @@ class Trace:
         parent: Span | None = None,
         output_messages: list[dict[str, Any]] | None = None,
         name: str = "chat gpt",
+        input_messages: list[dict[str, Any]] | None = None,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
     ) -> Span:
         """An adapter / OTel GenAI LLM span (no token ids)."""
         attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT}
@@ -131,7 +143,17 @@ class Trace:
             attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
         if output_messages is not None:
             attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(output_messages)
-        return self.add(Span.create(name, attributes=attrs, parent_span_id=parent.span_id if parent else None))
+        if input_messages is not None:
+            attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(input_messages)
+        return self.add(
+            Span.create(
+                name,
+                attributes=attrs,
+                parent_span_id=parent.span_id if parent else None,
+                start_time_ns=start_ns,
+                end_time_ns=end_ns,
+            )
+        )
 
     def tool(
         self,

@@ -87,18 +87,32 @@ def test_nested_framework_llm_spans_are_one_call() -> None:
     assert len(ep.calls) == 1 and len(ep.calls[0].framework_spans) == 2
 
 
-def test_adapter_span_without_gateway_counterpart_is_a_call_without_token_ids() -> None:
+def test_adapter_span_without_gateway_counterpart_is_no_call_and_flags_the_rollout() -> None:
     tr = Trace()
     agent = tr.agent("a")
     tr.llm([1], [2], response_id="r1")
     tr.framework_llm("r1", parent=agent)
-    orphan = tr.framework_llm("r-elsewhere", parent=agent)  # e.g. called a non-gateway endpoint
+    tr.framework_llm("r-elsewhere", parent=agent)  # e.g. called a non-gateway endpoint
     tr.final(1.0)
     ep = extract_episode(tr.rollout, tr.spans)
-    assert len(ep.calls) == 2
-    missing = ep.calls[1]
+    assert len(ep.calls) == 1  # the gateway's calls are the calls
+    assert ep.reconciliation is not None and ep.reconciliation.unjoined_llm_spans == 1
+    assert ep.reconciliation.flag is not None and "bypassed the gateway" in ep.reconciliation.flag
+    assert ep.calls[0].exclusion == X.UNRECONCILED
+
+
+def test_adapter_spans_without_any_gateway_call_are_calls_without_token_ids() -> None:
+    """The backend is not fronted (no gateway call at all): the ids-less path of before."""
+    tr = Trace()
+    agent = tr.agent("a")
+    orphan = tr.framework_llm("r-elsewhere", parent=agent)
+    tr.final(1.0)
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert len(ep.calls) == 1
+    missing = ep.calls[0]
     assert missing.exclusion == X.NO_TOKEN_IDS and missing.span_id == orphan.span_id
     assert missing.agent_name == "a" and "no gateway span" in (missing.exclusion_detail or "")
+    assert ep.reconciliation is not None and ep.reconciliation.ok and ep.reconciliation.gateway_calls == 0
 
 
 def test_duplicate_response_ids_pair_in_order() -> None:

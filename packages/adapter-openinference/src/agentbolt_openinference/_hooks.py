@@ -39,6 +39,11 @@ _RUN_SUFFIX = ".run"
 """smolagents' OpenInference instrumentor names an agent's span ``{agent name}.run``."""
 _MAX_TEXT = 16 * 1024
 _OUTPUT_PREFIX = SpanAttributes.LLM_OUTPUT_MESSAGES + "."
+_INPUT_PREFIX = SpanAttributes.LLM_INPUT_MESSAGES + "."
+_LLAMA_INDEX_AGENT_STEP = ".run_agent_step"
+"""LlamaIndex's agent step (``BaseWorkflowAgent.run_agent_step``): one turn of one agent, enclosing its LLM calls."""
+_CURRENT_AGENT = re.compile(r"current_agent_name=['\"]([^'\"]+)['\"]|\"current_agent_name\":\s*\"([^\"]+)\"")
+"""The agent a LlamaIndex workflow event names (``AgentSetup(..., current_agent_name='calculator')``)."""
 _MESSAGE_FIELD = re.compile(r"^(\d+)\.message\.(.+)$")
 _CONTENT_TEXT = re.compile(
     rf"^{re.escape(MessageAttributes.MESSAGE_CONTENTS)}\.(\d+)\.{re.escape(MessageContentAttributes.MESSAGE_CONTENT_TEXT)}$"
@@ -73,6 +78,8 @@ class OpenInferenceHooks(OtelSpanHooks):
         with self._agents_lock:
             if kind.upper() == OpenInferenceSpanKindValues.AGENT.value:
                 name = _agent_name(attrs, span.name)
+            elif (step := _llama_index_agent(attrs, span.name)) is not None:
+                name = step
             else:
                 name = self._agents.get(parent) if parent is not None else None
             if name:
@@ -95,7 +102,24 @@ class OpenInferenceHooks(OtelSpanHooks):
             return UnitRecord(semconv.KIND_LLM, "", _llm_attributes(span))
         if kind == OpenInferenceSpanKindValues.TOOL.value:
             return UnitRecord(semconv.KIND_TOOL, "", _tool_attributes(span))
+        if (agent := _llama_index_agent(span.attributes, span.name)) is not None:
+            return UnitRecord(semconv.KIND_AGENT, "", {semconv.GEN_AI_AGENT_NAME: agent})
         return UnitRecord(semconv.KIND_OPERATION, "", {semconv.OPERATION_NAME: span.name})
+
+
+def _llama_index_agent(attrs: Mapping[str, Any], span_name: str) -> str | None:
+    """LlamaIndex (llama-index-core 0.14): the instrumentor marks no span AGENT (its AGENT rule
+    targets a base class 0.14 no longer has), but each agent turn runs in a CHAIN span
+    ``BaseWorkflowAgent.run_agent_step`` whose input event names the agent
+    (``AgentSetup(..., current_agent_name='calculator')``, the ``name`` given to ``FunctionAgent``):
+    that span is the agent's span. ``None`` for any other span."""
+    if not span_name.endswith(_LLAMA_INDEX_AGENT_STEP):
+        return None
+    value = attrs.get(SpanAttributes.INPUT_VALUE)
+    match = _CURRENT_AGENT.search(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    return match.group(1) or match.group(2) or None
 
 
 def _agent_attributes(span: t.Span) -> dict[str, Any]:
@@ -113,8 +137,10 @@ def _agent_name(attrs: Mapping[str, Any], span_name: str) -> str | None:
 def _llm_attributes(span: t.Span) -> dict[str, Any]:
     attrs = span.attributes
     model = first_attribute(span, SpanAttributes.LLM_RESPONSE_MODEL_NAME, SpanAttributes.LLM_MODEL_NAME)
-    messages = _output_messages(attrs)
+    messages = _messages(attrs, _OUTPUT_PREFIX)
+    inputs = _messages(attrs, _INPUT_PREFIX)
     return {
+        semconv.GEN_AI_INPUT_MESSAGES: json.dumps(inputs) if inputs else None,
         semconv.GEN_AI_REQUEST_MODEL: first_attribute(span, SpanAttributes.LLM_REQUEST_MODEL_NAME) or model,
         semconv.GEN_AI_RESPONSE_MODEL: model,
         semconv.GEN_AI_SYSTEM: first_attribute(span, SpanAttributes.LLM_PROVIDER, SpanAttributes.LLM_SYSTEM),
@@ -138,15 +164,17 @@ def _tool_attributes(span: t.Span) -> dict[str, Any]:
     }
 
 
-def _output_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``llm.output_messages.{i}.message.*`` (flattened) as OpenAI chat messages."""
+def _messages(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """``llm.output_messages.{i}.message.*`` or ``llm.input_messages.{i}.message.*`` (flattened,
+    by ``prefix``) as OpenAI chat messages (the input ones give LightningRL the request
+    fingerprint that joins a streamed call to its gateway span)."""
     messages: dict[int, dict[str, Any]] = {}
     texts: dict[int, dict[int, str]] = {}
     calls: dict[int, dict[int, dict[str, Any]]] = {}
     for key, value in attrs.items():
-        if not key.startswith(_OUTPUT_PREFIX):
+        if not key.startswith(prefix):
             continue
-        match = _MESSAGE_FIELD.match(key[len(_OUTPUT_PREFIX) :])
+        match = _MESSAGE_FIELD.match(key[len(prefix) :])
         if match is None:
             continue
         index, field = int(match.group(1)), "message." + match.group(2)
@@ -157,6 +185,8 @@ def _output_messages(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
             message["content"] = value
         elif (text := _CONTENT_TEXT.match(field)) is not None:
             texts.setdefault(index, {})[int(text.group(1))] = str(value)
+        elif field == MessageAttributes.MESSAGE_TOOL_CALL_ID:
+            message["tool_call_id"] = value
         elif (call := _TOOL_CALL_FIELD.match(field)) is not None:
             calls.setdefault(index, {}).setdefault(int(call.group(1)), {})[call.group(2)] = value
     out = []

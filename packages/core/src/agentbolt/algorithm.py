@@ -392,6 +392,12 @@ class EvaluateResult:
     """Time from enqueueing the rollouts to their end (the run's total is longer: start-up)."""
     calls_failed: int = 0
     """Calls the upstream failed (not counted as missing ids)."""
+    lightningrl_calls: int = 0
+    """LightningRL's calls of the final attempts (equal to their gateway calls: reconciliation)."""
+    unjoined_llm_spans: int = 0
+    """Framework LLM spans that joined no gateway call (kept as operations, never calls)."""
+    rollouts_unreconciled: int = 0
+    """Rollouts flagged by reconciliation (not trained; ``report`` says why)."""
     report: Any = field(default=None, repr=False)
     """The :class:`~agentbolt.runs.doctor.DoctorReport` of these rollouts (what ``agentbolt doctor`` prints)."""
 
@@ -448,6 +454,9 @@ def summarize(
         calls_retokenized=report.counts.retokenized,
         calls_missing_ids=report.counts.missing,
         calls_failed=report.counts.calls_failed,
+        lightningrl_calls=report.counts.lightningrl_calls,
+        unjoined_llm_spans=report.counts.unjoined_llm_spans,
+        rollouts_unreconciled=len(report.counts.unreconciled_rollouts),
         report=report,
         prompt_tokens=prompt_tokens,
         response_tokens=response_tokens,

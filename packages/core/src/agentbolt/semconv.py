@@ -1,5 +1,27 @@
 """Span semantic conventions: the attribute and span names agentbolt reads and writes.
 
+**Two generations of the OpenTelemetry GenAI conventions are read.** Instrumentations emit
+either the conventions up to semantic-conventions 1.36 (their default) or the latest ones (with
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``; since semantic-conventions 1.41
+the GenAI conventions live in their own repository, ``semantic-conventions-genai``). agentbolt
+writes the latest names and reads both (:data:`LEGACY_ALIASES` maps old names to new ones):
+
+======================================  ==============================================  =====================
+up to 1.36                              latest                                          read as
+======================================  ==============================================  =====================
+``gen_ai.system``                       ``gen_ai.provider.name``                        provider
+``gen_ai.usage.prompt_tokens`` /        ``gen_ai.usage.input_tokens`` /                 usage
+``completion_tokens``                   ``output_tokens``
+``gen_ai.openai.request.seed``          ``gen_ai.request.seed``                         seed
+``gen_ai.request.top_k`` (double)       ``gen_ai.request.top_k`` (int)                  an int when integral
+messages as span events                 ``gen_ai.input.messages`` /                     input / output
+(``gen_ai.user.message``, ...,          ``gen_ai.output.messages`` (JSON, ``parts``)    messages
+``gen_ai.choice``)
+``invoke_workflow`` span,               ``invoke_agent`` (internal) span; a workflow    agent span
+``gen_ai.workflow.name``                keeps ``gen_ai.operation.name=invoke_workflow``
+                                        and names itself with ``gen_ai.agent.name``
+======================================  ==============================================  =====================
+
 Generic fields use the OpenTelemetry GenAI names (``gen_ai.*``); our own namespace
 ``agentbolt.*`` holds only what reinforcement learning needs (rollout/attempt ids, token ids,
 logprobs, rewards, policy version). The deprecated ``gen_ai.prompt`` / ``gen_ai.completion``
@@ -20,6 +42,16 @@ SCHEMA_VERSION: Final = "1.0"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 """``chat``, ``text_completion``, ``execute_tool``, ``invoke_agent``, ``create_agent``."""
 GEN_AI_SYSTEM: Final = "gen_ai.system"
+"""The provider, up to semantic-conventions 1.36 (renamed :data:`GEN_AI_PROVIDER_NAME`)."""
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+"""The provider, in the latest GenAI conventions."""
+GEN_AI_REQUEST_TOP_K: Final = "gen_ai.request.top_k"
+"""Top-k sampling: a double up to 1.36, an int in the latest conventions."""
+GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
+GEN_AI_WORKFLOW_NAME: Final = "gen_ai.workflow.name"
+"""A workflow's name, before the latest conventions merged workflows into ``invoke_agent`` spans."""
+GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
+"""System instructions kept apart from ``gen_ai.input.messages`` (latest conventions)."""
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
@@ -51,6 +83,31 @@ OP_GENERATE_CONTENT: Final = "generate_content"
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_INVOKE_AGENT: Final = "invoke_agent"
 OP_CREATE_AGENT: Final = "create_agent"
+OP_INVOKE_WORKFLOW: Final = "invoke_workflow"
+"""A workflow: its own span kind up to semantic-conventions 1.41, an ``invoke_agent`` span since."""
+OP_EMBEDDINGS: Final = "embeddings"
+
+# Names up to semantic-conventions 1.36 that the latest conventions renamed (old -> new).
+LEGACY_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+LEGACY_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.completion_tokens"
+LEGACY_OPENAI_REQUEST_SEED: Final = "gen_ai.openai.request.seed"
+LEGACY_ALIASES: Final = {
+    GEN_AI_SYSTEM: GEN_AI_PROVIDER_NAME,
+    LEGACY_USAGE_INPUT_TOKENS: GEN_AI_USAGE_INPUT_TOKENS,
+    LEGACY_USAGE_OUTPUT_TOKENS: GEN_AI_USAGE_OUTPUT_TOKENS,
+    LEGACY_OPENAI_REQUEST_SEED: GEN_AI_REQUEST_SEED,
+    GEN_AI_WORKFLOW_NAME: GEN_AI_AGENT_NAME,
+}
+"""Attribute names of the GenAI conventions up to 1.36 (and 1.41's workflow name) -> the latest name."""
+LEGACY_MESSAGE_EVENTS: Final = {
+    "gen_ai.system.message": "system",
+    "gen_ai.user.message": "user",
+    "gen_ai.assistant.message": "assistant",
+    "gen_ai.tool.message": "tool",
+}
+"""Span events that carried input messages up to semantic-conventions 1.36 (event name -> role)."""
+LEGACY_CHOICE_EVENT: Final = "gen_ai.choice"
+"""Span event that carried an output message up to semantic-conventions 1.36."""
 
 # Standard OpenTelemetry exception attributes (on exception events and spans).
 EXCEPTION_TYPE: Final = "exception.type"
@@ -89,6 +146,9 @@ LLM_REQUEST: Final = "agentbolt.llm.request"
 """JSON of the request body as forwarded upstream."""
 LLM_RESPONSE: Final = "agentbolt.llm.response"
 """JSON of the response body as returned to the client (assembled for streams)."""
+LLM_REQUEST_FINGERPRINT: Final = "agentbolt.llm.request_fingerprint"
+"""``[full, tail]`` fingerprints of the request's messages (:mod:`agentbolt.request_fingerprint`):
+LightningRL joins a framework LLM span to the gateway call whose fingerprint its input messages have."""
 
 LLM_API: Final = "agentbolt.llm.api"
 """API the client spoke when the gateway translated it to Chat Completions (``responses``, ``messages``)."""

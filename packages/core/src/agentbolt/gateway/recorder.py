@@ -28,6 +28,7 @@ import orjson
 from .. import semconv
 from .. import types as t
 from ..capture.retokenize import drift_reasons
+from ..request_fingerprint import fingerprints
 from .translate import SSEDecoder
 
 __all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span", "parse_traceparent"]
@@ -126,8 +127,12 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
     ):
         if isinstance(req.get(key), int | float) and not isinstance(req.get(key), bool):
             attrs[attr] = req[key]
+    if isinstance(req.get("top_k"), int) and not isinstance(req.get("top_k"), bool):
+        attrs[semconv.GEN_AI_REQUEST_TOP_K] = req["top_k"]  # an int since the GenAI conventions' own repository
     if "messages" in req:
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = orjson.dumps(req["messages"]).decode()
+        if (prints := fingerprints(req["messages"])) is not None:
+            attrs[semconv.LLM_REQUEST_FINGERPRINT] = prints
     elif "prompt" in req:
         attrs[semconv.GEN_AI_INPUT_MESSAGES] = orjson.dumps([{"role": "user", "content": req["prompt"]}]).decode()
     if record.policy_version is not None:

@@ -1,10 +1,11 @@
 """The LLM calls of an episode: gateway and framework spans joined into calls (:class:`LLMCall`), with exclusions.
 
-Implements the **Calls**, **Agent name** and **Exclusions** rules of
+Implements the **Calls**, **Reconciliation**, **Agent name** and **Exclusions** rules of
 :mod:`agentbolt.lightningrl.extraction`: :func:`extract_calls` groups nested framework LLM
-spans, joins each group to its gateway span (by ``gen_ai.response.id``, then by ancestry, then,
-as a counted last resort, by order), reads the token data of the gateway span and decides why a
-call produces no transition.
+spans, joins each group to its gateway span (by ``gen_ai.response.id``, then by ancestry, then
+by request fingerprint within a time window, then, as a counted last resort, by order), keeps
+only gateway calls as calls when the rollout has any (reconciliation), reads the token data of
+the gateway span and decides why a call produces no transition.
 """
 
 from __future__ import annotations
@@ -12,14 +13,22 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from .. import semconv
+from ..request_fingerprint import FULL, TAIL, fingerprints
 from ..types import Rollout, Span, StatusCode, TokenSource
 from . import spans as sp
-from .episode import ExclusionReason, LLMCall
+from .episode import ExclusionReason, LLMCall, Reconciliation
 
-__all__ = ["extract_calls"]
+__all__ = ["JOIN_SKEW_S", "JOIN_WINDOW_S", "extract_calls"]
+
+
+JOIN_WINDOW_S: Final = 120.0
+"""A fingerprint join pairs a framework LLM span with a gateway call that started at most this long
+after the span ended (a streamed request is sent after the instrumentation's span has ended)..."""
+JOIN_SKEW_S: Final = 5.0
+"""... or at most this long before the span started (clocks of the agent's and the gateway's process)."""
 
 
 def extract_calls(
@@ -32,8 +41,10 @@ def extract_calls(
     select: Callable[[str | None], bool],
     allow_retokenized: bool,
     limits: tuple[int | None, int | None, int | None],
-) -> list[LLMCall]:
-    """Every LLM call of the ordered spans, in ``seq`` order, each with its exclusion (if any).
+    train_unreconciled: bool = False,
+) -> tuple[list[LLMCall], Reconciliation]:
+    """Every LLM call of the ordered spans, in ``seq`` order, each with its exclusion (if any),
+    and how the framework spans reconciled with the gateway calls.
 
     Args:
         ordered: the attempt's spans in ``seq`` order; ``by_id`` and ``position`` index them.
@@ -42,21 +53,29 @@ def extract_calls(
         select: which agents are trained (from :func:`~agentbolt.lightningrl.episode.agent_selector`).
         allow_retokenized: train on calls whose ids were retokenized.
         limits: maximum prompt, response and total length (``None``: no limit).
+        train_unreconciled: train the calls of a flagged rollout anyway (the flag is still reported).
     """
+    grouped, reconciliation = _group_calls(ordered, by_id, position, notes)
+    flag = None if train_unreconciled else reconciliation.flag
     calls: list[LLMCall] = []
-    for index, (pos, gateway, framework) in enumerate(_group_calls(ordered, by_id, position, notes)):
+    for index, (pos, gateway, framework) in enumerate(grouped):
         call = _make_call(index, pos, gateway, framework, by_id, rollout)
-        reason, detail = _exclusion(call, select, allow_retokenized, limits)
+        reason, detail = (
+            (ExclusionReason.UNRECONCILED, flag)
+            if flag is not None
+            else _exclusion(call, select, allow_retokenized, limits)
+        )
         if reason is not None:
             call = replace(call, exclusion=reason, exclusion_detail=detail)
         calls.append(call)
-    return calls
+    return calls, reconciliation
 
 
 def _group_calls(
     ordered: list[Span], by_id: dict[str, Span], position: dict[str, int], notes: Counter[str]
-) -> list[tuple[int, Span | None, tuple[Span, ...]]]:
-    """(position, gateway span, framework spans) of every call, in position order."""
+) -> tuple[list[tuple[int, Span | None, tuple[Span, ...]]], Reconciliation]:
+    """(position, gateway span, framework spans) of every call, in position order, and the
+    reconciliation of framework spans with gateway calls."""
     framework = [s for s in ordered if sp.is_framework_llm_span(s)]
     fw_ids = {s.span_id for s in framework}
     cluster_of: dict[str, str] = {}
@@ -98,16 +117,20 @@ def _group_calls(
                 joined[g.span_id] = cluster_of[parent.span_id]
                 notes["joined_by_parent"] += 1
                 break
-    # Last resort, for framework LLM spans that carry no response id at all (e.g. streamed calls
-    # through langchain-openai): pair the remaining gateway calls and such spans by their order,
-    # each list by its own start times, only when the counts match. Counted in the report.
+    _join_by_fingerprint(gateways, clusters, joined, notes)
+    # Last resort, for framework LLM spans that carry no response id and no input messages (e.g.
+    # streamed calls through langchain-openai): pair the remaining gateway calls and such spans by
+    # their order, each list by its own start times, only when the counts match. Counted in the
+    # report. A span whose messages matched no request is not one of these calls.
     used_roots = set(joined.values())
     open_gateways = sorted((g for g in gateways if g.span_id not in joined), key=lambda g: g.start_time_ns)
     anonymous = sorted(
         (
             root
             for root, members in clusters.items()
-            if root not in used_roots and all(_response_id(m) is None for m in members)
+            if root not in used_roots
+            and all(_response_id(m) is None for m in members)
+            and _cluster_fingerprints(members) is None
         ),
         key=lambda root: min(m.start_time_ns for m in clusters[root]),
     )
@@ -122,11 +145,105 @@ def _group_calls(
         (position[g.span_id], g, tuple(clusters[joined[g.span_id]]) if g.span_id in joined else ()) for g in gateways
     ]
     used = set(joined.values())
-    for root, members in clusters.items():
-        if root not in used:
+    unjoined = [root for root in clusters if root not in used]
+    if not gateways:  # the backend is not fronted: framework spans are the calls (no token ids)
+        for root in unjoined:
+            members = clusters[root]
             out.append((min(position[m.span_id] for m in members), None, tuple(members)))
+        out.sort(key=lambda c: c[0])
+        return out, Reconciliation(gateway_calls=0, calls=len(out))
+    # Reconciliation: the gateway calls are the calls; a framework LLM span joining none is an
+    # operation, counted, and one that carries a response flags the rollout.
     out.sort(key=lambda c: c[0])
-    return out
+    n_unjoined = sum(len(clusters[root]) for root in unjoined)
+    with_response = [root for root in unjoined if any(_has_response(m) for m in clusters[root])]
+    if n_unjoined:
+        notes["unjoined_llm_spans"] += n_unjoined
+    flag = None
+    if with_response:
+        notes["unjoined_llm_spans_with_response"] += len(with_response)
+        names = ", ".join(sorted({clusters[root][0].name for root in with_response}))
+        flag = (
+            f"{len(with_response)} framework LLM span(s) with a response joined none of the {len(gateways)} "
+            f"gateway calls ({names}): a model call that bypassed the gateway (a client not built from "
+            "resources.llm.base_url) or a join that failed (no shared response id, traceparent or request "
+            "fingerprint); point every client at the rollout's base URL, or record the span's input messages"
+        )
+    return out, Reconciliation(
+        gateway_calls=len(gateways),
+        calls=len(out),
+        joined_framework_spans=sum(len(clusters[root]) for root in used),
+        unjoined_llm_spans=n_unjoined,
+        unjoined_with_response=len(with_response),
+        flag=flag,
+    )
+
+
+def _join_by_fingerprint(
+    gateways: list[Span], clusters: dict[str, list[Span]], joined: dict[str, str], notes: Counter[str]
+) -> None:
+    """Join the gateway calls still open to framework spans whose input messages have the same
+    fingerprint (:mod:`agentbolt.request_fingerprint`), strict fingerprint first, within the time
+    window; among several candidates, the one that started last before the call (the span that
+    made the request, not an earlier one that only prepared it)."""
+    used = set(joined.values())
+    prints: dict[str, list[str]] = {}
+    for root, members in clusters.items():
+        if root not in used and (found := _cluster_fingerprints(members)) is not None:
+            prints[root] = found
+    if not prints:
+        return
+    window, skew = int(JOIN_WINDOW_S * 1e9), int(JOIN_SKEW_S * 1e9)
+    for level, note in ((FULL, "joined_by_fingerprint"), (TAIL, "joined_by_tail_fingerprint")):
+        for g in sorted(gateways, key=lambda g: g.start_time_ns):
+            if g.span_id in joined:
+                continue
+            mine = _gateway_fingerprints(g)
+            if mine is None:
+                continue
+            candidates = [
+                root
+                for root, p in prints.items()
+                if root not in used
+                and p[level] == mine[level]
+                and min(m.start_time_ns for m in clusters[root]) - skew
+                <= g.start_time_ns
+                <= max(m.end_time_ns or m.start_time_ns for m in clusters[root]) + window
+            ]
+            if not candidates:
+                continue
+            start = {root: min(m.start_time_ns for m in clusters[root]) for root in candidates}
+            before = [root for root in candidates if start[root] <= g.start_time_ns]
+            root = max(before, key=start.__getitem__) if before else min(candidates, key=start.__getitem__)
+            joined[g.span_id] = root
+            used.add(root)
+            notes[note] += 1
+
+
+def _gateway_fingerprints(span: Span) -> list[str] | None:
+    value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return [str(v) for v in value]
+    return fingerprints(span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES))
+
+
+def _cluster_fingerprints(members: list[Span]) -> list[str] | None:
+    for span in members:
+        value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            return [str(v) for v in value]
+        messages = sp.input_messages(span)
+        if messages:
+            return fingerprints(messages)
+    return None
+
+
+def _has_response(span: Span) -> bool:
+    """The span recorded an answer: a response id, output messages or output tokens."""
+    if _response_id(span) is not None or sp.output_messages(span):
+        return True
+    tokens = sp.genai_attribute(span, semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
+    return isinstance(tokens, int | float) and not isinstance(tokens, bool) and tokens > 0
 
 
 def _response_id(span: Span) -> str | None:

@@ -82,6 +82,10 @@ class LightningRLConfig(BaseModel):
     """The return used by ``missing_reward="fill"`` (required then)."""
     promote_trailing_reward: bool = True
     """Without a final reward, use the last untargeted reward after the last call as the return."""
+    unreconciled: Literal["exclude", "train"] = "exclude"
+    """A rollout flagged by reconciliation (an instrumentation LLM span with a response joined no
+    gateway call: a call the gateway did not see, or a failed join): ``exclude`` its calls (reason
+    ``unreconciled``, reported) or ``train`` them anyway (the flag is still reported)."""
     allow_empty: bool = False
     """Return an empty batch instead of raising :class:`~agentbolt.lightningrl.EmptyBatchError`."""
     loss_aggregation: LossAggregation = DEFAULT_LOSS_AGGREGATION

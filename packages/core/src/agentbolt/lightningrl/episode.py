@@ -29,6 +29,7 @@ __all__ = [
     "Episode",
     "ExclusionReason",
     "LLMCall",
+    "Reconciliation",
     "RewardAttachment",
     "RewardRecord",
     "agent_selector",
@@ -68,6 +69,10 @@ class ExclusionReason(enum.StrEnum):
     """No sampling logprobs, and off-policy correction (``rollout_is`` / ``rollout_rs``) needs them."""
     NO_POLICY = "no_policy"
     """With policies by role (:mod:`agentbolt.policies`): no policy's ``match`` selects the call's agent."""
+    UNRECONCILED = "unreconciled"
+    """The rollout is flagged: its framework spans and its gateway calls disagree (an
+    instrumentation LLM span with a response joined no gateway call: a call that bypassed the
+    gateway, or a join that failed). See :class:`Reconciliation`."""
     POLICY_MISMATCH = "policy_mismatch"
     """With policies by role: the call was served by another policy (or the base model) than its
     agent's, e.g. because the gateway could not name the agent when the call was made."""
@@ -148,6 +153,37 @@ class LLMCall:
 
 
 @dataclass(frozen=True)
+class Reconciliation:
+    """How a rollout's framework LLM spans reconciled with its gateway calls.
+
+    The gateway's LLM-call spans are the ground truth of what the model did: when a rollout has
+    any, LightningRL's calls are exactly its gateway calls, and a framework / instrumentation LLM
+    span that joins none is an operation span (counted here), never a call. Such a span that
+    carries a response (a response id, output messages or output tokens) is evidence of a model
+    call the gateway did not see, or of a join that failed: the rollout is flagged (:attr:`flag`)
+    and, by default, not trained (``unreconciled``)."""
+
+    gateway_calls: int
+    """Gateway LLM-call spans of the attempt."""
+    calls: int
+    """LightningRL calls (equal to :attr:`gateway_calls` when the rollout has any gateway call;
+    without one, the framework LLM spans: the ids-less path)."""
+    joined_framework_spans: int = 0
+    """Framework LLM spans joined to a gateway call (nested ones included)."""
+    unjoined_llm_spans: int = 0
+    """Framework LLM spans that joined no gateway call (operations; no call)."""
+    unjoined_with_response: int = 0
+    """Of those, the outermost ones that carry a response: a model call the gateway did not see."""
+    flag: str | None = None
+    """Why the rollout is flagged, with what to do; ``None`` when it reconciles."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the rollout reconciles (no flag)."""
+        return self.flag is None
+
+
+@dataclass(frozen=True)
 class RewardRecord:
     """One reward span and where it attached."""
 
@@ -198,6 +234,8 @@ class Episode:
     reward, or the missing-reward fill value."""
     notes: Mapping[str, int] = field(default_factory=dict)
     """Counters of what extraction noticed (spans of other attempts, joins, malformed rewards...)."""
+    reconciliation: Reconciliation | None = None
+    """Gateway calls vs framework LLM spans (``None`` for episodes built by hand)."""
 
     @property
     def rollout_id(self) -> str:

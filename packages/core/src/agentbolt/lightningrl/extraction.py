@@ -12,24 +12,37 @@ written outside an attempt, such as a runner's final reward). Others are counted
 ``Episode.notes["spans_other_attempts"]``.
 
 **Calls.** Every gateway LLM-call span is one call. A framework LLM span (adapter or GenAI
-instrumentation) joins the gateway call with the same ``gen_ai.response.id``, or the gateway
-call it is an ancestor of (W3C traceparent propagated); framework LLM spans nested in
-another framework LLM span belong to the outermost one. Joined spans are one call (never
-counted twice). A framework LLM span that joins no gateway call is still a call, one with no
-token ids (excluded, reported). A call's position is its gateway span's ``seq`` (the framework
-span's own ``seq`` when there is no gateway span).
+instrumentation) joins, in this order: the gateway call with the same ``gen_ai.response.id``;
+the gateway call it is an ancestor of (W3C traceparent propagated); the gateway call whose
+request fingerprint (:mod:`agentbolt.request_fingerprint`) its input messages have, started
+within :data:`~agentbolt.lightningrl.calls.JOIN_WINDOW_S` after the span ended (a streamed
+request outlives the instrumentation's span) — the strict fingerprint first, then the
+last-message one, the latest such span before the call when several match; as a counted last
+resort, when the counts match, by order. Framework LLM spans nested in another framework LLM
+span belong to the outermost one. Joined spans are one call (never counted twice). A call's
+position is its gateway span's ``seq``.
+
+**Reconciliation.** When the attempt has any gateway call, the calls are exactly its gateway
+calls: a framework LLM span that joins none is an operation span, counted
+(``unjoined_llm_spans``), never a call and never a credit-bearing step. One that carries a
+response (response id, output messages, output tokens) is a model call the gateway did not see
+or a join that failed: the rollout is flagged (:class:`~agentbolt.lightningrl.episode.Reconciliation`)
+and its calls are excluded (``unreconciled``) unless ``unreconciled="train"``. When the
+attempt has no gateway call at all (a backend agentbolt does not front), each framework LLM
+span is a call with no token ids (excluded, reported): the ids-less path.
 
 **Agent name.** ``gen_ai.agent.name`` of the nearest enclosing agent span (via
 ``parent_span_id`` chains of the call's framework spans, then of its gateway span), else the
 call's own ``gen_ai.agent.name`` attribute, else ``None``.
 
-**Exclusions** (first that applies, in this order): ``agent_not_selected`` (``agent_match``
+**Exclusions** (first that applies, in this order): ``unreconciled`` (the rollout is
+flagged), ``agent_not_selected`` (``agent_match``
 rejects the agent), ``failed_call`` (gateway span status ERROR), ``no_token_ids``
 (``token_source=missing``, ids absent, or no gateway span), ``malformed`` (ids not integer
 lists, logprobs length ≠ response length), ``retokenized`` (unless allowed),
 ``empty_response``, ``over_length`` (prompt/response/total over the configured maximum).
-Excluded calls stay in the episode (credit is computed over every call), only their
-transitions are not produced.
+Excluded calls stay in the episode (credit is computed over every call, and the calls are the
+reconciled ones), only their transitions are not produced.
 
 **Rewards.** A reward span (``agentbolt.reward`` / kind ``reward``) has value
 ``agentbolt.reward.value`` (else ``dimensions[primary]``); one without a finite value is
@@ -49,6 +62,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
 
 from ..types import Rollout, Span
 from .calls import extract_calls
@@ -101,6 +115,7 @@ def extract_episode(
     max_response_length: int | None = None,
     max_length: int | None = None,
     promote_trailing_reward: bool = True,
+    unreconciled: Literal["exclude", "train"] = "exclude",
 ) -> Episode:
     """Build the :class:`Episode` of one rollout from its spans (rules in the module docstring).
 
@@ -112,6 +127,8 @@ def extract_episode(
         max_prompt_length, max_response_length, max_length: exclude longer calls (``over_length``).
         promote_trailing_reward: without any final reward, use the last untargeted reward after
             the last call as the episode return.
+        unreconciled: what happens to the calls of a rollout flagged by reconciliation:
+            ``exclude`` (reason ``unreconciled``) or ``train`` (the flag is still reported).
     """
     select = agent_selector(agent_match)
     notes: Counter[str] = Counter()
@@ -130,7 +147,7 @@ def extract_episode(
     by_id = {s.span_id: s for s in ordered}
     position = {s.span_id: i for i, s in enumerate(ordered)}
 
-    calls = extract_calls(
+    calls, reconciliation = extract_calls(
         ordered,
         by_id,
         position,
@@ -139,6 +156,7 @@ def extract_episode(
         select=select,
         allow_retokenized=allow_retokenized,
         limits=(max_prompt_length, max_response_length, max_length),
+        train_unreconciled=unreconciled == "train",
     )
     rewards, final, source = attach_rewards(rollout, ordered, calls, notes, promote_trailing_reward)
     return Episode(
@@ -150,4 +168,5 @@ def extract_episode(
         final_reward=final,
         final_source=source,
         notes={k: v for k, v in notes.items() if v},
+        reconciliation=reconciliation,
     )

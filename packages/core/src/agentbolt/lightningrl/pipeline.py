@@ -165,6 +165,7 @@ class LightningRL:
             max_response_length=cfg.max_response_length,
             max_length=cfg.max_length,
             promote_trailing_reward=cfg.promote_trailing_reward,
+            unreconciled=cfg.unreconciled,
         )
         exclusions = {}
         for call in episode.trainable_calls:
@@ -266,6 +267,7 @@ class LightningRL:
         rewards: Counter[str] = Counter()
         extraction: Counter[str] = Counter()
         credit_notes: Counter[str] = Counter()
+        reconciliation: Counter[str] = Counter()
         per_agent: dict[str, AgentStats] = {}
         examples: dict[str, int] = {}
         episodes: list[Episode] = []
@@ -309,6 +311,12 @@ class LightningRL:
                         )
                     )
             excluded.update(ro_excluded)
+            rec = episode.reconciliation
+            if rec is not None:
+                reconciliation["gateway_calls"] += rec.gateway_calls
+                reconciliation["calls"] += rec.calls
+                reconciliation["unjoined_llm_spans"] += rec.unjoined_llm_spans
+                reconciliation["flagged_rollouts"] += rec.flag is not None
             report.per_rollout.append(
                 RolloutReport(
                     rollout_id=rollout.rollout_id,
@@ -321,6 +329,9 @@ class LightningRL:
                     final_reward=episode.final_reward,
                     final_source=episode.final_source,
                     notes={**ep_notes, **notes},
+                    gateway_calls=rec.gateway_calls if rec is not None else None,
+                    unjoined_llm_spans=rec.unjoined_llm_spans if rec is not None else 0,
+                    flag=rec.flag if rec is not None else None,
                 )
             )
         report.trained_calls = len(transitions)
@@ -336,6 +347,7 @@ class LightningRL:
         report.rewards = {k: v for k, v in rewards.items() if v}
         report.extraction = dict(extraction)
         report.credit = dict(credit_notes)
+        report.reconciliation = dict(reconciliation)
         _count_output(report, transitions)
         return LightningRLBatch(transitions=transitions, report=report, episodes=episodes)
 

@@ -29,6 +29,11 @@ _HINTS = {
     "failed_call": "the upstream failed these calls; see the status message of the gateway spans",
     "malformed": "token ids or logprobs are malformed; see the examples",
     "empty_response": "the responses have no tokens",
+    "unreconciled": (
+        "the rollout's framework spans and gateway calls disagree (an instrumentation LLM span with a response "
+        "joined no gateway call): build every client from resources.llm.base_url so each model call passes the "
+        "gateway; see the rollout's flag in per_rollout (or agentbolt doctor); unreconciled='train' trains anyway"
+    ),
     "stale": (
         "sampled by a policy version more than max_staleness versions older than the trained one, or by an "
         "unrecorded version: raise max_staleness, or make the inference server report its version"
@@ -107,6 +112,13 @@ class RolloutReport(BaseModel):
     """``span``, ``rollout``, ``trailing_reward``, ``filled`` or ``None`` (missing)."""
     notes: dict[str, int] = Field(default_factory=dict)
     """Extraction and credit counters."""
+    gateway_calls: int | None = None
+    """Gateway LLM-call spans of the final attempt (``None`` in reports written before reconciliation)."""
+    unjoined_llm_spans: int = 0
+    """Framework / instrumentation LLM spans that joined no gateway call (kept as operations, not calls)."""
+    flag: str | None = None
+    """Why reconciliation flagged the rollout (its calls are then excluded as ``unreconciled``);
+    ``None`` when its LightningRL calls are its gateway calls and nothing disagrees."""
 
 
 class BatchReport(BaseModel):
@@ -139,6 +151,10 @@ class BatchReport(BaseModel):
     ``on_untrained_calls`` (intermediate rewards attached to calls that were not trained)."""
     extraction: dict[str, int] = Field(default_factory=dict)
     """Other extraction counters (spans of other attempts, joins, unsequenced spans, ...)."""
+    reconciliation: dict[str, int] = Field(default_factory=dict)
+    """Summed over rollouts: ``gateway_calls``, ``calls`` (LightningRL's; equal to the gateway calls
+    wherever a rollout has any), ``unjoined_llm_spans`` (framework LLM spans kept as operations)
+    and ``flagged_rollouts``."""
     credit: dict[str, int] = Field(default_factory=dict)
     """Counters from the credit assigner (e.g. ``air.tool_error.tool_call_id``)."""
     advantage: dict[str, float | int | str] = Field(default_factory=dict)
@@ -161,6 +177,16 @@ class BatchReport(BaseModel):
             f"{self.rollouts} rollouts, {self.calls} LLM calls, {self.trained_calls} trained, "
             f"{self.transitions} transitions ({self.tokens} tokens)"
         ]
+        rec = self.reconciliation
+        if rec:
+            lines.append(
+                f"  reconciliation: {rec.get('gateway_calls', 0)} gateway calls, {rec.get('calls', 0)} LightningRL "
+                f"calls, {rec.get('unjoined_llm_spans', 0)} unjoined framework LLM spans (operations), "
+                f"{rec.get('flagged_rollouts', 0)} rollouts flagged"
+            )
+        for ro in self.per_rollout:
+            if ro.flag is not None:
+                lines.append(f"  flagged rollout {ro.rollout_id}: {ro.flag}")
         for reason, n in sorted(self.excluded.items(), key=lambda kv: -kv[1]):
             lines.append(f"  excluded {n} x {reason}: {_HINTS.get(reason, '')}".rstrip(": "))
         missing = self.final_reward_sources.get("missing", 0)
@@ -182,7 +208,8 @@ class BatchReport(BaseModel):
             f"{prefix}{k}": float(getattr(self, k))
             for k in ("rollouts", "rollouts_with_transitions", "calls", "trained_calls", "transitions", "tokens")
         }
-        for section in ("excluded", "final_reward_sources", "rewards", "extraction", "credit", "merge", "staleness"):
+        sections = ("excluded", "final_reward_sources", "rewards", "extraction", "reconciliation", "credit", "merge")
+        for section in (*sections, "staleness"):
             for k, v in getattr(self, section).items():
                 out[f"{prefix}{section}/{k}"] = float(v)
         for k, v in self.advantage.items():

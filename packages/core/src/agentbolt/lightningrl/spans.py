@@ -29,7 +29,9 @@ __all__ = [
     "agent_name_of",
     "ancestors",
     "exception_key",
+    "genai_attribute",
     "has_exception_event",
+    "input_messages",
     "is_agent_span",
     "is_exception_span",
     "is_failed_tool_span",
@@ -38,6 +40,7 @@ __all__ = [
     "is_llm_span",
     "is_reward_span",
     "is_tool_span",
+    "output_messages",
     "parse_json_attr",
     "response_text",
     "span_kind",
@@ -46,10 +49,12 @@ __all__ = [
 
 LLM_OPERATIONS: Final = frozenset({semconv.OP_CHAT, semconv.OP_TEXT_COMPLETION, semconv.OP_GENERATE_CONTENT})
 """``gen_ai.operation.name`` values of an LLM call."""
-AGENT_OPERATIONS: Final = frozenset({semconv.OP_INVOKE_AGENT})
-"""``gen_ai.operation.name`` values of an agent span (``create_agent`` encloses no calls)."""
+AGENT_OPERATIONS: Final = frozenset({semconv.OP_INVOKE_AGENT, semconv.OP_INVOKE_WORKFLOW})
+"""``gen_ai.operation.name`` values of an agent span (``create_agent`` encloses no calls); a
+workflow is an agent span in both generations of the GenAI conventions."""
 GEN_AI_SPAN_PREFIX: Final = "invoke_agent "
 """GenAI semconv names agent spans ``invoke_agent {gen_ai.agent.name}``."""
+_SPAN_PREFIXES: Final = (GEN_AI_SPAN_PREFIX, "invoke_workflow ")
 
 _BY_NAME: Final = {
     semconv.SPAN_LLM_CALL: semconv.KIND_LLM,
@@ -152,14 +157,26 @@ def exception_key(span: Span) -> tuple[str, str]:
 def agent_name_of(span: Span) -> str | None:
     """The agent name an agent span declares: ``gen_ai.agent.name``, else ``gen_ai.agent.id``,
     else the span name without its ``invoke_agent`` prefix."""
-    for key in (semconv.GEN_AI_AGENT_NAME, semconv.GEN_AI_AGENT_ID):
+    for key in (semconv.GEN_AI_AGENT_NAME, semconv.GEN_AI_WORKFLOW_NAME, semconv.GEN_AI_AGENT_ID):
         value = span.attributes.get(key)
         if isinstance(value, str) and value:
             return value
     name = span.name
-    if name.startswith(GEN_AI_SPAN_PREFIX):
-        name = name[len(GEN_AI_SPAN_PREFIX) :]
+    for prefix in _SPAN_PREFIXES:
+        name = name.removeprefix(prefix)
     return name or None
+
+
+_LEGACY_OF: Final = {new: old for old, new in semconv.LEGACY_ALIASES.items()}
+
+
+def genai_attribute(span: Span, name: str) -> Any:
+    """A GenAI attribute by its latest name, else by its name up to semantic-conventions 1.36
+    (:data:`agentbolt.semconv.LEGACY_ALIASES`); ``None`` when neither is set."""
+    value = span.attributes.get(name)
+    if value is None and name in _LEGACY_OF:
+        value = span.attributes.get(_LEGACY_OF[name])
+    return value
 
 
 def ancestors(span: Span, by_id: Mapping[str, Span]) -> Iterator[Span]:
@@ -217,13 +234,57 @@ def _content_text(content: Any) -> str | None:
     return None
 
 
-def _output_messages(span: Span) -> list[Mapping[str, Any]]:
-    messages = parse_json_attr(span, semconv.GEN_AI_OUTPUT_MESSAGES)
+def _messages_attr(span: Span, key: str) -> list[Mapping[str, Any]]:
+    messages = parse_json_attr(span, key)
     if isinstance(messages, Mapping):
         messages = [messages]
     if not isinstance(messages, list):
         return []
     return [m for m in messages if isinstance(m, Mapping)]
+
+
+def _event_message(attributes: Mapping[str, Any], role: str) -> dict[str, Any]:
+    """A message from a span event of the GenAI conventions up to 1.36 (``content`` and
+    ``tool_calls`` as attributes, or a JSON ``message`` / ``body``)."""
+    for key in ("message", "body", "gen_ai.event.content"):
+        raw = attributes.get(key)
+        if isinstance(raw, str) and raw.startswith("{"):
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(body, Mapping):
+                return {"role": role, **{k: v for k, v in body.items() if k != "role"}}
+    message: dict[str, Any] = {"role": str(attributes.get("role") or role), "content": attributes.get("content")}
+    if isinstance(attributes.get("tool_calls"), str):
+        try:
+            message["tool_calls"] = json.loads(str(attributes["tool_calls"]))
+        except ValueError:
+            pass
+    return message
+
+
+def input_messages(span: Span) -> list[Mapping[str, Any]]:
+    """The messages a call was given: ``gen_ai.input.messages`` (latest GenAI conventions; OpenAI
+    ``content`` or GenAI ``parts``), else the ``gen_ai.{system,user,assistant,tool}.message``
+    span events of the conventions up to 1.36; ``[]`` when the span recorded none."""
+    messages = _messages_attr(span, semconv.GEN_AI_INPUT_MESSAGES)
+    if messages:
+        return messages
+    return [
+        _event_message(e.attributes, semconv.LEGACY_MESSAGE_EVENTS[e.name])
+        for e in span.events
+        if e.name in semconv.LEGACY_MESSAGE_EVENTS
+    ]
+
+
+def output_messages(span: Span) -> list[Mapping[str, Any]]:
+    """The messages a call produced: ``gen_ai.output.messages``, else the ``gen_ai.choice`` span
+    events of the conventions up to 1.36; ``[]`` when the span recorded none."""
+    messages = _messages_attr(span, semconv.GEN_AI_OUTPUT_MESSAGES)
+    if messages:
+        return messages
+    return [_event_message(e.attributes, "assistant") for e in span.events if e.name == semconv.LEGACY_CHOICE_EVENT]
 
 
 def _message_text(message: Mapping[str, Any]) -> str | None:
@@ -254,7 +315,7 @@ def response_text(gateway: Span | None, framework: tuple[Span, ...] = ()) -> str
             if isinstance(choice.get("text"), str):
                 return str(choice["text"])
     for span in framework:
-        messages = _output_messages(span)
+        messages = output_messages(span)
         if messages:
             texts = [_message_text(m) for m in messages]
             return "".join(t for t in texts if t)
@@ -272,7 +333,7 @@ def tool_call_ids(gateway: Span | None, framework: tuple[Span, ...] = ()) -> lis
         if isinstance(message, Mapping):
             ids.extend(_ids(message.get("tool_calls")))
     for span in framework:
-        for message in _output_messages(span):
+        for message in output_messages(span):
             ids.extend(_ids(message.get("tool_calls")))
             parts = message.get("parts")
             if isinstance(parts, list):

@@ -15,6 +15,11 @@ stored spans of **every attempt** of the selected rollouts; each finding says wh
   the earlier messages and reply) but its prompt ids do not start with the earlier prompt +
   reply ids: the chat template re-rendered history, so trajectories cannot merge;
 - ``adapter_failed``: adapters that failed to instrument in the runners (recorded per attempt);
+- ``unreconciled``: rollouts whose framework spans and gateway calls disagree (an
+  instrumentation LLM span with a response joined no gateway call: a call that bypassed the
+  gateway, or a failed join); LightningRL flags them and does not train them;
+- ``unjoined_llm_spans``: framework LLM spans that joined no gateway call and carry no response
+  (e.g. LlamaIndex's ``_prepare_chat_with_tools``): kept as operations, never calls;
 - ``unnamed_calls``: calls without an agent name (``agent_match`` cannot select them);
 - ``singleton_groups``: training rollout groups of one, whose GRPO / RLOO advantages are all zero
   (held-out rollouts are never trained: they count only when nothing else is selected, as in
@@ -66,6 +71,16 @@ class CaptureCounts:
     template_rewrites: int = 0
     unnamed_calls: int = 0
     named_calls: int = 0
+    reconciled_gateway_calls: int = 0
+    """Gateway calls of the final attempts of rollouts that made any (what LightningRL reconciles)."""
+    lightningrl_calls: int = 0
+    """LightningRL's calls of those attempts: equal to :attr:`reconciled_gateway_calls` by construction."""
+    unjoined_llm_spans: int = 0
+    """Framework LLM spans of those attempts that joined no gateway call (kept as operations)."""
+    unreconciled_rollouts: dict[str, str] = field(default_factory=dict)
+    """Rollout id -> why reconciliation flagged it (LightningRL does not train it)."""
+    reconciliation: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per rollout: ``gateway_calls``, ``lightningrl_calls``, ``unjoined_llm_spans``."""
     adapters: dict[str, int] = field(default_factory=dict)
     """Adapter name -> attempts it instrumented."""
     adapter_failures: dict[str, int] = field(default_factory=dict)
@@ -122,6 +137,12 @@ class DoctorReport:
             f"token ids of answered calls: {c.exact} exact, {c.retokenized} retokenized ({c.drifted} drifted), "
             f"{c.missing} missing",
         ]
+        if c.reconciliation:
+            lines.append(
+                f"reconciliation (final attempts): {c.reconciled_gateway_calls} gateway calls, {c.lightningrl_calls} "
+                f"LightningRL calls, {c.unjoined_llm_spans} unjoined framework LLM spans (operations), "
+                f"{len(c.unreconciled_rollouts)} rollouts flagged"
+            )
         if c.adapters or c.adapter_failures:
             active = ", ".join(sorted(c.adapters)) or "none"
             lines.append(f"adapters: {active}" + (f"; {len(c.adapter_failures)} failed" if c.adapter_failures else ""))
@@ -226,6 +247,18 @@ def diagnose(
                     c.adapter_failures[str(why)] = c.adapter_failures.get(str(why), 0) + 1
         if calls and rollout.current_attempt_id is not None:
             episode = extract_episode(rollout, own)
+            rec = episode.reconciliation
+            if rec is not None:
+                c.reconciled_gateway_calls += rec.gateway_calls
+                c.lightningrl_calls += rec.calls
+                c.unjoined_llm_spans += rec.unjoined_llm_spans
+                c.reconciliation[rollout.rollout_id] = {
+                    "gateway_calls": rec.gateway_calls,
+                    "lightningrl_calls": rec.calls,
+                    "unjoined_llm_spans": rec.unjoined_llm_spans,
+                }
+                if rec.flag is not None:
+                    c.unreconciled_rollouts[rollout.rollout_id] = rec.flag
             for call in episode.calls:
                 if call.agent_name:
                     c.named_calls += 1
@@ -349,6 +382,32 @@ def _findings(c: CaptureCounts, no_calls: int) -> list[Finding]:
                 "into one sequence and train as separate transitions",
                 "send earlier replies back unchanged (same text and tool-call arguments), or use a chat template that "
                 "renders history as generated",
+            )
+        )
+    if c.unreconciled_rollouts:
+        examples = "; ".join(f"{rid}: {why}" for rid, why in list(c.unreconciled_rollouts.items())[:3])
+        out.append(
+            Finding(
+                "unreconciled",
+                "error",
+                len(c.unreconciled_rollouts),
+                f"{len(c.unreconciled_rollouts)} rollouts are flagged by reconciliation and will not be trained "
+                f"(e.g. {examples})",
+                "build every model client the agent uses from resources.llm.base_url, so each call passes the "
+                "gateway; if the framework records its calls without a response id, traceparent or input messages, "
+                "name them with CaptureOptions(agent_names=...) and check the adapter; LightningRLConfig("
+                "unreconciled='train') trains flagged rollouts anyway",
+            )
+        )
+    if c.unjoined_llm_spans:
+        out.append(
+            Finding(
+                "unjoined_llm_spans",
+                "info",
+                c.unjoined_llm_spans,
+                f"{c.unjoined_llm_spans} framework LLM spans joined no gateway call (e.g. a framework's request "
+                "preparation tagged as an LLM span); they are kept as operations, never calls",
+                "nothing to do unless a rollout is flagged (unreconciled): LightningRL's calls are the gateway's",
             )
         )
     if c.unnamed_calls:
