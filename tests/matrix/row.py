@@ -54,7 +54,7 @@ def _check(ok: bool, **detail: Any) -> dict[str, Any]:
     return {"ok": bool(ok), **detail}
 
 
-async def checks(store: Any, backend: Any, row: dict[str, Any], failed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+async def checks(store: Any, backend: Any, row: dict[str, Any], result: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     import calc
 
     from agentbolt import semconv
@@ -105,7 +105,14 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], failed: int) -> 
         )
         credit[mode] = _check(same, got=list(got.values()), hand=list(want.values()))
 
-    result = {
+    failed = result.failed
+    # What Trainer.dev reported (agentbolt's reconciliation of framework spans with the gateway).
+    reported = {
+        "lightningrl_calls": getattr(result, "lightningrl_calls", None),
+        "unjoined_llm_spans": getattr(result, "unjoined_llm_spans", None),
+        "rollouts_unreconciled": getattr(result, "rollouts_unreconciled", None),
+    }
+    out = {
         "completed": _check(
             failed == 0 and len(rollouts) == len(calc.TASKS) and all(r.status.value == "succeeded" for r in rollouts),
             failed=failed,
@@ -113,11 +120,14 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], failed: int) -> 
         ),
         "calls": _check(
             all(gateway_calls[rid] == lightningrl_calls[rid] == calls for rid in gateway_calls)
-            and backend_calls == sum(gateway_calls.values()),
+            and backend_calls == sum(gateway_calls.values())
+            and reported["rollouts_unreconciled"] in (0, None)
+            and reported["lightningrl_calls"] in (None, sum(gateway_calls.values())),
             hand=calls,
             gateway=sorted(gateway_calls.values()),
             lightningrl=sorted(lightningrl_calls.values()),
             backend=backend_calls,
+            reported=reported,
         ),
         "exact_ids": _check(
             bool(transitions)
@@ -139,8 +149,9 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], failed: int) -> 
         "gateway_calls": sum(gateway_calls.values()),
         "lightningrl_calls": sum(lightningrl_calls.values()),
         "exact": sum(tr.token_source.value == "exact" for tr in transitions),
+        "dev_report": reported,
     }
-    return result, counts
+    return out, counts
 
 
 def versions(row: dict[str, Any]) -> dict[str, str]:
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
             result = trainer.dev(list(calc.TASKS), llm=server.base_url, model="fake-model")
         if hasattr(module, "flush"):
             module.flush()
-        record["checks"], record["counts"] = asyncio.run(checks(store, backend, row, result.failed))
+        record["checks"], record["counts"] = asyncio.run(checks(store, backend, row, result))
     except Exception as exc:  # recorded: the row fails with what went wrong
         import traceback
 
