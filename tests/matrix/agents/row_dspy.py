@@ -6,6 +6,7 @@ calls: the calculator step, the ``finish`` step and the answer's extraction. DSP
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -54,7 +55,7 @@ def backend() -> FakeLLM:
 
     def step(request: FakeRequest) -> str:
         if observation(request) is None:
-            name, args = "calculator", '{"expression": "%s"}' % calc.expression(request)
+            name, args = "calculator", json.dumps({"expression": calc.expression(request)})
         else:
             name, args = "finish", "{}"
         return (
