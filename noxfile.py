@@ -28,8 +28,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "tests" / "matrix"))
 from row import range_requirements, rows  # noqa: E402  (the table is read in one place)
 
-nox.options.default_venv_backend = "uv"
-nox.options.reuse_venv = "yes"
+nox.options.default_venv_backend = "uv"  # a fresh environment per session: install_s is a fresh install (warm uv cache)
 ROWS = rows()
 HEAVY = os.environ.get("AGENTBOLT_MATRIX_HEAVY") == "1"
 OUT = ROOT / "runs" / "matrix"

@@ -151,10 +151,19 @@ def _llm_attributes(span: t.Span) -> dict[str, Any]:
     }
 
 
+def _tool_span_name(name: str) -> str:
+    """A tool span's name as the tool's: DSPy's instrumentation names no tool (no ``tool.name``)
+    and calls its spans ``{tool}.__call__`` / ``{tool}.acall``."""
+    for suffix in (".__call__", ".acall"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
 def _tool_attributes(span: t.Span) -> dict[str, Any]:
     attrs = span.attributes
     return {
-        semconv.GEN_AI_TOOL_NAME: first_attribute(span, SpanAttributes.TOOL_NAME) or span.name,
+        semconv.GEN_AI_TOOL_NAME: first_attribute(span, SpanAttributes.TOOL_NAME) or _tool_span_name(span.name),
         semconv.GEN_AI_TOOL_DESCRIPTION: text_attribute(attrs.get(SpanAttributes.TOOL_DESCRIPTION), _MAX_TEXT),
         semconv.GEN_AI_TOOL_CALL_ID: first_attribute(span, SpanAttributes.TOOL_ID, ToolCallAttributes.TOOL_CALL_ID),
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
