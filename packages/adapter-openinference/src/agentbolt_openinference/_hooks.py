@@ -129,10 +129,22 @@ def _agent_attributes(span: t.Span) -> dict[str, Any]:
     return {semconv.GEN_AI_AGENT_NAME: _agent_name(span.attributes, span.name)}
 
 
+_PYDANTIC_AI_AGENT_NAME = "agent_name"
+"""pydantic-ai's attribute for its agent's name on the run span (instrumentation versions 1 and 2)."""
+
+
 def _agent_name(attrs: Mapping[str, Any], span_name: str) -> str | None:
-    """``agent.name``, else ``graph.node.id`` (CrewAI's agent spans: the agent's role; their
-    names are ``{role}.{task}._execute_core``), else the span's name (without smolagents' ``.run``)."""
-    for key in (SpanAttributes.AGENT_NAME, SpanAttributes.GRAPH_NODE_ID):
+    """``agent.name``; else the framework's own name of the agent where OpenInference gives none:
+    ``gen_ai.agent.name`` / ``agent_name`` (pydantic-ai's run span, ``invoke_agent`` / ``agent
+    run``, under OpenInference's span processor), ``graph.node.id`` (CrewAI's agent spans: the
+    agent's role; their names are ``{role}.{task}._execute_core``); else the span's name (without
+    smolagents' ``.run``)."""
+    for key in (
+        SpanAttributes.AGENT_NAME,
+        semconv.GEN_AI_AGENT_NAME,
+        _PYDANTIC_AI_AGENT_NAME,
+        SpanAttributes.GRAPH_NODE_ID,
+    ):
         name = attrs.get(key)
         if isinstance(name, str) and name:
             return name
