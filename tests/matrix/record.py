@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,23 +30,15 @@ sys.path.insert(0, str(HERE))
 from row import range_requirements, rows  # noqa: E402
 
 
-def _commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
-    )
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def gather(runs: Path = RUNS, record_path: Path = RECORD) -> dict[str, Any]:
     """The committed record updated with the row files in ``runs`` (each row's newest run)."""
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {"rows": {}}
-    commit = _commit()
     for path in sorted(runs.glob("*.json")):
         data = json.loads(path.read_text())
         if "variants" not in data:  # a variant's own file (ROW-0.json); the row's file holds it
             continue
-        data["commit"] = commit
+        # The commit the row ran at (row.py records it; a row whose install failed ran nothing).
+        data["commit"] = next((v["commit"] for v in data["variants"] if v.get("commit")), "not run")
         data["date"] = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).isoformat(timespec="seconds")
         record["rows"][data["row"]] = data
     record["rows"] = {rid: record["rows"][rid] for rid in rows() if rid in record["rows"]}

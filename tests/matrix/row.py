@@ -22,6 +22,7 @@ import importlib
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import sys
@@ -179,6 +180,18 @@ def range_requirements(row: dict[str, Any]) -> list[str]:
     return [d for d in deps if not d.startswith("agentbolt") and not d.startswith("wrapt")]
 
 
+def _commit() -> str:
+    """The checkout's commit, ``+dirty`` when tracked files differ from it."""
+    import subprocess
+
+    root = HERE.parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=root)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=root
+    )
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("row")
@@ -193,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         "row": args.row,
         "streaming": bool(args.streaming),
         "python": platform.python_version(),
+        "commit": _commit(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
