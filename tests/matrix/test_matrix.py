@@ -43,6 +43,7 @@ def _run_row(row: str, streaming: bool, tmp_path: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("row", "streaming"), SUITE, ids=[f"{r}-{'stream' if s else 'no-stream'}" for r, s in SUITE])
 def test_workspace_row_holds_every_assertion(row: str, streaming: bool, tmp_path: Path) -> None:
     spec = ROWS[row]
