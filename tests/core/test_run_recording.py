@@ -98,3 +98,6 @@ def test_dev_records_an_evaluate_run(tmp_path: Path) -> None:
     run, metrics, _ = _read(url)
     assert (run.algorithm, run.model, run.status) == ("evaluate", "fake-model", RunStatus.SUCCEEDED)
     assert [m.step for m in metrics] == [0] and "eval/reward_mean" in metrics[0].values
+    values = metrics[0].values  # reconciliation, in the run's metrics: the gateway's calls are LightningRL's
+    assert values["eval/gateway_calls"] == values["eval/lightningrl_calls"] > 0
+    assert values["eval/rollouts_unreconciled"] == 0 and values["eval/unjoined_llm_spans"] == 0

@@ -111,3 +111,29 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_legacy_flattened_prompt_becomes_input_messages_with_the_gateway_fingerprint() -> None:
+    """OpenLLMetry's ``gen_ai.prompt.{i}.*`` (conventions up to 1.36) is read as the span's input
+    messages, whose fingerprint is the one the gateway records for the same request."""
+    from agentbolt import semconv
+    from agentbolt import types as t
+    from agentbolt.lightningrl.spans import input_messages
+    from agentbolt.request_fingerprint import fingerprints
+    from agentbolt_openllmetry._hooks import OpenLLMetryHooks
+
+    span = t.Span.create(
+        "openai.chat",
+        attributes={
+            "llm.request.type": "chat",
+            "gen_ai.prompt.0.role": "system",
+            "gen_ai.prompt.0.content": "You solve arithmetic.",
+            "gen_ai.prompt.1.role": "user",
+            "gen_ai.prompt.1.content": "What is 1 + 3?",
+        },
+    ).model_copy(update={"scope": "opentelemetry.instrumentation.openai.v1"})
+    record = OpenLLMetryHooks("openllmetry").map_span(span)
+    assert record is not None and record.kind == semconv.KIND_LLM
+    mapped = span.model_copy(update={"attributes": {**span.attributes, **record.attributes}})
+    request = [{"role": "system", "content": "You solve arithmetic."}, {"role": "user", "content": "What is 1 + 3?"}]
+    assert fingerprints(input_messages(mapped)) == fingerprints(request)

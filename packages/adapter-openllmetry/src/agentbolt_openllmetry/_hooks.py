@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.semconv_ai import SpanAttributes, TraceloopSpanKindValues
@@ -20,6 +23,7 @@ _LLM_OPERATIONS = {
     "chat": semconv.OP_CHAT,  # llm.request.type, before the GenAI operation names
     "completion": semconv.OP_TEXT_COMPLETION,
 }
+_PROMPT_FIELD = re.compile(r"^gen_ai\.prompt\.(\d+)\.(\w+)$")
 _INSTRUMENTATION_SCOPES = ("opentelemetry.instrumentation.", "traceloop.")
 """Tracer names of OpenLLMetry's instrumentations and of the Traceloop SDK."""
 
@@ -44,8 +48,23 @@ class OpenLLMetryHooks(OtelSpanHooks):
             return None
         operation = first_attribute(span, semconv.GEN_AI_OPERATION_NAME, SpanAttributes.LLM_REQUEST_TYPE)
         if operation in _LLM_OPERATIONS:
-            return UnitRecord(semconv.KIND_LLM, "", {semconv.GEN_AI_OPERATION_NAME: _LLM_OPERATIONS[operation]})
+            attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: _LLM_OPERATIONS[operation]}
+            if semconv.GEN_AI_INPUT_MESSAGES not in span.attributes and (prompt := _legacy_prompt(span.attributes)):
+                attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(prompt)
+            return UnitRecord(semconv.KIND_LLM, "", attrs)
         return None
+
+
+def _legacy_prompt(attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages from OpenLLMetry's flattened ``gen_ai.prompt.{i}.role`` /
+    ``.content`` (what it records up to the GenAI conventions' ``gen_ai.input.messages``), read so
+    LightningRL can join the span to its gateway call by the request's fingerprint."""
+    messages: dict[int, dict[str, Any]] = {}
+    for key, value in attrs.items():
+        match = _PROMPT_FIELD.match(key)
+        if match is not None and match.group(2) in ("role", "content", "tool_call_id"):
+            messages.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    return [messages[i] for i in sorted(messages)]
 
 
 def _tool_attributes(span: t.Span) -> dict[str, Any]:

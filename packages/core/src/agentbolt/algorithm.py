@@ -523,8 +523,15 @@ class Evaluate(Algorithm):
             key: int(after.get(key) or 0) - int(before.get(key) or 0) for key in ("forwarded", "spans_dropped")
         }
         result = summarize(rollouts, all_spans, time.monotonic() - started, gateway_stats=stats)
+        metrics: dict[str, float] = {
+            "eval/gateway_calls": float(result.report.counts.reconciled_gateway_calls),
+            "eval/lightningrl_calls": float(result.lightningrl_calls),
+            "eval/unjoined_llm_spans": float(result.unjoined_llm_spans),
+            "eval/rollouts_unreconciled": float(result.rollouts_unreconciled),
+        }
         if result.reward_mean is not None:
-            ctx.log_metrics(0, {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0})
+            metrics |= {"eval/reward_mean": result.reward_mean, "eval/reward_std": result.reward_std or 0.0}
+        ctx.log_metrics(0, metrics)
         if result.calls_missing_ids or result.calls_retokenized:
             log.warning(
                 "%d of %d answered LLM calls have no exact token ids (%d retokenized, %d missing)",

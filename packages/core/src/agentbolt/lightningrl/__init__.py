@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         Episode,
         ExclusionReason,
         LLMCall,
+        Reconciliation,
         RewardRecord,
         agent_selector,
     )
@@ -89,6 +90,7 @@ _EXPORTS: dict[str, str] = {
     "FormatRule": "air",
     "IntermediateCredit": "credit",
     "LLMCall": "episode",
+    "Reconciliation": "episode",
     "LightningRL": "pipeline",
     "LightningRLBatch": "pipeline",
     "MergeResult": "merge",
@@ -142,6 +144,7 @@ __all__ = [
     "LightningRLConfig",
     "LossAggregation",
     "MergeResult",
+    "Reconciliation",
     "ReinforcePlusPlus",
     "RewardRecord",
     "RolloutCorrection",

@@ -118,19 +118,16 @@ def _group_calls(
                 notes["joined_by_parent"] += 1
                 break
     _join_by_fingerprint(gateways, clusters, joined, notes)
-    # Last resort, for framework LLM spans that carry no response id and no input messages (e.g.
-    # streamed calls through langchain-openai): pair the remaining gateway calls and such spans by
-    # their order, each list by its own start times, only when the counts match. Counted in the
-    # report. A span whose messages matched no request is not one of these calls.
+    # Last resort, for framework LLM spans that carry no response id at all (e.g. streamed calls
+    # through langchain-openai): pair the remaining gateway calls and such spans by their order,
+    # each list by its own start times, only when the counts match. Counted in the report.
     used_roots = set(joined.values())
     open_gateways = sorted((g for g in gateways if g.span_id not in joined), key=lambda g: g.start_time_ns)
     anonymous = sorted(
         (
             root
             for root, members in clusters.items()
-            if root not in used_roots
-            and all(_response_id(m) is None for m in members)
-            and _cluster_fingerprints(members) is None
+            if root not in used_roots and all(_response_id(m) is None for m in members)
         ),
         key=lambda root: min(m.start_time_ns for m in clusters[root]),
     )
