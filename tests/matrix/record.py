@@ -84,7 +84,7 @@ def table(record: dict[str, Any]) -> str:
         for streaming in (False, True):
             v = variants.get(streaming)
             if v is None:
-                modes.append("not offered" if streaming not in row["streaming"] else "not run")
+                modes.append("not in this row" if streaming not in row["streaming"] else "not run")
             else:
                 failed = _failed(v)
                 modes.append("pass (all 8 checks)" if not failed else "FAIL: " + ", ".join(failed))
