@@ -5,14 +5,17 @@ adapters assert on.
 ``python -c "import instrumented_harness as h; h.main(...)"`` is what the tests run: ``setup``
 is the user's own instrumentation code (run before or after agentbolt installs its capture, as
 ``order`` says), the agent runs in ``Trainer.dev`` through the gateway against the fake backend,
-every connection that would leave the machine is refused and recorded, and a JSON summary is
-printed.
+every connection that would leave the machine is refused and recorded, from the start of
+:func:`main` to the interpreter's last exit handler (uploads an SDK starts at exit count), and a
+JSON summary is printed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,29 +41,39 @@ def main(
     tasks. ``order``: ``"before"`` (the user's instrumentation first) or ``"after"`` (agentbolt's
     capture first, as when a runner starts before the agent's code sets up its instrumentation).
     ``flush()``, when given, runs after the rollouts, still under the outbound guard: what makes
-    the instrumentation export what it queued (its periodic exporters would run later)."""
-    with OutboundGuard() as guard:
-        if order == "after":
-            install_otel()
-        exported = setup()
-        agent, backend, tasks = load()
-        store = MemoryStore()
-        with FakeLLMServer(backend) as server:
-            trainer = Trainer(
-                agent,
-                store=store,
-                runners={"n": 0, "concurrency": 2},
-                capture={"adapters": adapters},
-                progress=False,
-            )
-            result = trainer.dev(list(tasks), llm=server.base_url, model="fake-model")
-        if flush is not None:
-            flush()
-        summary = asyncio.run(_summary(store))
-        summary["failed"] = result.failed
-        summary["user_exporter"] = sorted(set(exported()))
-    summary["outbound"] = guard.attempts
-    print("SUMMARY " + json.dumps(summary))
+    the instrumentation export what it queued (its periodic exporters would run later).
+
+    The outbound guard stays on until the process ends: the exit handler registered here runs
+    after every one the instrumentation registers later (they run last-in, first-out) and prints
+    ``OUTBOUND_AT_EXIT`` with every refused attempt, exit included; :func:`run` reads it."""
+    guard = OutboundGuard().__enter__()
+    atexit.register(_report_at_exit, guard)
+    if order == "after":
+        install_otel()
+    exported = setup()
+    agent, backend, tasks = load()
+    store = MemoryStore()
+    with FakeLLMServer(backend) as server:
+        trainer = Trainer(
+            agent,
+            store=store,
+            runners={"n": 0, "concurrency": 2},
+            capture={"adapters": adapters},
+            progress=False,
+        )
+        result = trainer.dev(list(tasks), llm=server.base_url, model="fake-model")
+    if flush is not None:
+        flush()
+    summary = asyncio.run(_summary(store))
+    summary["failed"] = result.failed
+    summary["user_exporter"] = sorted(set(exported()))
+    summary["outbound"] = list(guard.attempts)
+    print("SUMMARY " + json.dumps(summary), flush=True)
+
+
+def _report_at_exit(guard: OutboundGuard) -> None:
+    # os.write: an instrumentation may have replaced ``print`` (AgentOps captures stdout).
+    os.write(1, ("\nOUTBOUND_AT_EXIT " + json.dumps(guard.attempts) + "\n").encode())
 
 
 async def _summary(store: MemoryStore) -> dict[str, Any]:
@@ -125,4 +138,8 @@ def run(script: str, *dirs: Any, timeout: float = 240) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr[-4000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("SUMMARY ")]
     assert lines, out.stdout[-2000:] + out.stderr[-2000:]
-    return json.loads(lines[-1][len("SUMMARY ") :])
+    summary: dict[str, Any] = json.loads(lines[-1][len("SUMMARY ") :])
+    at_exit = [line for line in out.stdout.splitlines() if line.startswith("OUTBOUND_AT_EXIT ")]
+    assert at_exit, "the outbound guard's exit report is missing: " + out.stdout[-2000:]
+    summary["outbound"] = json.loads(at_exit[-1][len("OUTBOUND_AT_EXIT ") :])  # the whole process's
+    return summary

@@ -7,6 +7,7 @@ patches LLM clients and agent frameworks for the whole process."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -115,6 +116,41 @@ def test_agentops_exports_to_its_cloud_only_with_an_api_key(key: str | None) -> 
         assert line == "ATTEMPTS []"
     else:  # the user configured AgentOps' cloud: it is tried (and refused by the guard, offline)
         assert "agentops.ai" in line
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import atexit, json, os
+    from agentbolt.testing.outbound import OutboundGuard
+
+    guard = OutboundGuard().__enter__()  # on to the end: its report runs after AgentOps' exit handlers
+    atexit.register(lambda: os.write(1, ("ATTEMPTS " + json.dumps(guard.attempts) + "\\n").encode()))
+    if {adapter}:
+        from agentbolt_agentops import AgentOpsAdapter
+        AgentOpsAdapter().instrument()
+    import agentops
+    agentops.init()  # the default trace starts; it ends at exit, and AgentOps uploads what was printed
+    print("what the agent printed")
+    """
+)
+
+
+@pytest.mark.parametrize(("adapter", "key"), [(True, None), (False, None), (True, "a-key-the-user-configured")])
+def test_agentops_uploads_nothing_at_exit_without_an_api_key(adapter: bool, key: str | None) -> None:
+    env = dict(os.environ)
+    env.pop("AGENTOPS_API_KEY", None)
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1"  # refused exports' retries (see above)
+    if key is not None:
+        env["AGENTOPS_API_KEY"] = key
+    script = EXIT_SCRIPT.format(adapter=adapter)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("ATTEMPTS ")]
+    attempts = json.loads(line[len("ATTEMPTS ") :])
+    if adapter and key is None:
+        assert attempts == []  # no log upload, no export, no DNS lookup
+    else:  # AgentOps alone uploads the printed log at exit (api.agentops.ai); with a key, as configured
+        assert "resolve api.agentops.ai" in attempts
 
 
 TRACER_SCRIPT = textwrap.dedent(

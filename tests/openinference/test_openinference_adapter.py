@@ -162,3 +162,56 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("name", "attributes", "tool"),
+    [
+        ("calculator.__call__", {}, "calculator"),  # DSPy's Tool.__call__ span: no tool.name
+        ("calculator.acall", {}, "calculator"),  # DSPy's Tool.acall
+        ("SimpleTool", {"tool.name": "final_answer"}, "final_answer"),  # tool.name wins
+        ("lookup", {}, "lookup"),
+    ],
+)
+def test_tool_name_from_tool_name_else_the_span_name(name: str, attributes: dict[str, Any], tool: str) -> None:
+    from agentbolt import semconv
+    from agentbolt import types as t
+    from agentbolt_openinference._hooks import OpenInferenceHooks
+
+    span = t.Span(
+        trace_id="0" * 31 + "1",
+        span_id="0" * 15 + "1",
+        name=name,
+        start_time_ns=1,
+        attributes={"openinference.span.kind": "TOOL", **attributes},
+    )
+    record = OpenInferenceHooks("openinference").map_span(span)
+    assert record is not None and record.attributes[semconv.GEN_AI_TOOL_NAME] == tool
+
+
+@pytest.mark.parametrize(
+    ("name", "attributes", "agent"),
+    [
+        ("solver.run", {}, "solver"),  # smolagents
+        ("solver.task._execute_core", {"graph.node.id": "solver"}, "solver"),  # CrewAI: the agent's role
+        ("agent run", {"agent_name": "solver"}, "solver"),  # pydantic-ai, instrumentation version 2
+        ("invoke_agent solver", {"gen_ai.agent.name": "solver"}, "solver"),  # pydantic-ai, version 3
+        ("anything", {"agent.name": "solver", "graph.node.id": "node"}, "solver"),  # agent.name wins
+    ],
+)
+def test_agent_name_from_the_framework_where_openinference_gives_none(
+    name: str, attributes: dict[str, Any], agent: str
+) -> None:
+    from agentbolt import semconv
+    from agentbolt import types as t
+    from agentbolt_openinference._hooks import OpenInferenceHooks
+
+    span = t.Span(
+        trace_id="0" * 31 + "1",
+        span_id="0" * 15 + "1",
+        name=name,
+        start_time_ns=1,
+        attributes={"openinference.span.kind": "AGENT", **attributes},
+    )
+    record = OpenInferenceHooks("openinference").map_span(span)
+    assert record is not None and record.attributes[semconv.GEN_AI_AGENT_NAME] == agent

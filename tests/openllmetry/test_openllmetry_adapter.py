@@ -70,6 +70,40 @@ def test_traceloop_init_before_or_after_agentbolt(order: str) -> None:
     assert {source for _, source in summary["transitions"]} == {"exact"}
 
 
+NO_KEY_SCRIPT = textwrap.dedent(
+    """
+    import instrumented_harness
+
+    def setup():  # Traceloop's quick start, without an API key: no exporter of the user's
+        from traceloop.sdk import Traceloop
+        Traceloop.init(app_name="calc")
+        return lambda: []
+
+    def load():
+        import ol_agents as ol
+        return ol.calc_team, ol.calc_backend(), ol.calc_tasks(2)
+
+    instrumented_harness.main(setup, load, order={order!r})
+    """
+)
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_traceloop_without_a_key_connects_nowhere(order: str) -> None:
+    """From the process's start to its last exit handler (uploads at exit included), no
+    connection or DNS lookup beyond loopback: not the Traceloop SDK's exporters, metrics, logs or
+    image uploader, not OpenLLMetry's instrumentations."""
+    env_key = os.environ.pop("TRACELOOP_API_KEY", None)
+    try:
+        summary = instrumented_harness.run(NO_KEY_SCRIPT.format(order=order), HERE)
+    finally:
+        if env_key is not None:
+            os.environ["TRACELOOP_API_KEY"] = env_key
+    assert summary["outbound"] == []
+    assert summary["failed"] == 0
+    assert [r["gateway_calls"] for r in summary["rollouts"]] == [3, 3]
+
+
 def test_plugin_module_imports_nothing_heavy() -> None:
     code = (
         "import sys, agentbolt_openllmetry.plugin, agentbolt_openllmetry; "

@@ -90,13 +90,16 @@ def _tool_attributes(span: t.Span) -> dict[str, Any]:
 
 
 def keep_agentops_local() -> None:
-    """From now on (for the process), AgentOps' span and metric exporters aimed at its cloud send
-    nothing while AgentOps has no API key. Applied when AgentOps' modules are imported (now, if
+    """From now on (for the process), AgentOps sends nothing to its cloud while it has no API key:
+    neither its span and metric exporters nor its uploads (the log upload its default trace's
+    processor makes when the trace ends, at exit: everything the process printed; the objects its
+    OpenAI Agents instrumentation uploads). Applied when AgentOps' modules are imported (now, if
     they are); idempotent."""
     import wrapt
 
     wrapt.register_post_import_hook(_quiet_span_exporter, "agentops.sdk.exporters")
     wrapt.register_post_import_hook(_quiet_metric_exporter, "opentelemetry.exporter.otlp.proto.http.metric_exporter")
+    wrapt.register_post_import_hook(_quiet_uploads, "agentops.client.api.versions.v4")
 
 
 def _quiet_span_exporter(module: Any) -> None:
@@ -111,27 +114,35 @@ def _quiet_metric_exporter(module: Any) -> None:
     _quiet(module.OTLPMetricExporter, MetricExportResult.SUCCESS)
 
 
-def _quiet(exporter: Any, dropped: Any) -> None:
-    """Wrap the ``export`` method of the ``exporter`` class (AgentOps', untyped): an export to AgentOps' cloud without an API key is dropped
-    (reported as done, so nothing retries); every other export goes as before."""
+def _quiet_uploads(module: Any) -> None:
+    # V4Client.upload_logfile / upload_object return the API's JSON answer; an upload not made
+    # answers {} (AgentOps reads no field of the log upload's answer, and none of an object's is required).
+    for method in ("upload_logfile", "upload_object"):
+        _quiet(module.V4Client, {}, method=method, endpoint_attribute="endpoint")
+
+
+def _quiet(cls: Any, dropped: Any, *, method: str = "export", endpoint_attribute: str = "_endpoint") -> None:
+    """Wrap ``method`` of the class ``cls`` (AgentOps' or OpenTelemetry's exporter, AgentOps' API
+    client; untyped): a call whose instance is aimed at AgentOps' cloud (its ``endpoint_attribute``)
+    without an API key sends nothing and returns ``dropped`` (an export reported as done, so
+    nothing retries); every other call goes as before."""
     import wrapt
 
-    if getattr(exporter.__dict__.get("export"), _KEPT_LOCAL, False):
+    if getattr(cls.__dict__.get(method), _KEPT_LOCAL, False):
         return
 
     @wrapt.decorator
-    def export(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if _to_cloud_without_key(instance):
+    def quiet(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _to_cloud_without_key(getattr(instance, endpoint_attribute, None)):
             return dropped
         return wrapped(*args, **kwargs)
 
-    wrapper = export(exporter.__dict__["export"])
+    wrapper = quiet(cls.__dict__[method])
     setattr(wrapper, _KEPT_LOCAL, True)
-    exporter.export = wrapper
+    setattr(cls, method, wrapper)
 
 
-def _to_cloud_without_key(exporter: Any) -> bool:
-    endpoint = getattr(exporter, "_endpoint", None)
+def _to_cloud_without_key(endpoint: Any) -> bool:
     host = urlparse(endpoint).hostname if isinstance(endpoint, str) else None
     if host is None or not (host == _CLOUD_DOMAIN or host.endswith("." + _CLOUD_DOMAIN)):
         return False

@@ -65,8 +65,9 @@ class OpenInferenceHooks(OtelSpanHooks):
 
     def __init__(self, adapter: str) -> None:
         super().__init__(adapter)
-        self._agents: collections.OrderedDict[int, str] = collections.OrderedDict()
-        """Open span id -> name of the agent it runs in."""
+        self._agents: collections.OrderedDict[int, str | Any] = collections.OrderedDict()
+        """Open span id -> name of the agent it runs in, or the agent's span itself: its name is
+        read when a call starts under it (CrewAI sets the agent's role after the span starts)."""
         self._agents_lock = threading.Lock()
 
     def on_span_start(self, span: Any) -> None:
@@ -76,16 +77,18 @@ class OpenInferenceHooks(OtelSpanHooks):
             return
         parent = span.parent.span_id if span.parent is not None else None
         with self._agents_lock:
+            entry: str | Any | None
             if kind.upper() == OpenInferenceSpanKindValues.AGENT.value:
-                name = _agent_name(attrs, span.name)
+                entry = span  # its name is read when a call starts under it
             elif (step := _llama_index_agent(attrs, span.name)) is not None:
-                name = step
+                entry = step
             else:
-                name = self._agents.get(parent) if parent is not None else None
-            if name:
-                self._agents[span.get_span_context().span_id] = name
+                entry = self._agents.get(parent) if parent is not None else None
+            if entry is not None:
+                self._agents[span.get_span_context().span_id] = entry
                 while len(self._agents) > _MAX_OPEN:
                     self._agents.popitem(last=False)
+        name = entry if entry is None or isinstance(entry, str) else _agent_name(entry.attributes or {}, entry.name)
         if name and kind.upper() == OpenInferenceSpanKindValues.LLM.value and not attrs.get(semconv.GEN_AI_AGENT_NAME):
             span.set_attribute(semconv.GEN_AI_AGENT_NAME, name)
 
@@ -126,11 +129,25 @@ def _agent_attributes(span: t.Span) -> dict[str, Any]:
     return {semconv.GEN_AI_AGENT_NAME: _agent_name(span.attributes, span.name)}
 
 
+_PYDANTIC_AI_AGENT_NAME = "agent_name"
+"""pydantic-ai's attribute for its agent's name on the run span (instrumentation versions 1 and 2)."""
+
+
 def _agent_name(attrs: Mapping[str, Any], span_name: str) -> str | None:
-    """``agent.name``, else the span's name (without smolagents' ``.run``)."""
-    name = attrs.get(SpanAttributes.AGENT_NAME)
-    if isinstance(name, str) and name:
-        return name
+    """``agent.name``; else the framework's own name of the agent where OpenInference gives none:
+    ``gen_ai.agent.name`` / ``agent_name`` (pydantic-ai's run span, ``invoke_agent`` / ``agent
+    run``, under OpenInference's span processor), ``graph.node.id`` (CrewAI's agent spans: the
+    agent's role; their names are ``{role}.{task}._execute_core``); else the span's name (without
+    smolagents' ``.run``)."""
+    for key in (
+        SpanAttributes.AGENT_NAME,
+        semconv.GEN_AI_AGENT_NAME,
+        _PYDANTIC_AI_AGENT_NAME,
+        SpanAttributes.GRAPH_NODE_ID,
+    ):
+        name = attrs.get(key)
+        if isinstance(name, str) and name:
+            return name
     return span_name.removesuffix(_RUN_SUFFIX) or None
 
 
@@ -151,10 +168,19 @@ def _llm_attributes(span: t.Span) -> dict[str, Any]:
     }
 
 
+def _tool_span_name(name: str) -> str:
+    """A tool span's name as the tool's: DSPy's instrumentation names no tool (no ``tool.name``)
+    and calls its spans ``{tool}.__call__`` / ``{tool}.acall``."""
+    for suffix in (".__call__", ".acall"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
 def _tool_attributes(span: t.Span) -> dict[str, Any]:
     attrs = span.attributes
     return {
-        semconv.GEN_AI_TOOL_NAME: first_attribute(span, SpanAttributes.TOOL_NAME) or span.name,
+        semconv.GEN_AI_TOOL_NAME: first_attribute(span, SpanAttributes.TOOL_NAME) or _tool_span_name(span.name),
         semconv.GEN_AI_TOOL_DESCRIPTION: text_attribute(attrs.get(SpanAttributes.TOOL_DESCRIPTION), _MAX_TEXT),
         semconv.GEN_AI_TOOL_CALL_ID: first_attribute(span, SpanAttributes.TOOL_ID, ToolCallAttributes.TOOL_CALL_ID),
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: text_attribute(
