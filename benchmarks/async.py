@@ -189,8 +189,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from agentbolt.options import RunnerOptions
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.asynchronous import rollouts_in_flight
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.asynchronous import rollouts_in_flight
 
     bound = None if args.bound == "sync" else int(args.bound)
     evaluations: list[dict[str, float]] = []

@@ -19,7 +19,7 @@ An arm is ``before`` or ``after`` followed by flags, joined with ``-`` (``after-
 - ``-mbN``: with ``--micro-batch-tokens N`` (the updater's default is 2,048 padded tokens per
   forward/backward pass);
 - ``-gc`` / ``-nogc``: with ``--gradient-checkpointing`` / ``--no-gradient-checkpointing``
-  (:mod:`agentbolt_torch.update_recompute`: each layer's activations recomputed in the backward
+  (:mod:`agentbolt_torch.update.recompute`: each layer's activations recomputed in the backward
   pass instead of kept);
 - ``-arenaN``: with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by all threads);
 - ``-glibc``: glibc's malloc with its default settings (no ``MALLOC_*``, nothing preloaded);
@@ -160,7 +160,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentbolt.types import Transition
 from agentbolt_torch.models import tiny_tokenizer
 from agentbolt_torch.policy import Policy
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
 hidden, layers, groups, updates, checkpointing = (int(a) for a in sys.argv[1:6])
 vocab = 49152

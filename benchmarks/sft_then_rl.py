@@ -64,8 +64,8 @@ def main() -> int:
     for suffix in ("", "-wal", "-shm", "-agentbolt-lock"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
 
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.sft import TorchSFT
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.sft import TorchSFT
 
     common: dict[str, Any] = {
         "batch_size": BATCH,

@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--write-tasks", metavar="DIR", help="only write tasks.jsonl/val_tasks.jsonl (agentbolt tasks, for verl)"
     )
     try:  # the GRPO stage's --async K (agentbolt-torch; --write-tasks for verl does not need it)
-        from agentbolt_torch.asynchronous import add_async_argument
+        from agentbolt_torch.training.asynchronous import add_async_argument
     except ImportError:
         p.set_defaults(max_staleness=None)
     else:
@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_tasks:
         write_tasks(Path(args.write_tasks), train, val)
         return 0
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.sft import TorchSFT, model_dir_of
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.sft import TorchSFT, model_dir_of
 
     if args.store.startswith("sqlite:///"):
         Path(args.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)

@@ -39,10 +39,10 @@ from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import step_means  # noqa: E402
-from agentbolt_torch.sft import TorchSFT, model_dir_of  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import step_means  # noqa: E402
+from agentbolt_torch.training.sft import TorchSFT, model_dir_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -38,9 +38,9 @@ from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, SetScore, provenance  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import per_rollout, step_means  # noqa: E402
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentbolt/examples/rag_agent"
 

@@ -32,8 +32,8 @@ from agentbolt.lightningrl import LightningRL, LightningRLConfig  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.store import open_store  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 
 NAME = "smolagents_agent"
 AGENT_SETS = {"solver": "^solver$", "manager": "^manager$", "all": None}

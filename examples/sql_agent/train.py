@@ -42,9 +42,9 @@ from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
 from agentbolt.options import CaptureOptions, GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import per_rollout, step_means  # noqa: E402
 
 AGENT_SETS = {
     "writer+rewriter": "^(write_query|rewrite_query)$",

@@ -145,7 +145,7 @@ async def test_killed_actor_is_restarted_and_its_rollouts_retried(tmp_path: Path
 def test_a_training_step_of_the_tiny_model_with_ray_runners(tmp_path: Path) -> None:
     pytest.importorskip("agentbolt_torch")
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
     algorithm = TorchGRPO(

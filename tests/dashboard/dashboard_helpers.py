@@ -43,7 +43,7 @@ TASKS = [{"task_id": f"add-{i}", "question": f"What is {i} + {i + 1}?", "answer"
 
 def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -> None:
     """``runs`` training runs of ``steps`` steps each into the store at ``url``."""
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     for k in range(runs):
         algorithm = TorchGRPO(

@@ -14,10 +14,10 @@ from agentbolt.algorithm import AlgorithmContext
 from agentbolt.options import RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.trainer import Trainer
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.asynchronous import GroupStream
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.asynchronous import GroupStream
 
 LONG = SamplingParams(max_tokens=900, ignore_eos=True)
 """Far more decode steps than it takes this test to pause the engine after admission."""

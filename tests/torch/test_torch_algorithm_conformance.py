@@ -7,8 +7,8 @@ from typing import Any
 
 from agentbolt.algorithm import Algorithm
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.sft import TorchSFT
 
 SMALL: dict[str, Any] = {
     "batch_size": 4,

@@ -24,11 +24,11 @@ from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources, RolloutMode
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.serving_copy import ServingWeights
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.serving import ServingWeights
+from agentbolt_torch.training.algorithm import TorchGRPO
 
 # -- the serving copy -------------------------------------------------------------------------
 
@@ -135,8 +135,8 @@ def test_max_staleness_needs_an_asynchronous_algorithm() -> None:
 
 def test_max_staleness_is_refused_for_sft_on_demonstrations(tmp_path: Path) -> None:
     """Offline SFT samples nothing: an asynchronous bound there is a mistake, said before any work."""
-    from agentbolt_torch.demonstrations import Demonstration
-    from agentbolt_torch.sft import TorchSFT
+    from agentbolt_torch.training.demonstrations import Demonstration
+    from agentbolt_torch.training.sft import TorchSFT
 
     demo = Demonstration(messages=[{"role": "user", "content": "2+2?"}], reply={"content": "4"}, episode="e0")
     algorithm = TorchSFT("tiny", steps=1, demonstrations=[demo], out_dir=tmp_path, plot=False, val_every=None)

@@ -19,17 +19,17 @@ from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
 from agentbolt_torch.chat import parse_tool_calls
-from agentbolt_torch.demonstrations import (
+from agentbolt_torch.generation.engine import GenerationEngine
+from agentbolt_torch.policy import Policy
+from agentbolt_torch.serving.server import PolicyServer
+from agentbolt_torch.training.demonstrations import (
     Demonstration,
     DemonstrationError,
     demonstrations_from_spans,
     render_demonstration,
     render_demonstrations,
 )
-from agentbolt_torch.engine import GenerationEngine
-from agentbolt_torch.policy import Policy
-from agentbolt_torch.server import PolicyServer
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.sft import TorchSFT
 
 openai = pytest.importorskip("openai")
 

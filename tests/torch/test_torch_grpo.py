@@ -24,8 +24,8 @@ from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
-from agentbolt_torch.algorithm import TorchGRPO
 from agentbolt_torch.models import tiny_model
+from agentbolt_torch.training.algorithm import TorchGRPO
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,13 +16,13 @@ from agentbolt.lightningrl import LightningRL
 from agentbolt.policies import Policies, match
 from agentbolt.types import Transition
 from agentbolt_torch.adapters import BASE, activate, adapter_parameters
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.roles import RoleUpdater, load_role_policies, lora_settings_for
-from agentbolt_torch.server import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, PolicyServer
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+from agentbolt_torch.serving.server import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, PolicyServer
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.roles import RoleUpdater, load_role_policies, lora_settings_for
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
 ROLES = Policies({"writer": match("write_query", rank=4), "rewriter": match("rewrite_query", rank=8, lr=1e-3)})
 PROMPT = [1, 5, 9, 12, 30, 31]

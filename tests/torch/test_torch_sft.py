@@ -17,8 +17,8 @@ from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt_torch.models import tiny_model
-from agentbolt_torch.sft import TorchSFT, select_transitions
-from agentbolt_torch.update import UpdateConfig
+from agentbolt_torch.training.sft import TorchSFT, select_transitions
+from agentbolt_torch.update.updater import UpdateConfig
 
 TASKS = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(6)]
 

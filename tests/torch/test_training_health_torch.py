@@ -18,7 +18,7 @@ from agentbolt.runs.doctor import doctor
 from agentbolt.runs.health import COLLAPSE_SURPRISAL
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.sft import TorchSFT
 
 
 def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:

@@ -4,10 +4,10 @@
 model with :func:`apply_adapters`: a ``peft`` model holding one adapter per policy, the base
 weights frozen and shared, so memory is the base plus N adapters. What reads them:
 
-- **generation** (:class:`~agentbolt_torch.engine.GenerationEngine`) runs rows of different
+- **generation** (:class:`~agentbolt_torch.generation.engine.GenerationEngine`) runs rows of different
   adapters in one forward pass with peft's mixed-adapter batches (``adapter_names=[...]``, one
   name per row; :data:`BASE` runs a row on the base model alone), so routing costs no extra pass;
-- **training** (:class:`~agentbolt_torch.update.PolicyUpdater` ``(adapter=name)``) activates one
+- **training** (:class:`~agentbolt_torch.update.updater.PolicyUpdater` ``(adapter=name)``) activates one
   adapter (:func:`activate`), optimizes only :func:`adapter_parameters` of it, and bumps only its
   version (:meth:`Policy.bump_version(name) <agentbolt_torch.policy.Policy.bump_version>`);
 - **checkpoints** save and load one adapter by name (:func:`adapter_state`,

@@ -10,7 +10,7 @@ nothing stops with a :class:`~agentbolt.errors.UserError` saying what to change.
 
     Trainer(agent, TorchSFT(model="smollm2", steps=5, threshold=1.0)).fit(train, val)
 
-With ``demonstrations=`` (:mod:`agentbolt_torch.demonstrations`: calls of a stronger model, or
+With ``demonstrations=`` (:mod:`agentbolt_torch.training.demonstrations`: calls of a stronger model, or
 worked solutions played through the agent) nothing is sampled: each step trains on
 ``batch_size`` demonstration episodes, rendered with the policy's own tokenizer through the policy
 server's chat rendering, so the policy learns exactly the sequences it will be served and parsed.
@@ -81,7 +81,7 @@ def model_dir_of(init_from: str | Path) -> str:
 class TorchSFT(TorchGRPO):
     """Rejection-sampling fine-tuning through the whole agentbolt pipeline.
 
-    Takes :class:`~agentbolt_torch.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
+    Takes :class:`~agentbolt_torch.training.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
     group_size, sampling, val_*, update, lora, engine, out_dir, checkpoint_every, resume, ...), and:
 
     Args:
@@ -92,7 +92,7 @@ class TorchSFT(TorchGRPO):
         demonstrations: train on these instead of sampling (offline SFT): each step takes
             ``batch_size`` episodes (the calls sharing a :attr:`Demonstration.episode`), in
             shuffled epochs; ``threshold``, ``best_k`` and ``group_size`` then play no part. Calls
-            that do not render (:func:`~agentbolt_torch.demonstrations.render_demonstration`)
+            that do not render (:func:`~agentbolt_torch.training.demonstrations.render_demonstration`)
             are skipped and counted (``train/skipped_calls``); a first step with none left
             stops the run with a :class:`~agentbolt.errors.UserError`.
     """

@@ -13,7 +13,7 @@ store and a PNG curve.
 
 With policies by role (``Trainer(policies=...)``, read here as ``ctx.policies``) the same loop
 serves one LoRA adapter per policy on one base model and updates each from its own agents' rows
-(:mod:`agentbolt_torch.roles`); per-policy metrics are ``train/<policy>/*``.
+(:mod:`agentbolt_torch.training.roles`); per-policy metrics are ``train/<policy>/*``.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ class TorchGRPO(Algorithm):
         lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
             ``loss_aggregation``, ...): a :class:`~agentbolt.lightningrl.LightningRLConfig` or a
             mapping of its fields (``None``: the defaults).
-        update: :class:`~agentbolt_torch.update.UpdateConfig` or its fields as a dict.
+        update: :class:`~agentbolt_torch.update.updater.UpdateConfig` or its fields as a dict.
         lora: :class:`~agentbolt_torch.policy.LoraSettings` or a dict (``None``: full fine-tune).
-        engine: keyword arguments of :class:`~agentbolt_torch.engine.GenerationEngine`.
+        engine: keyword arguments of :class:`~agentbolt_torch.generation.engine.GenerationEngine`.
         out_dir: metrics, curve and checkpoints.
         checkpoint_every: save a checkpoint every this many steps (and at the end) if set.
         resume: a checkpoint directory to start from.
@@ -109,13 +109,13 @@ class TorchGRPO(Algorithm):
             the policy server after an update, ``"inplace"`` (between two decode steps; calls in
             flight go on with the new weights and keep the version they started with) or
             ``"drain"`` (the gateway and the server let calls in flight finish first); see
-            :mod:`agentbolt_torch.asynchronous`.
+            :mod:`agentbolt_torch.training.asynchronous`.
         device, seed, plot: as named.
 
     Asynchronous training: with ``lightningrl.max_staleness=K`` (or ``Trainer.fit(...,
     max_staleness=K)``) the rollouts of the next K batches run while the policy updates and the
     server answers from a copy of the weights; calls staler than K versions are dropped and
-    counted (:mod:`agentbolt_torch.asynchronous`).
+    counted (:mod:`agentbolt_torch.training.asynchronous`).
     """
 
     name = "torch-grpo"
@@ -184,13 +184,13 @@ class TorchGRPO(Algorithm):
         self._server: Any = None
         self._engine: Any = None
         self._stream: Any = None
-        """The asynchronous schedule's :class:`~agentbolt_torch.asynchronous.GroupStream` while it runs."""
+        """The asynchronous schedule's :class:`~agentbolt_torch.training.asynchronous.GroupStream` while it runs."""
 
     def state(self) -> dict[str, Any]:
         """A snapshot of the run in progress for monitoring (JSON-serialisable; safe from any
-        thread): ``engine`` (:meth:`GenerationEngine.state <agentbolt_torch.engine.GenerationEngine.state>`)
+        thread): ``engine`` (:meth:`GenerationEngine.state <agentbolt_torch.generation.engine.GenerationEngine.state>`)
         and, while training asynchronously, ``stream`` (:meth:`GroupStream.state
-        <agentbolt_torch.asynchronous.GroupStream.state>`); ``None`` where there is none."""
+        <agentbolt_torch.training.asynchronous.GroupStream.state>`); ``None`` where there is none."""
         engine, stream = self._engine, self._stream
         return {
             "engine": engine.state() if engine is not None else None,
@@ -457,13 +457,13 @@ class TorchGRPO(Algorithm):
 
     def _load(self, policies: Policies) -> tuple[Any, Any, Any]:
         """The policy, its updater and LightningRL: one of each, or with policies by role one
-        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.roles`)."""
+        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.training.roles`)."""
         from agentbolt.lightningrl import LightningRL
 
-        from .engine import GenerationEngine
-        from .policy import LoraSettings, Policy
-        from .server import PolicyServer
-        from .update import PolicyUpdater, UpdateConfig
+        from ..generation.engine import GenerationEngine
+        from ..policy import LoraSettings, Policy
+        from ..serving.server import PolicyServer
+        from ..update.updater import PolicyUpdater, UpdateConfig
 
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
@@ -554,7 +554,7 @@ class TorchGRPO(Algorithm):
 
 def _update_values(update: Any) -> dict[str, float]:
     """An update's metrics: ``update/*`` for one policy, ``train/<policy>/*`` per policy by role."""
-    from .update import UpdateMetrics
+    from ..update.updater import UpdateMetrics
 
     if isinstance(update, UpdateMetrics):
         return {f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")}

@@ -1,4 +1,4 @@
-"""What goes in and out of the :class:`~agentbolt_torch.engine.GenerationEngine`: sampling
+"""What goes in and out of the :class:`~agentbolt_torch.generation.engine.GenerationEngine`: sampling
 parameters, per-token steps, completions, the handle of a submitted request, the engine's counters."""
 
 from __future__ import annotations

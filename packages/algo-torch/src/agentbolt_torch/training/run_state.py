@@ -1,4 +1,4 @@
-"""What one run of :class:`~agentbolt_torch.algorithm.TorchGRPO` carries from step to step
+"""What one run of :class:`~agentbolt_torch.training.algorithm.TorchGRPO` carries from step to step
 (:class:`RunState`), and the step metrics its synchronous and asynchronous schedules share
 (:func:`engine_delta`, :func:`wait_shares`, :func:`mean_reward`)."""
 

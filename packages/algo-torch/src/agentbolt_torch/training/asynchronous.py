@@ -17,7 +17,7 @@ finished so far:
    ``rollout_is`` / ``rollout_rs`` the updater recomputes the proximal logprobs and applies
    the correction.
 4. The update trains the policy while the policy server answers from its serving copy
-   (:mod:`agentbolt_torch.serving`); then the new weights are swapped in (``swap="inplace"``
+   (:mod:`agentbolt_torch.generation.serving_copy`); then the new weights are swapped in (``swap="inplace"``
    between two decode steps, or ``"drain"``: the gateway paused and drained first), the
    resources of the new version are published and the next data batch may start.
 5. Evaluation (every ``val_every`` steps) runs on the current weights while training rollouts
@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any
 from agentbolt import types as t
 from agentbolt.algorithm import AlgorithmContext, batches
 
+from ..generation.serving_copy import SwapResult
 from .run_state import RunState, engine_delta, wait_shares
-from .serving import SwapResult
 
 if TYPE_CHECKING:
     from .algorithm import TorchGRPO
@@ -277,7 +277,7 @@ class GroupStream:
 
 
 async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
-    """The asynchronous schedule of :class:`~agentbolt_torch.algorithm.TorchGRPO` (module doc)."""
+    """The asynchronous schedule of :class:`~agentbolt_torch.training.algorithm.TorchGRPO` (module doc)."""
 
     ctx, policy, engine = run.ctx, run.policy, algo._engine
     bound = algo.lightningrl.max_staleness
