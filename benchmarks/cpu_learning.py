@@ -186,13 +186,11 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
         steps=steps,
         batch_size=BATCH,
         group_size=GROUP,
-        temperature=1.0,
-        max_tokens=MAX_NEW,
-        val_every=None,
+        sampling={"temperature": 1.0, "max_tokens": MAX_NEW},
+        evaluation={"every": None},
+        output={"out_dir": out / "agentbolt", "plot": False},
         update={"lr": LR, "seed": SEED},
-        out_dir=out / "agentbolt",
         seed=SEED,
-        plot=False,
     )
     trainer = Trainer(
         math_agent_no_tool,

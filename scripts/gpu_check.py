@@ -170,11 +170,10 @@ def grpo_steps(model_dir: Path, device: str, steps: int, out: Path, *, batch_siz
             steps=steps,
             batch_size=batch_size,
             group_size=4,
-            max_tokens=max_tokens,
-            val_every=None,
-            device=device,
-            out_dir=out / f"grpo-{bound}",
-            plot=False,
+            sampling={"max_tokens": max_tokens},
+            evaluation={"every": None},
+            policy={"device": device},
+            output={"out_dir": out / f"grpo-{bound}", "plot": False},
         )
         trainer = Trainer(
             parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0, concurrency=64), progress=False

@@ -56,10 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        max_tokens=24,
-        val_every=args.steps,
-        out_dir=args.out,
-        checkpoint_every=None,
+        sampling={"max_tokens": 24},
+        evaluation={"every": args.steps},
+        output={"out_dir": args.out, "checkpoint_every": None},
     )
     trainer = Trainer(
         gated_math_agent,

@@ -156,15 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "batch_size": args.batch_size,
         "group_size": args.group_size,
-        "temperature": 1.0,
-        "max_tokens": args.max_tokens,
-        "val_every": args.val_every,
+        "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
+        "evaluation": {"every": args.val_every},
         "update": {"lr": args.lr, "seed": args.seed}
         | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {})
         | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
-        "out_dir": args.out,
-        "checkpoint_every": args.steps or None,
-        "autocast": None if args.autocast == "none" else args.autocast,
+        "policy": {"autocast": None if args.autocast == "none" else args.autocast},
+        "output": {"out_dir": args.out, "checkpoint_every": args.steps or None},
         "seed": args.seed,
     }
     if args.algorithm == "torch-sft":

@@ -121,14 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        temperature=1.0,
-        max_tokens=args.max_tokens,
-        val_every=args.val_every,
+        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+        evaluation={"every": args.val_every},
+        policy={"autocast": None if args.autocast == "none" else args.autocast, "device": args.device},
+        output={"out_dir": args.out, "checkpoint_every": args.steps or None},
         update={"lr": args.lr, "seed": args.seed},
-        out_dir=args.out,
-        checkpoint_every=args.steps or None,
-        autocast=None if args.autocast == "none" else args.autocast,
-        device=args.device,
         seed=args.seed,
     )
     trainer = Trainer(

@@ -153,10 +153,10 @@ def test_a_training_step_of_the_tiny_model_with_ray_runners(tmp_path: Path) -> N
         steps=1,
         batch_size=2,
         group_size=4,
-        max_tokens=8,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out"},
         update={"lr": 1e-2},
     )
     trainer = Trainer(

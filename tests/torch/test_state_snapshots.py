@@ -122,12 +122,10 @@ def test_torch_grpo_state_reports_engine_and_stream_while_training_asynchronousl
         steps=2,
         batch_size=2,
         group_size=2,
-        max_tokens=4,
-        val_every=None,
-        val_before=False,
-        autocast=None,
-        out_dir=tmp_path,
-        plot=False,
+        sampling={"max_tokens": 4},
+        evaluation={"every": None, "before": False},
+        policy={"autocast": None},
+        output={"out_dir": tmp_path, "plot": False},
     )
     assert algorithm.state() == {"engine": None, "stream": None}
 

@@ -255,7 +255,11 @@ def test_an_adapter_starts_from_another_runs_weights(tmp_path: Path) -> None:
 
 
 def test_one_shared_policy_loads_todays_single_policy(tmp_path: Path) -> None:
-    algorithm = TorchGRPO("tiny", out_dir=tmp_path, autocast=None)
+    algorithm = TorchGRPO(
+        "tiny",
+        policy={"autocast": None},
+        output={"out_dir": tmp_path},
+    )
     try:
         for shared in (Policies.shared(), Policies({"everything": match()})):
             policy, updater, lrl = algorithm._load(shared)
@@ -303,11 +307,10 @@ def test_two_roles_train_through_the_whole_pipeline(tmp_path: Path) -> None:
         steps=2,
         batch_size=2,
         group_size=4,
-        max_tokens=8,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        checkpoint_every=2,
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out", "checkpoint_every": 2},
         update={"lr": 1e-2},
     )
     store = f"sqlite:///{tmp_path}/runs.db"

@@ -40,7 +40,7 @@ _LAZY = {
     "Completion": "generation.engine",
     "GenerationEngine": "generation.engine",
     "SamplingParams": "generation.engine",
-    "LoraSettings": "policy",
+    "LoraSettings": "adapters",
     "Policy": "policy",
     "PolicyServer": "serving.server",
     "PolicyUpdater": "update.updater",

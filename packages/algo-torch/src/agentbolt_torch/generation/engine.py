@@ -345,7 +345,7 @@ class GenerationEngine:
             raise UserError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
         if self._thread is None:
             raise UserError("the generation engine is not started; call start() first")
-        handle = RequestHandle(prompt_ids, params, n, self, adapter=self._adapter_of(adapter))
+        handle = RequestHandle(prompt_ids, params, n, self._cancel, adapter=self._adapter_of(adapter))
         with self._cv:
             self._queue.append(handle)
             self._cv.notify_all()

@@ -82,7 +82,8 @@ class TorchSFT(TorchGRPO):
     """Rejection-sampling fine-tuning through the whole agentbolt pipeline.
 
     Takes :class:`~agentbolt_torch.training.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
-    group_size, sampling, val_*, update, lora, engine, out_dir, checkpoint_every, resume, ...), and:
+    group_size, sampling, evaluation, update, policy, generation, output, seed; ``output.out_dir``
+    defaults to ``runs/torch-sft``), and:
 
     Args:
         threshold: a rollout's transitions are trained on when its final reward is at least this.
@@ -108,7 +109,6 @@ class TorchSFT(TorchGRPO):
         init_from: str | Path | None = None,
         demonstrations: Sequence[Demonstration] | None = None,
         update: Any = None,
-        out_dir: str | Path = "runs/torch-sft",
         **options: Any,
     ) -> None:
         if best_k is not None and best_k < 1:
@@ -124,7 +124,7 @@ class TorchSFT(TorchGRPO):
             update = {**update, "objective": "nll"}
         else:
             update = dataclasses.replace(update, objective="nll")
-        super().__init__(model, update=update, out_dir=out_dir, **options)
+        super().__init__(model, update=update, **options)
         self.threshold = threshold
         self.best_k = best_k
         self.demonstrations = list(demonstrations) if demonstrations is not None else None
