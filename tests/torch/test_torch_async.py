@@ -168,7 +168,7 @@ def test_max_staleness_is_refused_with_policies_by_role(tmp_path: Path) -> None:
     )
     with pytest.raises(UserError, match="max_staleness with policies by role is not supported yet"):
         trainer.fit([{"q": 1}], max_staleness=1)
-    assert algorithm._server is None  # refused before the model loaded
+    assert algorithm._generator is None  # refused before the model loaded
 
 
 # -- torch-grpo with max_staleness ------------------------------------------------------------

@@ -265,8 +265,7 @@ def test_one_shared_policy_loads_todays_single_policy(tmp_path: Path) -> None:
             policy, updater, lrl = algorithm._load(shared)
             assert policy.adapters == () and not policy.is_lora
             assert type(updater) is PolicyUpdater and type(lrl) is LightningRL
-            algorithm._server.stop()
-            algorithm._engine.stop()
+            algorithm._serving().stop()
         policy, updater, _ = algorithm._load(ROLES)
         assert policy.adapters == ("writer", "rewriter") and isinstance(updater, RoleUpdater)
         assert updater.updaters["rewriter"].config.lr == 1e-3 and updater.updaters["writer"].config.lr == 1e-5

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
@@ -41,6 +41,9 @@ from agentbolt.runs.health import step_metrics
 from .asynchronous import train_async
 from .options import EvaluationOptions, GenerationOptions, OutputOptions, PolicyOptions, SamplingOptions
 from .run_state import RunState, StepPlan, UpdateFn, engine_delta, mean_reward, wait_shares
+
+if TYPE_CHECKING:
+    from ..generation.generator import Generator
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -174,8 +177,9 @@ class TorchGRPO(Algorithm):
         self.device = policy.device
         self.seed = seed
         self.plot = output.plot
-        self._server: Any = None
-        self._engine: Any = None
+        self._generator: Generator | None = None
+        """What serves the policy while a run is in progress (agentbolt's own engine and server,
+        :class:`~agentbolt_torch.serving.local.LocalGenerator`)."""
         self._run: RunState | None = None
         """The run in progress (:meth:`state` reads its asynchronous stream)."""
 
@@ -185,7 +189,7 @@ class TorchGRPO(Algorithm):
         and, while training asynchronously, ``stream`` (:meth:`GroupStream.state
         <agentbolt_torch.training.asynchronous.GroupStream.state>`); ``None`` where there is none."""
         run = self._run
-        engine, stream = self._engine, run.stream if run is not None else None
+        engine, stream = self._generator, run.stream if run is not None else None
         return {
             "engine": engine.state() if engine is not None else None,
             "stream": stream.state() if stream is not None else None,
@@ -212,7 +216,7 @@ class TorchGRPO(Algorithm):
             )
         policy, updater, lrl = await asyncio.to_thread(self._load, ctx.policies)
         await asyncio.to_thread(
-            ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
+            ctx.gateway.set_upstreams, [Upstream(base_url=self._serving().base_url, model=policy.name)]
         )
         run = RunState(
             ctx,
@@ -220,7 +224,7 @@ class TorchGRPO(Algorithm):
             updater,
             lrl,
             MetricsLogger(self.out_dir, append=self.resume is not None),
-            generator=self._engine,
+            generator=self._serving(),
         )
         self._run = run
         try:
@@ -307,7 +311,7 @@ class TorchGRPO(Algorithm):
         :meth:`_transitions_to_train` (:meth:`_rollout_rows`); raising stops the run.
         """
         started = time.monotonic()
-        engine_before = self._engine.stats
+        engine_before = self._serving().stats
         await self._publish(ctx, policy, self.sampling)
         rollouts = await ctx.run_rollouts(
             batch,
@@ -316,7 +320,7 @@ class TorchGRPO(Algorithm):
             description=f"{self._step_label} {step}/{self.steps}",
             step=step,
         )
-        timing = {"time/rollouts_s": time.monotonic() - started, **engine_delta(engine_before, self._engine.stats)}
+        timing = {"time/rollouts_s": time.monotonic() - started, **engine_delta(engine_before, self._serving().stats)}
         return await self._rollout_rows(ctx, policy, step, rollouts, lrl, first=first, values=timing)
 
     async def _rollout_rows(
@@ -464,12 +468,9 @@ class TorchGRPO(Algorithm):
         return list(processed.rows), lightningrl_metrics(processed)
 
     async def close(self) -> None:
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
-        if self._engine is not None:
-            await asyncio.to_thread(self._engine.stop)
-            self._engine = None
+        if self._generator is not None:
+            await asyncio.to_thread(self._generator.stop)
+            self._generator = None
 
     # -- pieces -----------------------------------------------------------------------------------
 
@@ -478,9 +479,8 @@ class TorchGRPO(Algorithm):
         adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.training.roles`)."""
         from agentbolt.lightningrl import LightningRL
 
-        from ..generation.engine import GenerationEngine
         from ..policy import LoraSettings, Policy
-        from ..serving.server import PolicyServer
+        from ..serving.local import LocalGenerator
         from ..update.updater import PolicyUpdater, UpdateConfig
 
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
@@ -515,12 +515,17 @@ class TorchGRPO(Algorithm):
             lrl = RoleLightningRL(by_policy, policy)
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
-        self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)
+        self._generator = LocalGenerator(policy, seed=self.seed, **self.engine_options)
         if self.lightningrl.max_staleness is not None:
-            self._engine.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
-        self._server = PolicyServer(self._engine, served_model_name=policy.name).start()
-        log.info("policy server for %s at %s", policy.name, self._server.base_url)
+            self._generator.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
+        self._generator.start()
         return policy, updater, lrl
+
+    def _serving(self) -> Generator:
+        """The generator of the run in progress."""
+        if self._generator is None:
+            raise RuntimeError(f"{self.name}: no generator (the run has not started or has ended)")
+        return self._generator
 
     async def _publish(self, ctx: AlgorithmContext, policy: Any, sampling: Mapping[str, Any]) -> t.Resources:
         return await ctx.publish(
@@ -533,11 +538,11 @@ class TorchGRPO(Algorithm):
     async def _update(
         self, ctx: AlgorithmContext, updater: Any, transitions: list[Any]
     ) -> tuple[Any, dict[str, float]]:
-        """Weights change only while nothing generates: gateway paused and drained, engine paused."""
+        """Weights change only while nothing generates: gateway paused and drained, generator paused."""
         await asyncio.to_thread(ctx.gateway.pause)
         try:
             await asyncio.to_thread(ctx.gateway.drain, 120.0)
-            engine = self._engine
+            engine = self._serving()
             await asyncio.to_thread(engine.pause, drain=True, timeout=120.0)
             try:
                 return await asyncio.to_thread(updater.update, transitions), {}
