@@ -189,8 +189,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from agentbolt.options import RunnerOptions
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.asynchronous import rollouts_in_flight
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.asynchronous import rollouts_in_flight
 
     bound = None if args.bound == "sync" else int(args.bound)
     evaluations: list[dict[str, float]] = []
@@ -237,10 +237,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        max_tokens=args.max_tokens,
-        val_every=args.val_every,
-        out_dir=out_dir,
-        plot=False,
+        sampling={"max_tokens": args.max_tokens},
+        evaluation={"every": args.val_every},
+        output={"out_dir": out_dir, "plot": False},
         seed=args.seed,
     )
     median = args.median_s if args.agent == "tail" else 0.0

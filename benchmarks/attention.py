@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbolt_torch.attention import ATTENTION_NAME
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
 
 

@@ -176,7 +176,7 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
     from agent import math_agent_no_tool
 
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     db = out / "agentbolt.db"
     for suffix in ("", "-wal", "-shm", "-agentbolt-lock"):
@@ -186,13 +186,11 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
         steps=steps,
         batch_size=BATCH,
         group_size=GROUP,
-        temperature=1.0,
-        max_tokens=MAX_NEW,
-        val_every=None,
+        sampling={"temperature": 1.0, "max_tokens": MAX_NEW},
+        evaluation={"every": None},
+        output={"out_dir": out / "agentbolt", "plot": False},
         update={"lr": LR, "seed": SEED},
-        out_dir=out / "agentbolt",
         seed=SEED,
-        plot=False,
     )
     trainer = Trainer(
         math_agent_no_tool,
@@ -264,7 +262,7 @@ def main() -> int:
             return 1
         results[name] = json.loads(path.read_text())
 
-    from agentbolt_torch.metrics import plot_curves, step_means
+    from agentbolt_torch.training.metrics import plot_curves, step_means
 
     print(f"\nSmolLM2-135M, {describe(results)} at T=1.0")
     print(

@@ -8,7 +8,7 @@ Run:  uv run python benchmarks/online.py --policy smollm2 --seconds 1500 --json 
 Two policies behind the same real server (gateway, SQLite store, sessions, feedback API, scripted
 judge over HTTP, LightningRL, gate, swap with drain):
 
-- ``--policy smollm2`` (or ``tiny``): :class:`agentbolt_torch.online.TorchOnlinePolicy`, full
+- ``--policy smollm2`` (or ``tiny``): :class:`agentbolt_torch.training.online.TorchOnlinePolicy`, full
   fine-tuning at the quickstart's learning rate. Each simulated session is the quickstart agent
   (``examples/quickstart``: its few-shot prompt, its calculator tool, up to three calls) asking one
   question from a fixed pool of ``--pool`` training questions (task key = the question), sampled at
@@ -189,8 +189,8 @@ def torch_scenario(args: argparse.Namespace) -> Scenario:
     from agent import math_agent
     from math_tasks import make_tasks
 
-    from agentbolt_torch.online import TorchOnlinePolicy
-    from agentbolt_torch.update import UpdateConfig
+    from agentbolt_torch.training.online import TorchOnlinePolicy
+    from agentbolt_torch.update.updater import UpdateConfig
 
     policy = TorchOnlinePolicy(
         args.policy, update=UpdateConfig(lr=args.lr, seed=args.seed), engine={"default_max_tokens": args.max_tokens}

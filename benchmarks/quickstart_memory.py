@@ -11,15 +11,17 @@ peak RSS, the wall time, s/step and where a step's time went, read from the quic
 An arm is ``before`` or ``after`` followed by flags, joined with ``-`` (``after-gc-jemalloc``):
 
 - ``after``: this checkout, its quickstart's defaults and this ``./dev``'s settings;
-- ``before``: the same checkout with the files of :data:`CHANGED` taken from ``--before-rev``
-  (default ``0d07096``, main before the first memory change) put first on ``PYTHONPATH``, that
+- ``before``: agentbolt_torch as of :data:`FLAT_LAYOUT_REV` (the last revision before the package was
+  split into subpackages; its code is this checkout's, laid out flat) with the files of
+  :data:`CHANGED` taken from ``--before-rev`` (default ``0d07096``, main before the first memory
+  change) put first on ``PYTHONPATH``, that
   revision's ``examples/quickstart`` (its defaults) and that revision's ``./dev`` settings;
 - ``-async``: with ``--async 1`` (asynchronous training: a serving copy of the weights generates
   while the update runs);
 - ``-mbN``: with ``--micro-batch-tokens N`` (the updater's default is 2,048 padded tokens per
   forward/backward pass);
 - ``-gc`` / ``-nogc``: with ``--gradient-checkpointing`` / ``--no-gradient-checkpointing``
-  (:mod:`agentbolt_torch.update_recompute`: each layer's activations recomputed in the backward
+  (:mod:`agentbolt_torch.update.recompute`: each layer's activations recomputed in the backward
   pass instead of kept);
 - ``-arenaN``: with ``MALLOC_ARENA_MAX=N`` (glibc's heaps shared by all threads);
 - ``-glibc``: glibc's malloc with its default settings (no ``MALLOC_*``, nothing preloaded);
@@ -43,13 +45,14 @@ other work on the machine comes first. The figures go to ``--record`` as JSON.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -71,7 +74,10 @@ CHANGED = (
     "update_checkpoint.py",
 )
 """The files of agentbolt_torch the memory changes touched (``before`` takes them from ``--before-rev``;
-one that did not exist there is left out)."""
+one that did not exist there is left out), by their names in the flat layout."""
+FLAT_LAYOUT_REV = "d582ea7c55b9dd7e3702f9cc5495c654e91597cd"
+"""The last revision with agentbolt_torch's modules in one folder: the files of :data:`CHANGED`
+(flat names, from revisions before it) overlay the package as of this revision."""
 ALLOCATORS: dict[str, tuple[str, dict[str, str]]] = {
     "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", {}),
     "jemallockeep": (
@@ -127,7 +133,21 @@ def before_tree(rev: str, into: Path) -> Path:
     """A copy of agentbolt_torch with the memory change's files from ``rev``, and ``rev``'s
     examples/quickstart (the ``before`` arms run its train.py, with its defaults); returns its parent."""
     target = into / "agentbolt_torch"
-    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    target.mkdir(parents=True)
+    flat = subprocess.run(
+        ["git", "archive", FLAT_LAYOUT_REV, "packages/algo-torch/src/agentbolt_torch/"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(flat)) as archive:
+        for member in archive.getmembers():
+            if member.isfile():
+                name = Path(member.name).relative_to("packages/algo-torch/src/agentbolt_torch")
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                (target / name).write_bytes(extracted.read())
     for name in CHANGED:
         path = f"packages/algo-torch/src/agentbolt_torch/{name}"
         exists = subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO, capture_output=True)

@@ -96,9 +96,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2", help="smollm2, tiny or a local Hugging Face directory")
     ap.add_argument("--per-kind", type=int, default=10)
     args = ap.parse_args()
-    from agentbolt_torch.engine import GenerationEngine
+    from agentbolt_torch.generation.engine import GenerationEngine
     from agentbolt_torch.policy import Policy
-    from agentbolt_torch.server import PolicyServer
+    from agentbolt_torch.serving.server import PolicyServer
 
     policy = Policy.load(args.model)
     retokenize = ChatTemplateRetokenizer(policy.tokenizer)

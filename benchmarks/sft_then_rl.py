@@ -64,17 +64,15 @@ def main() -> int:
     for suffix in ("", "-wal", "-shm", "-agentbolt-lock"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
 
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.sft import TorchSFT
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.sft import TorchSFT
 
     common: dict[str, Any] = {
         "batch_size": BATCH,
         "group_size": GROUP,
-        "temperature": 1.0,
-        "max_tokens": MAX_NEW,
-        "val_every": None,
+        "sampling": {"temperature": 1.0, "max_tokens": MAX_NEW},
+        "evaluation": {"every": None},
         "seed": SEED,
-        "plot": False,
     }
     sft = _fit(
         TorchSFT(
@@ -82,8 +80,7 @@ def main() -> int:
             steps=args.sft_steps,
             threshold=1.0,
             update={"lr": LR, "seed": SEED},
-            out_dir=args.out / "sft",
-            checkpoint_every=args.sft_steps,
+            output={"out_dir": args.out / "sft", "checkpoint_every": args.sft_steps, "plot": False},
             **common,
         ),
         db,
@@ -99,7 +96,7 @@ def main() -> int:
             str(Path(sft.checkpoint) / "model"),
             steps=args.rl_steps,
             update={"lr": LR, "seed": SEED},
-            out_dir=args.out / "grpo",
+            output={"out_dir": args.out / "grpo", "plot": False},
             **common,
         ),
         db,

@@ -37,9 +37,9 @@ import resource
 import time
 
 from agentbolt.types import Transition
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
 SYSTEM = "You are a helpful assistant."
 
@@ -187,7 +187,7 @@ def main() -> None:
         rate = bench_engine(engine, prompt, batch, args.new_tokens)
         print(f"engine  batch {batch:3d}: {rate:7.1f} tokens/s ({args.new_tokens} new tokens each)")
     if args.http:
-        from agentbolt_torch.server import PolicyServer
+        from agentbolt_torch.serving.server import PolicyServer
 
         with PolicyServer(engine, served_model_name="smollm2") as server:
             for batch in args.batches:

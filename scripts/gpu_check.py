@@ -93,7 +93,7 @@ def save_model(directory: Path, *, hidden: int, layers: int) -> Path:
 
 
 def engine_throughput(model_dir: Path, device: str, new_tokens: int) -> None:
-    from agentbolt_torch.engine import GenerationEngine, SamplingParams
+    from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
     from agentbolt_torch.policy import Policy
 
     policy = Policy.load(model_dir, device=device)
@@ -113,7 +113,7 @@ def engine_throughput(model_dir: Path, device: str, new_tokens: int) -> None:
 def update_throughput(model_dir: Path, device: str, *, groups: int, prompt_len: int, response_len: int) -> None:
     from agentbolt.types import Transition
     from agentbolt_torch.policy import Policy
-    from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+    from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
     policy = Policy.load(model_dir, device=device)
     updater = PolicyUpdater(policy, UpdateConfig(lr=1e-5))
@@ -161,7 +161,7 @@ async def parity_agent(task: dict[str, Any], resources: Any) -> float:
 def grpo_steps(model_dir: Path, device: str, steps: int, out: Path, *, batch_size: int, max_tokens: int) -> None:
     from agentbolt.options import RunnerOptions
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(64)]
     for bound in (None, 1):
@@ -170,11 +170,10 @@ def grpo_steps(model_dir: Path, device: str, steps: int, out: Path, *, batch_siz
             steps=steps,
             batch_size=batch_size,
             group_size=4,
-            max_tokens=max_tokens,
-            val_every=None,
-            device=device,
-            out_dir=out / f"grpo-{bound}",
-            plot=False,
+            sampling={"max_tokens": max_tokens},
+            evaluation={"every": None},
+            policy={"device": device},
+            output={"out_dir": out / f"grpo-{bound}", "plot": False},
         )
         trainer = Trainer(
             parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0, concurrency=64), progress=False

@@ -72,9 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve_smollm2(stack: ExitStack) -> str:
     """SmolLM2-135M-Instruct behind agentbolt-torch's OpenAI-compatible policy server."""
-    from agentbolt_torch.engine import GenerationEngine
+    from agentbolt_torch.generation.engine import GenerationEngine
     from agentbolt_torch.policy import Policy
-    from agentbolt_torch.server import PolicyServer
+    from agentbolt_torch.serving.server import PolicyServer
 
     policy = Policy.load("smollm2")
     server = stack.enter_context(

@@ -3,7 +3,7 @@
 The agent itself produces the demonstrations: :func:`collect` runs ``calc_agent`` on training
 problems against a *teacher* endpoint (``Trainer.dev``: the gateway records every call's request
 -- messages, tools, ``tool_choice`` -- and reply), keeps the rollouts that earned the full reward,
-and returns their calls as :class:`~agentbolt_torch.demonstrations.Demonstration` s. SFT renders
+and returns their calls as :class:`~agentbolt_torch.training.demonstrations.Demonstration` s. SFT renders
 them with the policy's own tokenizer through the policy server's chat rendering, so the policy
 learns exactly the requests the agent will send and the replies the server will parse.
 
@@ -39,7 +39,7 @@ from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
 from agentbolt.store.server.uvicorn_thread import UvicornThread
 from agentbolt.trainer import Trainer
-from agentbolt_torch.demonstrations import Demonstration, demonstrations_from_spans
+from agentbolt_torch.training.demonstrations import Demonstration, demonstrations_from_spans
 
 __all__ = ["ChainTeacher", "Collected", "collect"]
 

@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--write-tasks", metavar="DIR", help="only write tasks.jsonl/val_tasks.jsonl (agentbolt tasks, for verl)"
     )
     try:  # the GRPO stage's --async K (agentbolt-torch; --write-tasks for verl does not need it)
-        from agentbolt_torch.asynchronous import add_async_argument
+        from agentbolt_torch.training.asynchronous import add_async_argument
     except ImportError:
         p.set_defaults(max_staleness=None)
     else:
@@ -156,14 +156,12 @@ def _trainer(args: argparse.Namespace, algorithm: Any, run_name: str) -> Trainer
     )
 
 
-def _common(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _common(args: argparse.Namespace, out: Path, *, checkpoint_every: int, val_before: bool = True) -> dict[str, Any]:
     return {
-        "temperature": args.temperature,
-        "max_tokens": args.max_tokens,
-        "val_every": None,
-        "out_dir": out,
-        "autocast": None if args.autocast == "none" else args.autocast,
-        "device": args.device,
+        "sampling": {"temperature": args.temperature, "max_tokens": args.max_tokens},
+        "evaluation": {"every": None, "before": val_before},
+        "output": {"out_dir": out, "checkpoint_every": checkpoint_every},
+        "policy": {"autocast": None if args.autocast == "none" else args.autocast, "device": args.device},
         "seed": args.seed,
     }
 
@@ -185,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_tasks:
         write_tasks(Path(args.write_tasks), train, val)
         return 0
-    from agentbolt_torch.algorithm import TorchGRPO
-    from agentbolt_torch.sft import TorchSFT, model_dir_of
+    from agentbolt_torch.training.algorithm import TorchGRPO
+    from agentbolt_torch.training.sft import TorchSFT, model_dir_of
 
     if args.store.startswith("sqlite:///"):
         Path(args.store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -218,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.sft_steps,
             batch_size=args.sft_batch_size,
             update={"lr": args.sft_lr, "seed": args.seed},
-            checkpoint_every=args.sft_steps,
-            **_common(args, out / "sft"),
+            **_common(args, out / "sft", checkpoint_every=args.sft_steps),
         )
         result = _trainer(args, sft, f"{NAME}-sft").fit([], val_tasks)
         run = asyncio.run(figures.latest_run(args.store))
@@ -235,9 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             group_size=args.group_size,
             update={"lr": args.lr, "seed": args.seed},
-            checkpoint_every=args.rl_steps,
-            val_before=not args.sft_steps,  # the SFT run just measured these weights
-            **_common(args, out / "rl"),
+            # val_before: the SFT run just measured these weights
+            **_common(args, out / "rl", checkpoint_every=args.rl_steps, val_before=not args.sft_steps),
         )
         result = _trainer(args, grpo, f"{NAME}-rl").fit(
             [agent_task(t) for t in train], val_tasks, max_staleness=args.max_staleness

@@ -26,8 +26,8 @@ from multinode_agent import gated_math_agent  # noqa: E402
 
 from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,10 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        max_tokens=24,
-        val_every=args.steps,
-        out_dir=args.out,
-        checkpoint_every=None,
+        sampling={"max_tokens": 24},
+        evaluation={"every": args.steps},
+        output={"out_dir": args.out, "checkpoint_every": None},
     )
     trainer = Trainer(
         gated_math_agent,

@@ -49,10 +49,10 @@ from agentbolt.runs.evaluation import (  # noqa: E402
 from agentbolt.runs.health import run_health  # noqa: E402
 from agentbolt.store import open_store  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import step_means  # noqa: E402
-from agentbolt_torch.sft import TorchSFT, model_dir_of  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import step_means  # noqa: E402
+from agentbolt_torch.training.sft import TorchSFT, model_dir_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,15 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "batch_size": args.batch_size,
         "group_size": args.group_size,
-        "temperature": 1.0,
-        "max_tokens": args.max_tokens,
-        "val_every": args.val_every,
+        "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
+        "evaluation": {"every": args.val_every},
         "update": {"lr": args.lr, "seed": args.seed}
         | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {})
         | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
-        "out_dir": args.out,
-        "checkpoint_every": args.steps or None,
-        "autocast": None if args.autocast == "none" else args.autocast,
+        "policy": {"autocast": None if args.autocast == "none" else args.autocast},
+        "output": {"out_dir": args.out, "checkpoint_every": args.steps or None},
         "seed": args.seed,
     }
     if args.algorithm == "torch-sft":

@@ -38,9 +38,9 @@ from agentbolt.options import GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, SetScore, provenance  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt.types import Task  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import per_rollout, step_means  # noqa: E402
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentbolt/examples/rag_agent"
 
@@ -121,14 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        temperature=1.0,
-        max_tokens=args.max_tokens,
-        val_every=args.val_every,
+        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+        evaluation={"every": args.val_every},
+        policy={"autocast": None if args.autocast == "none" else args.autocast, "device": args.device},
+        output={"out_dir": args.out, "checkpoint_every": args.steps or None},
         update={"lr": args.lr, "seed": args.seed},
-        out_dir=args.out,
-        checkpoint_every=args.steps or None,
-        autocast=None if args.autocast == "none" else args.autocast,
-        device=args.device,
         seed=args.seed,
     )
     trainer = Trainer(

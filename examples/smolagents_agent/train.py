@@ -32,8 +32,8 @@ from agentbolt.lightningrl import LightningRL, LightningRLConfig  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.store import open_store  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
 
 NAME = "smolagents_agent"
 AGENT_SETS = {"solver": "^solver$", "manager": "^manager$", "all": None}
@@ -73,11 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        val_every=max(args.steps, 1),
+        sampling={"temperature": args.temperature, "max_tokens": args.max_tokens},
+        evaluation={"every": max(args.steps, 1)},
+        output={"out_dir": args.out},
         update={"lr": args.lr, "seed": args.seed},
-        out_dir=args.out,
         lightningrl=LightningRLConfig(agent_match=agent_match),
         seed=args.seed,
     )

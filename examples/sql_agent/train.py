@@ -42,9 +42,9 @@ from agentbolt.lightningrl import LightningRLConfig  # noqa: E402
 from agentbolt.options import CaptureOptions, GatewayOptions, RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, provenance, read_heldout, set_score  # noqa: E402
 from agentbolt.trainer import Trainer  # noqa: E402
-from agentbolt_torch.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
-from agentbolt_torch.metrics import per_rollout, step_means  # noqa: E402
+from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
+from agentbolt_torch.training.asynchronous import add_async_argument, rollouts_in_flight  # noqa: E402
+from agentbolt_torch.training.metrics import per_rollout, step_means  # noqa: E402
 
 AGENT_SETS = {
     "writer+rewriter": "^(write_query|rewrite_query)$",
@@ -182,16 +182,16 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         batch_size=args.batch_size,
         group_size=args.group_size,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        val_every=args.val_every or None,
+        sampling={"temperature": args.temperature, "max_tokens": args.max_tokens},
+        evaluation={"every": args.val_every or None},
+        policy={
+            "lora": None if rank is None or policies is not None else {"r": rank, "alpha": 2 * rank},
+            "autocast": None if args.autocast == "none" else args.autocast,
+            "device": args.device,
+        },
+        output={"out_dir": args.out, "checkpoint_every": args.steps or None},
         lightningrl=LightningRLConfig(agent_match=agent_match),
         update={"lr": lr, "seed": args.seed},
-        lora=None if rank is None or policies is not None else {"r": rank, "alpha": 2 * rank},
-        out_dir=args.out,
-        checkpoint_every=args.steps or None,
-        autocast=None if args.autocast == "none" else args.autocast,
-        device=args.device,
         seed=args.seed,
     )
     trainer = Trainer(

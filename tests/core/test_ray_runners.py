@@ -145,7 +145,7 @@ async def test_killed_actor_is_restarted_and_its_rollouts_retried(tmp_path: Path
 def test_a_training_step_of_the_tiny_model_with_ray_runners(tmp_path: Path) -> None:
     pytest.importorskip("agentbolt_torch")
     from agentbolt.trainer import Trainer
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
     algorithm = TorchGRPO(
@@ -153,10 +153,10 @@ def test_a_training_step_of_the_tiny_model_with_ray_runners(tmp_path: Path) -> N
         steps=1,
         batch_size=2,
         group_size=4,
-        max_tokens=8,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out"},
         update={"lr": 1e-2},
     )
     trainer = Trainer(

@@ -43,7 +43,7 @@ TASKS = [{"task_id": f"add-{i}", "question": f"What is {i} + {i + 1}?", "answer"
 
 def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -> None:
     """``runs`` training runs of ``steps`` steps each into the store at ``url``."""
-    from agentbolt_torch.algorithm import TorchGRPO
+    from agentbolt_torch.training.algorithm import TorchGRPO
 
     for k in range(runs):
         algorithm = TorchGRPO(
@@ -51,12 +51,11 @@ def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -
             steps=steps,
             batch_size=2,
             group_size=4,
-            max_tokens=12,
-            val_every=1,
-            out_dir=out_dir / f"run{k}",
-            engine={"batch_window_s": 0.01},
+            sampling={"max_tokens": 12},
+            evaluation={"every": 1},
+            generation={"engine": {"batch_window_s": 0.01}},
+            output={"out_dir": out_dir / f"run{k}", "plot": False},
             update={"lr": 1e-2 * (k + 1)},
-            plot=False,
             seed=k,
         )
         trainer = Trainer(

@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentbolt_torch.engine import GenerationEngine  # noqa: E402
+from agentbolt_torch.generation.engine import GenerationEngine  # noqa: E402
 from agentbolt_torch.models import tiny_model  # noqa: E402
 from agentbolt_torch.policy import Policy  # noqa: E402
-from agentbolt_torch.server import PolicyServer  # noqa: E402
+from agentbolt_torch.serving.server import PolicyServer  # noqa: E402
 
 
 def reference_logprobs(model: Any, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> torch.Tensor:

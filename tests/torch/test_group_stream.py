@@ -9,7 +9,7 @@ import random
 from agentbolt import types as t
 from agentbolt.algorithm import AlgorithmContext
 from agentbolt.store.memory import MemoryStore
-from agentbolt_torch.asynchronous import GroupStream
+from agentbolt_torch.training.asynchronous import GroupStream
 
 
 async def _finish_all(store: MemoryStore, n: int, rng: random.Random) -> None:

@@ -1,11 +1,11 @@
-"""KV-cache surgery shared by the engine and the updater (``agentbolt_torch._kv``)."""
+"""KV-cache surgery shared by the engine and the updater (``agentbolt_torch.generation._kv``)."""
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 
-from agentbolt_torch._kv import cache_concat, cache_layers, pad_seq_left
+from agentbolt_torch.generation._kv import cache_concat, cache_layers, pad_seq_left
 
 
 def _cache(rows: int, length: int, layers: int = 2, seed: int = 0) -> DynamicCache:

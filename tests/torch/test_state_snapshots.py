@@ -14,10 +14,10 @@ from agentbolt.algorithm import AlgorithmContext
 from agentbolt.options import RunnerOptions
 from agentbolt.store.memory import MemoryStore
 from agentbolt.trainer import Trainer
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.asynchronous import GroupStream
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.asynchronous import GroupStream
 
 LONG = SamplingParams(max_tokens=900, ignore_eos=True)
 """Far more decode steps than it takes this test to pause the engine after admission."""
@@ -122,12 +122,10 @@ def test_torch_grpo_state_reports_engine_and_stream_while_training_asynchronousl
         steps=2,
         batch_size=2,
         group_size=2,
-        max_tokens=4,
-        val_every=None,
-        val_before=False,
-        autocast=None,
-        out_dir=tmp_path,
-        plot=False,
+        sampling={"max_tokens": 4},
+        evaluation={"every": None, "before": False},
+        policy={"autocast": None},
+        output={"out_dir": tmp_path, "plot": False},
     )
     assert algorithm.state() == {"engine": None, "stream": None}
 

@@ -7,17 +7,16 @@ from typing import Any
 
 from agentbolt.algorithm import Algorithm
 from agentbolt.testing.algorithm_conformance import AlgorithmConformance
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.sft import TorchSFT
 
 SMALL: dict[str, Any] = {
     "batch_size": 4,
     "group_size": 2,
-    "max_tokens": 8,
-    "val_every": None,
-    "engine": {"batch_window_s": 0.01},
+    "sampling": {"max_tokens": 8},
+    "evaluation": {"every": None},
+    "generation": {"engine": {"batch_window_s": 0.01}},
     "update": {"lr": 1e-3},
-    "plot": False,
 }
 
 
@@ -26,7 +25,10 @@ class TestTorchGRPOConformance(AlgorithmConformance):
 
     def make_algorithm(self, tmp_path: Path, *, steps: int, resume_from: str | None = None) -> Algorithm:
         return TorchGRPO(
-            "tiny", steps=steps, out_dir=tmp_path / "out", checkpoint_every=steps, resume=resume_from, **SMALL
+            "tiny",
+            steps=steps,
+            output={"out_dir": tmp_path / "out", "checkpoint_every": steps, "resume": resume_from, "plot": False},
+            **SMALL,
         )
 
     def checkpoint_of(self, result: Any) -> str:
@@ -39,8 +41,6 @@ class TestTorchSFTConformance(TestTorchGRPOConformance):
             "tiny",
             steps=steps,
             threshold=0.0,  # every successful rollout (parity rewards are 0 or 1): never "nothing to train on" by chance
-            out_dir=tmp_path / "out",
-            checkpoint_every=steps,
-            resume=resume_from,
+            output={"out_dir": tmp_path / "out", "checkpoint_every": steps, "resume": resume_from, "plot": False},
             **SMALL,
         )

@@ -24,11 +24,11 @@ from agentbolt.options import RunnerOptions
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources, RolloutMode
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.serving_copy import ServingWeights
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.serving import ServingWeights
+from agentbolt_torch.training.algorithm import TorchGRPO
 
 # -- the serving copy -------------------------------------------------------------------------
 
@@ -135,11 +135,17 @@ def test_max_staleness_needs_an_asynchronous_algorithm() -> None:
 
 def test_max_staleness_is_refused_for_sft_on_demonstrations(tmp_path: Path) -> None:
     """Offline SFT samples nothing: an asynchronous bound there is a mistake, said before any work."""
-    from agentbolt_torch.demonstrations import Demonstration
-    from agentbolt_torch.sft import TorchSFT
+    from agentbolt_torch.training.demonstrations import Demonstration
+    from agentbolt_torch.training.sft import TorchSFT
 
     demo = Demonstration(messages=[{"role": "user", "content": "2+2?"}], reply={"content": "4"}, episode="e0")
-    algorithm = TorchSFT("tiny", steps=1, demonstrations=[demo], out_dir=tmp_path, plot=False, val_every=None)
+    algorithm = TorchSFT(
+        "tiny",
+        steps=1,
+        demonstrations=[demo],
+        evaluation={"every": None},
+        output={"out_dir": tmp_path, "plot": False},
+    )
     trainer = Trainer(one_call_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False)
     with pytest.raises(UserError, match="demonstrations here: nothing is sampled, so max_staleness does not apply"):
         trainer.fit([], max_staleness=1)
@@ -150,14 +156,19 @@ def test_max_staleness_is_refused_with_policies_by_role(tmp_path: Path) -> None:
     refused before anything loads, saying what to do instead."""
     from agentbolt.policies import Policies, match
 
-    algorithm = TorchGRPO("tiny", steps=1, out_dir=tmp_path, plot=False, val_every=None)
+    algorithm = TorchGRPO(
+        "tiny",
+        steps=1,
+        evaluation={"every": None},
+        output={"out_dir": tmp_path, "plot": False},
+    )
     roles = Policies({"writer": match("write_query", rank=4), "rewriter": match("rewrite_query", rank=4)})
     trainer = Trainer(
         one_call_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False, policies=roles
     )
     with pytest.raises(UserError, match="max_staleness with policies by role is not supported yet"):
         trainer.fit([{"q": 1}], max_staleness=1)
-    assert algorithm._server is None  # refused before the model loaded
+    assert algorithm._generator is None  # refused before the model loaded
 
 
 # -- torch-grpo with max_staleness ------------------------------------------------------------
@@ -216,13 +227,11 @@ def test_max_staleness_0_trains_exactly_what_the_synchronous_loop_trains(tmp_pat
             steps=3,
             batch_size=2,
             group_size=2,
-            max_tokens=8,
-            val_every=None,
-            autocast=None,
-            out_dir=tmp_path / name,
-            checkpoint_every=3,
-            plot=False,
-            engine={"batch_window_s": 0},
+            sampling={"max_tokens": 8},
+            evaluation={"every": None},
+            policy={"autocast": None},
+            generation={"engine": {"batch_window_s": 0}},
+            output={"out_dir": tmp_path / name, "checkpoint_every": 3, "plot": False},
             update={"lr": 1e-2},
         )
         url = f"sqlite:///{tmp_path}/{name}.db"
@@ -249,7 +258,7 @@ class _Recording(TorchGRPO):
         self.trained: list[tuple[int, list[tuple[str, int, int | None]]]] = []
         self.on_version = on_version
 
-    async def _train_on(self, run: Any, step: int, rollouts: Any, *, update: Any, timing: Any) -> Any:
+    async def train_rollouts(self, run: Any, step: int, rollouts: Any, *, update: Any, timing: Any) -> Any:
         self.taken.append([r.rollout_id for r in rollouts])
 
         async def recording(rows: list[Any]) -> Any:
@@ -258,7 +267,7 @@ class _Recording(TorchGRPO):
             self.on_version(run.policy.version)
             return out
 
-        return await super()._train_on(run, step, rollouts, update=recording, timing=timing)
+        return await super().train_rollouts(run, step, rollouts, update=recording, timing=timing)
 
 
 @pytest.mark.parametrize("swap", ["inplace", "drain"])
@@ -308,14 +317,12 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
         steps=6,
         batch_size=2,
         group_size=2,
-        max_tokens=8,
-        val_every=None,
-        autocast=None,
-        out_dir=tmp_path / "out",
-        plot=False,
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        policy={"autocast": None},
+        generation={"engine": {"batch_window_s": 0.01}, "swap": swap},
+        output={"out_dir": tmp_path / "out", "plot": False},
         update={"lr": 1e-2},
-        swap=swap,
         lightningrl=LightningRLConfig(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=10.0)
         if swap == "drain"
         else None,

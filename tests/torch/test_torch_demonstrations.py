@@ -19,17 +19,17 @@ from agentbolt.store import open_store
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, Rule, ToolCall, ToolCalls
 from agentbolt.trainer import Trainer
 from agentbolt_torch.chat import parse_tool_calls
-from agentbolt_torch.demonstrations import (
+from agentbolt_torch.generation.engine import GenerationEngine
+from agentbolt_torch.policy import Policy
+from agentbolt_torch.serving.server import PolicyServer
+from agentbolt_torch.training.demonstrations import (
     Demonstration,
     DemonstrationError,
     demonstrations_from_spans,
     render_demonstration,
     render_demonstrations,
 )
-from agentbolt_torch.engine import GenerationEngine
-from agentbolt_torch.policy import Policy
-from agentbolt_torch.server import PolicyServer
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.sft import TorchSFT
 
 openai = pytest.importorskip("openai")
 
@@ -150,11 +150,10 @@ def test_teacher_calls_become_demonstrations_that_teach_the_served_policy_the_to
         demonstrations=demos,
         steps=25,
         batch_size=1,
-        max_tokens=96,
-        val_temperature=0.0,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 96},
+        evaluation={"temperature": 0.0, "every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out"},
         update={"lr": 3e-3},
     )
     result = Trainer(tool_agent, sft, store="memory://", runners=RunnerOptions(n=0), progress=False).fit([], [task])

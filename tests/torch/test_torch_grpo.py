@@ -24,8 +24,8 @@ from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources
-from agentbolt_torch.algorithm import TorchGRPO
 from agentbolt_torch.models import tiny_model
+from agentbolt_torch.training.algorithm import TorchGRPO
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,11 +63,10 @@ def test_two_steps_through_the_whole_pipeline(tmp_path: Path) -> None:
         steps=2,
         batch_size=2,
         group_size=4,
-        max_tokens=12,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        checkpoint_every=2,
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 12},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out", "checkpoint_every": 2},
         update={"lr": 1e-2},
     )
     trainer = Trainer(
@@ -109,7 +108,7 @@ def test_trainer_hands_one_lightningrl_config_to_the_algorithm(tmp_path: Path) -
     trainer = Trainer(
         lambda task, resources: 1.0,
         "torch-grpo",
-        algorithm_config={"model": "tiny", "out_dir": str(tmp_path)},
+        algorithm_config={"model": "tiny", "output": {"out_dir": str(tmp_path)}},
         lightningrl=config,
         runners=RunnerOptions(n=0),
         store="memory://",
@@ -168,7 +167,13 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
 
     tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
     algorithm = TorchGRPO(
-        "tiny", steps=1, batch_size=2, group_size=2, max_tokens=8, val_every=None, out_dir=tmp_path / "out", plot=False
+        "tiny",
+        steps=1,
+        batch_size=2,
+        group_size=2,
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        output={"out_dir": tmp_path / "out", "plot": False},
     )
     url = f"sqlite:///{tmp_path}/runs.db"
     Trainer(parity_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False, run_name="parity").fit(
@@ -201,11 +206,10 @@ def test_val_before_false_skips_the_first_held_out_pass(tmp_path: Path) -> None:
         steps=1,
         batch_size=2,
         group_size=2,
-        max_tokens=8,
-        val_every=None,
-        val_before=False,
-        out_dir=tmp_path / "out",
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None, "before": False},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out"},
     )
     result = Trainer(parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False).fit(
         tasks[:2], tasks[2:]

@@ -14,7 +14,8 @@ import torch
 
 from agentbolt.errors import MissingDependencyError, UserError
 from agentbolt_torch import models
-from agentbolt_torch.metrics import (
+from agentbolt_torch.models import load_model, tiny_model, tiny_tokenizer
+from agentbolt_torch.training.metrics import (
     MetricsLogger,
     TrainingProgress,
     format_metrics,
@@ -22,7 +23,6 @@ from agentbolt_torch.metrics import (
     read_metrics,
     step_means,
 )
-from agentbolt_torch.models import load_model, tiny_model, tiny_tokenizer
 
 
 def test_tiny_model_is_deterministic_and_offline() -> None:

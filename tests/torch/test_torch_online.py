@@ -27,10 +27,10 @@ from agentbolt import types as t  # noqa: E402
 from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.online import GateOptions, OnlinePolicy, OnlineServer, SessionOptions, UpdateOptions  # noqa: E402
 from agentbolt_torch.chat import render_request  # noqa: E402
-from agentbolt_torch.engine import SamplingParams  # noqa: E402
-from agentbolt_torch.online import TorchOnlinePolicy  # noqa: E402
+from agentbolt_torch.generation.engine import SamplingParams  # noqa: E402
 from agentbolt_torch.policy import LoraSettings  # noqa: E402
-from agentbolt_torch.update import UpdateConfig  # noqa: E402
+from agentbolt_torch.training.online import TorchOnlinePolicy  # noqa: E402
+from agentbolt_torch.update.updater import UpdateConfig  # noqa: E402
 
 TOKEN = "s3cret"
 VERSION_HEADER = "x-agentbolt-policy-version"
@@ -293,7 +293,7 @@ def test_agentbolt_serve_on_the_command_line_serves_a_torch_online_policy(tmp_pa
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    args = [sys.executable, "-m", "agentbolt.cli", "serve", "--policy", "agentbolt_torch.online:tiny"]
+    args = [sys.executable, "-m", "agentbolt.cli", "serve", "--policy", "agentbolt_torch.training.online:tiny"]
     args += ["--port", str(port), "--store", f"sqlite:///{tmp_path / 'serve.db'}", "--state-dir", str(tmp_path / "s")]
     env = {**os.environ, "AGENTBOLT_SERVE_TOKEN": TOKEN}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -310,7 +310,7 @@ def test_agentbolt_serve_on_the_command_line_serves_a_torch_online_policy(tmp_pa
                 pass
             time.sleep(0.1)
         else:
-            pytest.fail("agentbolt serve --policy agentbolt_torch.online:tiny did not answer")
+            pytest.fail("agentbolt serve --policy agentbolt_torch.training.online:tiny did not answer")
         assert answer.json()["model"] == "tiny" and answer.headers[VERSION_HEADER] == "1"
     finally:
         if proc.poll() is None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentbolt.errors import UserError
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.policy import Policy
 
 

@@ -16,13 +16,13 @@ from agentbolt.lightningrl import LightningRL
 from agentbolt.policies import Policies, match
 from agentbolt.types import Transition
 from agentbolt_torch.adapters import BASE, activate, adapter_parameters
-from agentbolt_torch.algorithm import TorchGRPO
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.roles import RoleUpdater, load_role_policies, lora_settings_for
-from agentbolt_torch.server import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, PolicyServer
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig
+from agentbolt_torch.serving.server import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, PolicyServer
+from agentbolt_torch.training.algorithm import TorchGRPO
+from agentbolt_torch.training.roles import RoleUpdater, load_role_policies, lora_settings_for
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
 ROLES = Policies({"writer": match("write_query", rank=4), "rewriter": match("rewrite_query", rank=8, lr=1e-3)})
 PROMPT = [1, 5, 9, 12, 30, 31]
@@ -255,14 +255,17 @@ def test_an_adapter_starts_from_another_runs_weights(tmp_path: Path) -> None:
 
 
 def test_one_shared_policy_loads_todays_single_policy(tmp_path: Path) -> None:
-    algorithm = TorchGRPO("tiny", out_dir=tmp_path, autocast=None)
+    algorithm = TorchGRPO(
+        "tiny",
+        policy={"autocast": None},
+        output={"out_dir": tmp_path},
+    )
     try:
         for shared in (Policies.shared(), Policies({"everything": match()})):
             policy, updater, lrl = algorithm._load(shared)
             assert policy.adapters == () and not policy.is_lora
             assert type(updater) is PolicyUpdater and type(lrl) is LightningRL
-            algorithm._server.stop()
-            algorithm._engine.stop()
+            algorithm._serving().stop()
         policy, updater, _ = algorithm._load(ROLES)
         assert policy.adapters == ("writer", "rewriter") and isinstance(updater, RoleUpdater)
         assert updater.updaters["rewriter"].config.lr == 1e-3 and updater.updaters["writer"].config.lr == 1e-5
@@ -303,11 +306,10 @@ def test_two_roles_train_through_the_whole_pipeline(tmp_path: Path) -> None:
         steps=2,
         batch_size=2,
         group_size=4,
-        max_tokens=8,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        checkpoint_every=2,
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 8},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out", "checkpoint_every": 2},
         update={"lr": 1e-2},
     )
     store = f"sqlite:///{tmp_path}/runs.db"

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from agentbolt_torch.chat import render_chat
-from agentbolt_torch.engine import GenerationEngine, SamplingParams, sample_tokens
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams, sample_tokens
 from agentbolt_torch.policy import Policy
-from agentbolt_torch.server import POLICY_VERSION_HEADER, PolicyServer
+from agentbolt_torch.serving.server import POLICY_VERSION_HEADER, PolicyServer
 
 openai = pytest.importorskip("openai")
 

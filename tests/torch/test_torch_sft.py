@@ -17,8 +17,8 @@ from agentbolt.options import RunnerOptions
 from agentbolt.plugins import default_plugins
 from agentbolt.trainer import Trainer
 from agentbolt_torch.models import tiny_model
-from agentbolt_torch.sft import TorchSFT, select_transitions
-from agentbolt_torch.update import UpdateConfig
+from agentbolt_torch.training.sft import TorchSFT, select_transitions
+from agentbolt_torch.update.updater import UpdateConfig
 
 TASKS = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(6)]
 
@@ -29,11 +29,10 @@ def _sft(tmp_path: Path, **options: Any) -> TorchSFT:
         steps=2,
         batch_size=2,
         group_size=4,
-        max_tokens=12,
-        val_every=None,
-        out_dir=tmp_path / "out",
-        checkpoint_every=2,
-        engine={"batch_window_s": 0.01},
+        sampling={"max_tokens": 12},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out", "checkpoint_every": 2},
         update={"lr": 1e-2},
         **options,
     )

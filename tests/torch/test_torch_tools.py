@@ -17,9 +17,9 @@ from agentbolt_torch.chat import (
     template_capabilities,
     tools_system_prompt,
 )
-from agentbolt_torch.engine import GenerationEngine
+from agentbolt_torch.generation.engine import GenerationEngine
 from agentbolt_torch.policy import Policy
-from agentbolt_torch.server import PolicyServer
+from agentbolt_torch.serving.server import PolicyServer
 
 openai = pytest.importorskip("openai")
 

@@ -13,10 +13,10 @@ import torch
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LOSS_AGGREGATIONS, LightningRLConfig, rollout_correction, row_weights, training_rows
 from agentbolt.types import Transition
-from agentbolt_torch.engine import GenerationEngine, SamplingParams
+from agentbolt_torch.generation.engine import GenerationEngine, SamplingParams
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import LoraSettings, Policy
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig, kl_penalty
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig, kl_penalty
 
 
 def fresh_policy(*, lora: LoraSettings | None = None, autocast: bool = True, seed: int = 0) -> Policy:
@@ -429,7 +429,7 @@ def test_chunked_output_head_gives_the_model_logits_update(
 ) -> None:
     """Hidden states through the output head in recomputed chunks (a few positions each here) give
     the logprobs, entropies, losses and weight change of the model's own full logits."""
-    from agentbolt_torch import update_forward
+    from agentbolt_torch.update import forward as update_forward
 
     results = []
     for chunked in (False, True):
@@ -470,7 +470,7 @@ def test_chunked_output_head_gives_the_model_logits_update(
 
 
 def test_output_head_is_used_only_when_logits_are_exactly_the_head() -> None:
-    from agentbolt_torch import update_forward
+    from agentbolt_torch.update import forward as update_forward
 
     policy = fresh_policy()
     assert update_forward._output_head(policy.model) is policy.model.get_output_embeddings()

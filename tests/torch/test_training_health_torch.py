@@ -18,7 +18,7 @@ from agentbolt.runs.doctor import doctor
 from agentbolt.runs.health import COLLAPSE_SURPRISAL
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
-from agentbolt_torch.sft import TorchSFT
+from agentbolt_torch.training.sft import TorchSFT
 
 
 def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:
@@ -26,7 +26,10 @@ def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:
     algorithm = TorchSFT(
         "tiny",
         threshold=0.0,  # imitate every sample: the policy sharpens onto its own near-greedy outputs
-        temperature=0.05,
+        sampling={"temperature": 0.05, "max_tokens": 12},
+        evaluation={"every": None},
+        generation={"engine": {"batch_window_s": 0.01}},
+        output={"out_dir": tmp_path / "out", "plot": False},
         steps=8,
         # 32 samples a step: the doctor's last window (the last 2 of 8 steps) then holds at least
         # 64 sampled tokens, over its 50-token floor whatever replies the policy collapses onto
@@ -34,12 +37,7 @@ def test_entropy_collapse_of_a_real_run_is_flagged(tmp_path: Path) -> None:
         # replies win depends on how requests happened to share batches, i.e. on timing)
         batch_size=4,
         group_size=8,
-        max_tokens=12,
-        val_every=None,
         update={"lr": 0.05, "epochs": 2, "mini_batches": 2},
-        engine={"batch_window_s": 0.01},
-        out_dir=tmp_path / "out",
-        plot=False,
         seed=0,
     )
     Trainer(arithmetic_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False).fit(

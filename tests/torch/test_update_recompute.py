@@ -1,4 +1,4 @@
-"""Gradient checkpointing in the policy update (agentbolt_torch.update_recompute): that the
+"""Gradient checkpointing in the policy update (agentbolt_torch.update.recompute): that the
 layers keep nothing and run again, that prompt sharing stays on, and that the update is the
 plain one's under bf16 autocast (the quickstart's setting).
 
@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from agentbolt.types import Transition
 from agentbolt_torch.models import tiny_model
 from agentbolt_torch.policy import Policy
-from agentbolt_torch.update import PolicyUpdater, UpdateConfig
-from agentbolt_torch.update_recompute import checkpointed_layers, decoder_layers
+from agentbolt_torch.update.recompute import checkpointed_layers, decoder_layers
+from agentbolt_torch.update.updater import PolicyUpdater, UpdateConfig
 
 
 def policy(*, autocast: bool = False) -> Policy:
@@ -66,8 +66,8 @@ class MatmulCount(TorchDispatchMode):
 
 def matmuls(checkpointing: bool) -> tuple[int, int]:
     """Matrix products in one forward and in its backward pass."""
-    from agentbolt_torch.update_batches import prepare_items
-    from agentbolt_torch.update_forward import response_logprobs
+    from agentbolt_torch.update.batches import prepare_items
+    from agentbolt_torch.update.forward import response_logprobs
 
     p = policy()
     p.model.train()
@@ -91,8 +91,8 @@ def test_checkpointed_layers_run_again_in_the_backward_pass() -> None:
 
 def saved_bytes(checkpointing: bool) -> int:
     """Bytes autograd saves for the backward pass outside checkpointed regions in one forward."""
-    from agentbolt_torch.update_batches import prepare_items
-    from agentbolt_torch.update_forward import response_logprobs
+    from agentbolt_torch.update.batches import prepare_items
+    from agentbolt_torch.update.forward import response_logprobs
 
     p = policy()
     p.model.train()
@@ -120,8 +120,8 @@ def test_the_forwards_keys_and_values_are_freed_before_the_backward_pass() -> No
     layer's repeated prompt rows stayed in the layers' snapshots until the backward pass.)"""
     import gc
 
-    from agentbolt_torch.update_batches import prepare_items
-    from agentbolt_torch.update_forward import response_logprobs
+    from agentbolt_torch.update.batches import prepare_items
+    from agentbolt_torch.update.forward import response_logprobs
 
     grads = {}
     for checkpointing in (False, True):
@@ -182,8 +182,8 @@ def test_a_recomputation_keeps_only_its_own_layers_keys_and_values() -> None:
     end that run early, by raising. What it appended must go with it, not pile up layer after
     layer until the backward pass ends (it did: every layer's, about 230 MB at the quickstart's
     micro-batch)."""
-    from agentbolt_torch.update_batches import prepare_items
-    from agentbolt_torch.update_forward import response_logprobs
+    from agentbolt_torch.update.batches import prepare_items
+    from agentbolt_torch.update.forward import response_logprobs
 
     model, tokenizer = tiny_model(seed=0, num_layers=4)
     p = Policy(model, tokenizer, name="tiny", autocast_dtype=None)

@@ -34,9 +34,9 @@ from agentbolt import semconv
 from agentbolt.lightningrl import LOSS_AGGREGATIONS, LightningRL, LightningRLConfig
 from agentbolt.store.memory import MemoryStore
 from agentbolt.types import AttemptStatus, ErrorInfo, ErrorKind, Span, SpanStatus, StatusCode
-from agentbolt_torch.update_batches import apply_correction, assign_token_weights, prepare_items
-from agentbolt_torch.update_config import UpdateConfig
-from agentbolt_torch.update_loss import policy_loss
+from agentbolt_torch.update.batches import apply_correction, assign_token_weights, prepare_items
+from agentbolt_torch.update.config import UpdateConfig
+from agentbolt_torch.update.loss import policy_loss
 from agentbolt_verl._verl import import_verl
 from agentbolt_verl.binding.rollouts import RolloutExecutor, RolloutRequest
 from agentbolt_verl.columns import EXTRA_KEY, verl_columns

@@ -6,12 +6,12 @@ The pieces, each usable on its own:
   (``"smollm2"``), or build a tiny random model for tests (``"tiny"``);
 - :class:`~agentbolt_torch.policy.Policy`: the model being trained, its tokenizer, version and
   the lock shared by generation and updates (optionally with LoRA adapters);
-- :class:`~agentbolt_torch.engine.GenerationEngine`: continuous-batching sampler with exact
+- :class:`~agentbolt_torch.generation.engine.GenerationEngine`: continuous-batching sampler with exact
   token ids and logprobs;
-- :class:`~agentbolt_torch.server.PolicyServer`: the OpenAI-compatible HTTP server over it;
-- :class:`~agentbolt_torch.update.PolicyUpdater`: PPO-clip / GRPO update from transitions,
+- :class:`~agentbolt_torch.serving.server.PolicyServer`: the OpenAI-compatible HTTP server over it;
+- :class:`~agentbolt_torch.update.updater.PolicyUpdater`: PPO-clip / GRPO update from transitions,
   checkpoints;
-- :mod:`~agentbolt_torch.metrics`: JSONL metrics, progress, reward/accuracy curves.
+- :mod:`~agentbolt_torch.training.metrics`: JSONL metrics, progress, reward/accuracy curves.
 
 Importing this package is cheap; torch and transformers load when a name below is first used.
 """
@@ -37,17 +37,17 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Completion": "engine",
-    "GenerationEngine": "engine",
-    "SamplingParams": "engine",
-    "LoraSettings": "policy",
+    "Completion": "generation.engine",
+    "GenerationEngine": "generation.engine",
+    "SamplingParams": "generation.engine",
+    "LoraSettings": "adapters",
     "Policy": "policy",
-    "PolicyServer": "server",
-    "PolicyUpdater": "update",
-    "UpdateConfig": "update",
-    "UpdateMetrics": "update",
-    "MetricsLogger": "metrics",
-    "plot_curves": "metrics",
+    "PolicyServer": "serving.server",
+    "PolicyUpdater": "update.updater",
+    "UpdateConfig": "update.updater",
+    "UpdateMetrics": "update.updater",
+    "MetricsLogger": "training.metrics",
+    "plot_curves": "training.metrics",
     "load_model": "models",
     "tiny_model": "models",
 }

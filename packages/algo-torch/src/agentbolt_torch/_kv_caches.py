@@ -11,14 +11,14 @@ decode steps stop casting every layer's whole key cache on every step. Without a
 is cast. The updater keeps float32 keys: there the cast's position would change how the
 gradients of the repeated key heads are summed.
 
-:class:`SharedPromptCache` (the updater's prompt sharing, :mod:`agentbolt_torch.update_forward`)
+:class:`SharedPromptCache` (the updater's prompt sharing, :mod:`agentbolt_torch.update.forward`)
 holds each distinct prompt's keys and values once. After :meth:`SharedPromptCache.repeat_rows`,
 every layer reads them repeated to one row per transition *inside* the layer, concatenated with
 the response's own keys and values, and stores neither: the repeated copies of all layers were
 alive together through the response pass (about 250 MB at the quickstart's micro-batch, float32
 keys), and under gradient checkpointing a checkpointed layer now keeps only the unrepeated
 prompt rows. The row index lives on each cache layer, so a recomputation that restores a layer's
-snapshot (:mod:`agentbolt_torch.update_recompute`) reads the prompt the way its first run did.
+snapshot (:mod:`agentbolt_torch.update.recompute`) reads the prompt the way its first run did.
 The logits and gradients are the plain cache's (``tests/torch/test_update_recompute.py``,
 ``tests/torch/test_torch_update.py``).
 """

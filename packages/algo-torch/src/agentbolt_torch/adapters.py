@@ -4,10 +4,10 @@
 model with :func:`apply_adapters`: a ``peft`` model holding one adapter per policy, the base
 weights frozen and shared, so memory is the base plus N adapters. What reads them:
 
-- **generation** (:class:`~agentbolt_torch.engine.GenerationEngine`) runs rows of different
+- **generation** (:class:`~agentbolt_torch.generation.engine.GenerationEngine`) runs rows of different
   adapters in one forward pass with peft's mixed-adapter batches (``adapter_names=[...]``, one
   name per row; :data:`BASE` runs a row on the base model alone), so routing costs no extra pass;
-- **training** (:class:`~agentbolt_torch.update.PolicyUpdater` ``(adapter=name)``) activates one
+- **training** (:class:`~agentbolt_torch.update.updater.PolicyUpdater` ``(adapter=name)``) activates one
   adapter (:func:`activate`), optimizes only :func:`adapter_parameters` of it, and bumps only its
   version (:meth:`Policy.bump_version(name) <agentbolt_torch.policy.Policy.bump_version>`);
 - **checkpoints** save and load one adapter by name (:func:`adapter_state`,
@@ -17,6 +17,7 @@ weights frozen and shared, so memory is the base plus N adapters. What reads the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +26,9 @@ from agentbolt.errors import MissingDependencyError, UserError
 if TYPE_CHECKING:
     import torch
 
-    from .policy import LoraSettings
-
 __all__ = [
     "BASE",
+    "LoraSettings",
     "activate",
     "adapter_file",
     "adapter_parameters",
@@ -41,6 +41,22 @@ __all__ = [
 
 BASE = "__base__"
 """peft's name for "no adapter" in a mixed batch: the row runs on the base model alone."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter settings (needs ``peft``: ``pip install 'agentbolt-torch[lora]'``)."""
+
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """Scaling numerator (the adapter output is scaled by ``alpha / r``)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input during training."""
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Names of the linear layers to adapt."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any other ``peft.LoraConfig`` argument."""
 
 
 def lora_config(settings: LoraSettings) -> Any:

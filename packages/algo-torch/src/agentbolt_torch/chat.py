@@ -300,7 +300,7 @@ def render_request(
     Tools are offered unless ``tool_choice`` is ``"none"``; a forcing ``tool_choice`` appends
     :func:`forced_tool_call_prefix`. The server tokenizes ``text`` with
     ``add_special_tokens=False``; anything that trains on what the server serves (e.g.
-    :mod:`agentbolt_torch.demonstrations`) renders through this function too.
+    :mod:`agentbolt_torch.training.demonstrations`) renders through this function too.
     """
     tools = list(tools or [])
     use_tools = bool(tools) and tool_choice != "none"

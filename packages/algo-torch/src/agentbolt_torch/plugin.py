@@ -9,13 +9,13 @@ from agentbolt.plugins import Register
 
 
 def _torch_grpo(**config: Any) -> Any:
-    from .algorithm import TorchGRPO
+    from .training.algorithm import TorchGRPO
 
     return TorchGRPO(**config)
 
 
 def _torch_sft(**config: Any) -> Any:
-    from .sft import TorchSFT
+    from .training.sft import TorchSFT
 
     return TorchSFT(**config)
 

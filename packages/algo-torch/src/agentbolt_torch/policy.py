@@ -25,12 +25,12 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from agentbolt.errors import MissingDependencyError, UserError
 
+from .adapters import LoraSettings
 from .attention import use_grouped_attention
 
 if TYPE_CHECKING:
@@ -43,22 +43,6 @@ logger = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapter settings (needs ``peft``: ``pip install 'agentbolt-torch[lora]'``)."""
-
-    r: int = 16
-    """Adapter rank."""
-    alpha: int = 32
-    """Scaling numerator (the adapter output is scaled by ``alpha / r``)."""
-    dropout: float = 0.0
-    """Dropout on the adapter input during training."""
-    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    """Names of the linear layers to adapt."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Any other ``peft.LoraConfig`` argument."""
 
 
 class Policy:

@@ -1,12 +1,12 @@
 """``agentbolt serve``: live clients through the gateway, sessions, feedback, judge, background training.
 
 agentbolt serve --upstream http://127.0.0.1:8000/v1 --store sqlite:///serve.db --token $TOKEN
-agentbolt serve --policy agentbolt_torch.online:smollm2 --gate my_app.serving:gate --judge-url ... --judge-model ...
+agentbolt serve --policy agentbolt_torch.training.online:smollm2 --gate my_app.serving:gate --judge-url ... --judge-model ...
 
 ``--upstream`` records sessions and feedback in front of any OpenAI-compatible server (nothing is
 trained here: train elsewhere from the store); ``--policy`` names an
 :class:`~agentbolt.online.OnlinePolicy` (or a function returning one) that the server trains in the
-background: agentbolt-torch's ready-made ones are ``agentbolt_torch.online:smollm2`` (full
+background: agentbolt-torch's ready-made ones are ``agentbolt_torch.training.online:smollm2`` (full
 fine-tuning), ``:smollm2_lora`` and ``:tiny``; a function of your own returning a
 ``TorchOnlinePolicy(...)`` sets the rest. The Python equivalent is
 :class:`agentbolt.online.OnlineServer`; docs/online.md is the guide.
@@ -42,7 +42,7 @@ def serve_command(
         str | None,
         typer.Option(
             help="module:name of an OnlinePolicy (or a function returning one) that is served and trained in the "
-            "background, e.g. agentbolt_torch.online:smollm2 (or :smollm2_lora, :tiny) with agentbolt-torch installed."
+            "background, e.g. agentbolt_torch.training.online:smollm2 (or :smollm2_lora, :tiny) with agentbolt-torch installed."
         ),
     ] = None,
     store: Annotated[

@@ -16,9 +16,9 @@ methods are synchronous (they run on a worker thread), called one at a time in t
 
 Implementations:
 
-- ``agentbolt_torch.online.TorchOnlinePolicy`` (agentbolt-torch): a real model, trained by
+- ``agentbolt_torch.training.online.TorchOnlinePolicy`` (agentbolt-torch): a real model, trained by
   agentbolt-torch's updater, the two slots being its policy server over copies of the trainable
-  weights (``agentbolt serve --policy agentbolt_torch.online:smollm2``);
+  weights (``agentbolt serve --policy agentbolt_torch.training.online:smollm2``);
 - :class:`agentbolt.testing.scripted_policy.ScriptedPolicy`: the contract over two fake LLM
   servers, whose "weights" are named reply functions (what core's tests train);
 - :class:`StaticPolicy` serves a fixed upstream and trains nothing: ``agentbolt serve

@@ -1,4 +1,4 @@
-"""What goes in and out of the :class:`~agentbolt_torch.engine.GenerationEngine`: sampling
+"""What goes in and out of the :class:`~agentbolt_torch.generation.engine.GenerationEngine`: sampling
 parameters, per-token steps, completions, the handle of a submitted request, the engine's counters."""
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from agentbolt.errors import UserError
-
-if TYPE_CHECKING:
-    from .engine import GenerationEngine
 
 __all__ = ["Completion", "EngineStats", "Finished", "LogprobsMode", "RequestHandle", "SamplingParams", "TokenStep"]
 
@@ -127,7 +124,7 @@ class RequestHandle:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         n: int,
-        engine: GenerationEngine,
+        cancel: Callable[[RequestHandle], None],
         adapter: str | None = None,
     ) -> None:
         self.request_id = next(self._ids)
@@ -143,7 +140,8 @@ class RequestHandle:
         self.error: BaseException | None = None
         self.submitted_at = time.monotonic()
         self.admitted_at: float | None = None
-        self._engine = engine
+        self._cancel = cancel
+        """Asks the engine that runs it to stop it (its scheduler owns the running rows)."""
         self._lock = threading.Lock()
         self._pending: collections.deque[TokenStep | Finished] = collections.deque()
         self._finished = 0
@@ -194,7 +192,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Stop generating; unfinished choices end with ``finish_reason="abort"``."""
-        self._engine._cancel(self)
+        self._cancel(self)
 
     async def admitted(self) -> int:
         """Wait until the request starts generating; returns its policy version."""

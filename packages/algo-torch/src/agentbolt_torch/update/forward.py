@@ -9,7 +9,7 @@ never holds its full ``[rows, response, vocab]`` logits, their softmax and their
 once (SmolLM2's 49,152-token vocabulary made those the largest buffers of the update). The
 recomputation costs one extra output-head product per response token in the backward pass.
 With prompt sharing (``UpdateConfig.share_prompts``), transitions with the same prompt (a GRPO
-group, packed together by :func:`~agentbolt_torch.update_batches.micro_batches`) run their
+group, packed together by :func:`~agentbolt_torch.update.batches.micro_batches`) run their
 prompt once with a KV cache, and the responses run against the cache rows of their prompt:
 gradients reach the prompt's activations through the cache.
 """
@@ -19,12 +19,12 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from .update_batches import PreparedTransition
+from .batches import PreparedTransition
 
 if TYPE_CHECKING:
     import torch
 
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = ["LOGIT_CHUNK_BYTES", "response_logprobs"]
 
@@ -213,7 +213,7 @@ def _shared_prompt_outputs(
     """
     import torch
 
-    from ._kv_caches import SharedPromptCache
+    from .._kv_caches import SharedPromptCache
 
     device = policy.device
     pad = policy.tokenizer.pad_token_id or 0

@@ -8,7 +8,7 @@ input, and runs again in the backward pass to rebuild what its gradients need (a
 forward pass of the layers).
 
 Why not transformers' ``gradient_checkpointing_enable``: it turns the KV cache off inside
-checkpointed layers, and the updater's prompt sharing (:mod:`agentbolt_torch.update_forward`)
+checkpointed layers, and the updater's prompt sharing (:mod:`agentbolt_torch.update.forward`)
 runs responses against their prompt's cache, which saves up to ``group_size`` times the
 prompt's compute. A layer appends to the cache as a side effect, so running it again would
 append twice; here each checkpointed call snapshots the cache layers' state before it runs and

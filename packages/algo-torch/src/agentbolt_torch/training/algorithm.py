@@ -13,7 +13,7 @@ store and a PNG curve.
 
 With policies by role (``Trainer(policies=...)``, read here as ``ctx.policies``) the same loop
 serves one LoRA adapter per policy on one base model and updates each from its own agents' rows
-(:mod:`agentbolt_torch.roles`); per-policy metrics are ``train/<policy>/*``.
+(:mod:`agentbolt_torch.training.roles`); per-policy metrics are ``train/<policy>/*``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
@@ -39,7 +39,11 @@ from agentbolt.policies import Policies
 from agentbolt.runs.health import step_metrics
 
 from .asynchronous import train_async
-from .run_state import RunState, engine_delta, mean_reward, wait_shares
+from .options import EvaluationOptions, GenerationOptions, OutputOptions, PolicyOptions, SamplingOptions
+from .run_state import RunState, StepPlan, UpdateFn, engine_delta, mean_reward, wait_shares
+
+if TYPE_CHECKING:
+    from ..generation.generator import Generator
 
 __all__ = ["TorchGRPO", "TorchGRPOResult"]
 
@@ -88,34 +92,27 @@ class TorchGRPO(Algorithm):
             model, for tests) or a Hugging Face directory.
         steps: training steps (each: ``batch_size`` tasks x ``group_size`` rollouts, one update).
         batch_size, group_size: tasks per step and rollouts per task (GRPO groups).
-        temperature, max_tokens, top_p: sampling the gateway forces on every training call.
-        val_every: evaluate on ``val`` every this many steps (and before and after training).
-        val_before: evaluate before the first step (``False``: skip it, e.g. when a previous
-            stage just measured these weights; ``accuracy_before`` is then ``None``).
-        val_samples: rollouts per held-out task; ``val_temperature`` (default: ``temperature``).
-        success_threshold: a rollout counts as correct when its final reward is at least this.
+        sampling: what the gateway forces on every training call:
+            :class:`~agentbolt_torch.training.options.SamplingOptions` (``temperature``,
+            ``max_tokens``, ``top_p``) or a mapping of its fields.
+        evaluation: held-out evaluation: :class:`~agentbolt_torch.training.options.EvaluationOptions`
+            (``every``, ``before``, ``samples``, ``temperature``, ``success_threshold``) or a mapping.
         lightningrl: every transitions → loss choice (credit, advantage, ``agent_match``,
             ``loss_aggregation``, ...): a :class:`~agentbolt.lightningrl.LightningRLConfig` or a
             mapping of its fields (``None``: the defaults).
-        update: :class:`~agentbolt_torch.update.UpdateConfig` or its fields as a dict.
-        lora: :class:`~agentbolt_torch.policy.LoraSettings` or a dict (``None``: full fine-tune).
-        engine: keyword arguments of :class:`~agentbolt_torch.engine.GenerationEngine`.
-        out_dir: metrics, curve and checkpoints.
-        checkpoint_every: save a checkpoint every this many steps (and at the end) if set.
-        resume: a checkpoint directory to start from.
-        autocast: ``"auto"`` (bf16 where the hardware runs it fast, else fp32), ``"bfloat16"``,
-            ``"float16"`` or ``None`` (fp32) for generation and the update.
-        swap: asynchronous training (``lightningrl.max_staleness`` set): how new weights reach
-            the policy server after an update, ``"inplace"`` (between two decode steps; calls in
-            flight go on with the new weights and keep the version they started with) or
-            ``"drain"`` (the gateway and the server let calls in flight finish first); see
-            :mod:`agentbolt_torch.asynchronous`.
-        device, seed, plot: as named.
+        update: :class:`~agentbolt_torch.update.config.UpdateConfig` or its fields as a dict.
+        policy: how the policy loads: :class:`~agentbolt_torch.training.options.PolicyOptions`
+            (``lora``, ``autocast``, ``device``) or a mapping.
+        generation: the generator: :class:`~agentbolt_torch.training.options.GenerationOptions`
+            (``engine`` keyword arguments, the asynchronous ``swap``) or a mapping.
+        output: :class:`~agentbolt_torch.training.options.OutputOptions` (``out_dir``,
+            ``checkpoint_every``, ``resume``, ``plot``) or a mapping.
+        seed: seeds the model's initialisation (``"tiny"``), the task order, sampling and the update.
 
     Asynchronous training: with ``lightningrl.max_staleness=K`` (or ``Trainer.fit(...,
     max_staleness=K)``) the rollouts of the next K batches run while the policy updates and the
     server answers from a copy of the weights; calls staler than K versions are dropped and
-    counted (:mod:`agentbolt_torch.asynchronous`).
+    counted (:mod:`agentbolt_torch.training.asynchronous`).
     """
 
     name = "torch-grpo"
@@ -129,69 +126,70 @@ class TorchGRPO(Algorithm):
         steps: int = 30,
         batch_size: int = 8,
         group_size: int = 4,
-        temperature: float = 1.0,
-        max_tokens: int = 64,
-        top_p: float = 1.0,
-        val_every: int | None = 10,
-        val_before: bool = True,
-        val_samples: int = 1,
-        val_temperature: float | None = None,
-        success_threshold: float = 1.0,
+        sampling: SamplingOptions | Mapping[str, Any] | None = None,
+        evaluation: EvaluationOptions | Mapping[str, Any] | None = None,
         lightningrl: LightningRLConfig | Mapping[str, Any] | None = None,
         update: Any = None,
-        lora: Any = None,
-        engine: Mapping[str, Any] | None = None,
-        out_dir: str | Path = "runs/torch-grpo",
-        checkpoint_every: int | None = None,
-        resume: str | Path | None = None,
-        autocast: str | None = "auto",
-        swap: Literal["inplace", "drain"] = "inplace",
-        device: str = "cpu",
+        policy: PolicyOptions | Mapping[str, Any] | None = None,
+        generation: GenerationOptions | Mapping[str, Any] | None = None,
+        output: OutputOptions | Mapping[str, Any] | None = None,
         seed: int = 0,
-        plot: bool = True,
     ) -> None:
         if steps < 0 or batch_size < 1 or group_size < 1:
             raise UserError("steps must be >= 0, batch_size and group_size >= 1")
         self.lightningrl = LightningRLConfig.from_value(lightningrl)
         if group_size < 2 and self.lightningrl.advantage == "grpo":
             log.warning("group_size=1 with GRPO: every advantage is 0 (nothing to compare within a group)")
+        sampling = SamplingOptions.from_value(sampling, option="sampling")
+        evaluation = EvaluationOptions.from_value(evaluation, option="evaluation")
+        policy = PolicyOptions.from_value(policy, option="policy")
+        generation = GenerationOptions.from_value(generation, option="generation")
+        output = OutputOptions.from_value(output, option="output")
+        self.options = {
+            "sampling": sampling,
+            "evaluation": evaluation,
+            "policy": policy,
+            "generation": generation,
+            "output": output,
+        }
+        """The option groups as given (defaults filled in)."""
         self.model = model
         self.steps = steps
         self.batch_size = batch_size
         self.group_size = group_size
-        self.sampling = {"temperature": temperature, "max_tokens": max_tokens, "top_p": top_p}
-        self.val_every = val_every
-        self.val_before = val_before
-        self.val_samples = val_samples
+        self.sampling = sampling.as_dict()
+        self.val_every = evaluation.every
+        self.val_before = evaluation.before
+        self.val_samples = evaluation.samples
         self.val_sampling = {
             **self.sampling,
-            "temperature": temperature if val_temperature is None else val_temperature,
+            "temperature": sampling.temperature if evaluation.temperature is None else evaluation.temperature,
         }
-        self.success_threshold = success_threshold
+        self.success_threshold = evaluation.success_threshold
         self.update_config = update
-        self.lora = lora
-        self.engine_options = {"max_batch_size": max(batch_size * group_size, 8), **dict(engine or {})}
-        self.out_dir = Path(out_dir)
-        self.checkpoint_every = checkpoint_every
-        self.resume = Path(resume) if resume else None
-        self.autocast = autocast
-        if swap not in ("inplace", "drain"):
-            raise UserError(f"swap must be 'inplace' or 'drain', got {swap!r}")
-        self.swap = swap
-        self.device = device
+        self.lora = policy.lora
+        self.engine_options = {"max_batch_size": max(batch_size * group_size, 8), **generation.engine}
+        self.out_dir = Path(output.out_dir if output.out_dir is not None else f"runs/{self.name}")
+        self.checkpoint_every = output.checkpoint_every
+        self.resume = Path(output.resume) if output.resume else None
+        self.autocast = policy.autocast
+        self.swap = generation.swap
+        self.device = policy.device
         self.seed = seed
-        self.plot = plot
-        self._server: Any = None
-        self._engine: Any = None
-        self._stream: Any = None
-        """The asynchronous schedule's :class:`~agentbolt_torch.asynchronous.GroupStream` while it runs."""
+        self.plot = output.plot
+        self._generator: Generator | None = None
+        """What serves the policy while a run is in progress (agentbolt's own engine and server,
+        :class:`~agentbolt_torch.serving.local.LocalGenerator`)."""
+        self._run: RunState | None = None
+        """The run in progress (:meth:`state` reads its asynchronous stream)."""
 
     def state(self) -> dict[str, Any]:
         """A snapshot of the run in progress for monitoring (JSON-serialisable; safe from any
-        thread): ``engine`` (:meth:`GenerationEngine.state <agentbolt_torch.engine.GenerationEngine.state>`)
+        thread): ``engine`` (:meth:`GenerationEngine.state <agentbolt_torch.generation.engine.GenerationEngine.state>`)
         and, while training asynchronously, ``stream`` (:meth:`GroupStream.state
-        <agentbolt_torch.asynchronous.GroupStream.state>`); ``None`` where there is none."""
-        engine, stream = self._engine, self._stream
+        <agentbolt_torch.training.asynchronous.GroupStream.state>`); ``None`` where there is none."""
+        run = self._run
+        engine, stream = self._generator, run.stream if run is not None else None
         return {
             "engine": engine.state() if engine is not None else None,
             "stream": stream.state() if stream is not None else None,
@@ -218,7 +216,7 @@ class TorchGRPO(Algorithm):
             )
         policy, updater, lrl = await asyncio.to_thread(self._load, ctx.policies)
         await asyncio.to_thread(
-            ctx.gateway.set_upstreams, [Upstream(base_url=self._server.base_url, model=policy.name)]
+            ctx.gateway.set_upstreams, [Upstream(base_url=self._serving().base_url, model=policy.name)]
         )
         run = RunState(
             ctx,
@@ -226,7 +224,9 @@ class TorchGRPO(Algorithm):
             updater,
             lrl,
             MetricsLogger(self.out_dir, append=self.resume is not None),
+            generator=self._serving(),
         )
+        self._run = run
         try:
             accuracy_before, val_reward_before = (
                 await self._evaluate(ctx, policy, val, step=0, log_step=run.log_step)
@@ -254,6 +254,7 @@ class TorchGRPO(Algorithm):
                 )
         finally:
             run.metrics.close()
+            self._run = None
         return TorchGRPOResult(
             steps=len(run.step_times),
             accuracy_before=accuracy_before,
@@ -299,7 +300,7 @@ class TorchGRPO(Algorithm):
                 trained.update(wait_shares(trained, elapsed, rollouts_wait_s=trained["time/update_s"]))
                 trained["time/step_s"] = elapsed
                 run.log_step(step, trained)
-            await self._after_step(run, step, val)
+            await self.after_step(run, step, val)
 
     async def _step_transitions(
         self, ctx: AlgorithmContext, policy: Any, step: int, batch: Sequence[Any], lrl: Any, *, first: bool
@@ -310,7 +311,7 @@ class TorchGRPO(Algorithm):
         :meth:`_transitions_to_train` (:meth:`_rollout_rows`); raising stops the run.
         """
         started = time.monotonic()
-        engine_before = self._engine.stats
+        engine_before = self._serving().stats
         await self._publish(ctx, policy, self.sampling)
         rollouts = await ctx.run_rollouts(
             batch,
@@ -319,7 +320,7 @@ class TorchGRPO(Algorithm):
             description=f"{self._step_label} {step}/{self.steps}",
             step=step,
         )
-        timing = {"time/rollouts_s": time.monotonic() - started, **engine_delta(engine_before, self._engine.stats)}
+        timing = {"time/rollouts_s": time.monotonic() - started, **engine_delta(engine_before, self._serving().stats)}
         return await self._rollout_rows(ctx, policy, step, rollouts, lrl, first=first, values=timing)
 
     async def _rollout_rows(
@@ -350,18 +351,19 @@ class TorchGRPO(Algorithm):
         transitions, extra = chosen
         return transitions, {**values, **extra}
 
-    async def _train_on(
+    async def train_rollouts(
         self,
         run: RunState,
         step: int,
         rollouts: Sequence[t.Rollout],
         *,
-        update: Callable[[list[Any]], Awaitable[tuple[Any, dict[str, float]]]],
+        update: UpdateFn,
         timing: Mapping[str, float],
     ) -> dict[str, float] | None:
         """An asynchronous step's training on finished ``rollouts`` (:meth:`_rollout_rows`, then
         ``update``: rows -> update metrics and extra values). Returns the step's metrics for the
-        caller to complete and log, or ``None`` when the update was skipped (logged here)."""
+        caller to complete and log, or ``None`` when the update was skipped (logged here).
+        Part of the public step interface (:class:`~.run_state.TrainingSteps`)."""
         transitions, values = await self._rollout_rows(
             run.ctx, run.policy, step, rollouts, run.lrl, first=not run.step_times, values=timing
         )
@@ -376,7 +378,7 @@ class TorchGRPO(Algorithm):
         transitions: list[Any],
         values: Mapping[str, float],
         *,
-        update: Callable[[list[Any]], Awaitable[tuple[Any, dict[str, float]]]],
+        update: UpdateFn,
     ) -> dict[str, float]:
         """The update on a step's rows; the step's metrics with the update's (the running totals
         of the result advance here)."""
@@ -392,7 +394,7 @@ class TorchGRPO(Algorithm):
             **more,
         }
 
-    async def _after_step(
+    async def after_step(
         self,
         run: RunState,
         step: int,
@@ -401,12 +403,32 @@ class TorchGRPO(Algorithm):
         around_eval: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     ) -> None:
         """Evaluation and checkpoint on their schedules after a step (the evaluation inside
-        ``around_eval()`` when given)."""
+        ``around_eval()`` when given). Part of the public step interface."""
         if val and self.val_every and step % self.val_every == 0 and step < self.steps:
             async with around_eval() if around_eval is not None else contextlib.nullcontext():
                 await self._evaluate(run.ctx, run.policy, val, step=step, log_step=run.log_step)
         if self.checkpoint_every and step % self.checkpoint_every == 0 and step < self.steps:
             await asyncio.to_thread(run.updater.save_checkpoint, self.out_dir / f"checkpoint-{step}")
+
+    @property
+    def plan(self) -> StepPlan:
+        """The steps' sizes, order and bound, as a schedule reads them (the public step interface,
+        :class:`~.run_state.TrainingSteps`)."""
+        return StepPlan(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            group_size=self.group_size,
+            seed=self.seed,
+            max_staleness=self.lightningrl.max_staleness,
+            tag=self._step_tag,
+            label=self._step_label,
+            swap=self.swap,
+            evaluation_sampling_differs=dict(self.val_sampling) != dict(self.sampling),
+        )
+
+    async def publish_training(self, run: RunState) -> None:
+        """Publish the training resources for the policy's current version (public step interface)."""
+        await self._publish(run.ctx, run.policy, self.sampling)
 
     _step_tag = "step"
     """Rollout-id tag of a training step (``step3``)."""
@@ -446,24 +468,20 @@ class TorchGRPO(Algorithm):
         return list(processed.rows), lightningrl_metrics(processed)
 
     async def close(self) -> None:
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
-        if self._engine is not None:
-            await asyncio.to_thread(self._engine.stop)
-            self._engine = None
+        if self._generator is not None:
+            await asyncio.to_thread(self._generator.stop)
+            self._generator = None
 
     # -- pieces -----------------------------------------------------------------------------------
 
     def _load(self, policies: Policies) -> tuple[Any, Any, Any]:
         """The policy, its updater and LightningRL: one of each, or with policies by role one
-        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.roles`)."""
+        adapter, optimizer and LightningRL config per policy (:mod:`agentbolt_torch.training.roles`)."""
         from agentbolt.lightningrl import LightningRL
 
-        from .engine import GenerationEngine
-        from .policy import LoraSettings, Policy
-        from .server import PolicyServer
-        from .update import PolicyUpdater, UpdateConfig
+        from ..policy import LoraSettings, Policy
+        from ..serving.local import LocalGenerator
+        from ..update.updater import PolicyUpdater, UpdateConfig
 
         lora = LoraSettings(**self.lora) if isinstance(self.lora, Mapping) else self.lora
         config = UpdateConfig(**self.update_config) if isinstance(self.update_config, Mapping) else self.update_config
@@ -497,12 +515,17 @@ class TorchGRPO(Algorithm):
             lrl = RoleLightningRL(by_policy, policy)
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
-        self._engine = GenerationEngine(policy, seed=self.seed, **self.engine_options)
+        self._generator = LocalGenerator(policy, seed=self.seed, **self.engine_options)
         if self.lightningrl.max_staleness is not None:
-            self._engine.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
-        self._server = PolicyServer(self._engine, served_model_name=policy.name).start()
-        log.info("policy server for %s at %s", policy.name, self._server.base_url)
+            self._generator.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
+        self._generator.start()
         return policy, updater, lrl
+
+    def _serving(self) -> Generator:
+        """The generator of the run in progress."""
+        if self._generator is None:
+            raise RuntimeError(f"{self.name}: no generator (the run has not started or has ended)")
+        return self._generator
 
     async def _publish(self, ctx: AlgorithmContext, policy: Any, sampling: Mapping[str, Any]) -> t.Resources:
         return await ctx.publish(
@@ -515,11 +538,11 @@ class TorchGRPO(Algorithm):
     async def _update(
         self, ctx: AlgorithmContext, updater: Any, transitions: list[Any]
     ) -> tuple[Any, dict[str, float]]:
-        """Weights change only while nothing generates: gateway paused and drained, engine paused."""
+        """Weights change only while nothing generates: gateway paused and drained, generator paused."""
         await asyncio.to_thread(ctx.gateway.pause)
         try:
             await asyncio.to_thread(ctx.gateway.drain, 120.0)
-            engine = self._engine
+            engine = self._serving()
             await asyncio.to_thread(engine.pause, drain=True, timeout=120.0)
             try:
                 return await asyncio.to_thread(updater.update, transitions), {}
@@ -554,7 +577,7 @@ class TorchGRPO(Algorithm):
 
 def _update_values(update: Any) -> dict[str, float]:
     """An update's metrics: ``update/*`` for one policy, ``train/<policy>/*`` per policy by role."""
-    from .update import UpdateMetrics
+    from ..update.updater import UpdateMetrics
 
     if isinstance(update, UpdateMetrics):
         return {f"update/{k}": v for k, v in update.as_dict().items() if k not in ("step", "seconds")}

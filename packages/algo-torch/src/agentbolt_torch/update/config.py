@@ -1,4 +1,4 @@
-"""Hyper-parameters and metrics of the policy update (:class:`~agentbolt_torch.update.PolicyUpdater`).
+"""Hyper-parameters and metrics of the policy update (:class:`~agentbolt_torch.update.updater.PolicyUpdater`).
 
 :class:`UpdateConfig` is what ``TorchGRPO(update=...)`` takes; :class:`UpdateMetrics` is what one
 update reports. Both are plain data, importable without torch.
@@ -14,7 +14,7 @@ from agentbolt.errors import UserError
 __all__ = ["KLEstimator", "UpdateConfig", "UpdateMetrics"]
 
 KLEstimator = Literal["k1", "k2", "k3"]
-"""The KL estimators of :func:`~agentbolt_torch.update_loss.kl_penalty`."""
+"""The KL estimators of :func:`~agentbolt_torch.update.loss.kl_penalty`."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class UpdateConfig:
     mini_batches: int = 1
     """Optimizer steps per epoch (the batch is split by rollout)."""
     old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
-    """Where ``logp_old`` comes from (see :mod:`agentbolt_torch.update`): ``auto`` is ``recompute``
+    """Where ``logp_old`` comes from (see :mod:`agentbolt_torch.update.updater`): ``auto`` is ``recompute``
     when the updater applies off-policy correction, else ``rollout``."""
     logit_temperature: float = 1.0
     """Divide logits by this before log-softmax (match the sampling temperature when the
@@ -62,7 +62,7 @@ class UpdateConfig:
     gradient_checkpointing: bool = False
     """Trade compute for memory in the backward pass: each decoder layer keeps only its input and
     runs again in the backward pass (about one more forward pass of the layers;
-    :mod:`agentbolt_torch.update_recompute`). Keeps ``share_prompts``; the update is unchanged."""
+    :mod:`agentbolt_torch.update.recompute`). Keeps ``share_prompts``; the update is unchanged."""
     share_prompts: bool = True
     """Run each distinct prompt of a micro-batch through the model once and its responses against
     that prompt's KV cache, instead of one full sequence per transition. The samples of a GRPO
@@ -160,5 +160,5 @@ class UpdateMetrics:
     """Off-policy correction: share of tokens masked out by rejection (NaN without ``rollout_rs``)."""
 
     def as_dict(self) -> dict[str, float]:
-        """The metrics as a flat dict (for :class:`~agentbolt_torch.metrics.MetricsLogger`)."""
+        """The metrics as a flat dict (for :class:`~agentbolt_torch.training.metrics.MetricsLogger`)."""
         return dict(asdict(self))

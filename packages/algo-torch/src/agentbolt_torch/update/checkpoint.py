@@ -1,8 +1,8 @@
 """Checkpoints of the policy update: the model (or only the LoRA adapter), optimizer and scheduler,
 update step, policy version and every RNG state, written atomically and restored with checks.
 
-:meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.PolicyUpdater.save_checkpoint>` and
-:meth:`~agentbolt_torch.update.PolicyUpdater.load_checkpoint` are the entry points; the functions
+:meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.updater.PolicyUpdater.save_checkpoint>` and
+:meth:`~agentbolt_torch.update.updater.PolicyUpdater.load_checkpoint` are the entry points; the functions
 here take the pieces of state as a :class:`CheckpointTarget`.
 """
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from agentbolt.errors import UserError
 
 if TYPE_CHECKING:
-    from .policy import Policy
-    from .update_config import UpdateConfig
+    from ..policy import Policy
+    from .config import UpdateConfig
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointTarget", "load_checkpoint", "save_checkpoint"]
 
@@ -66,7 +66,7 @@ def save_checkpoint(
             if adapter is not None:
                 from safetensors.torch import save_file
 
-                from .adapters import adapter_state
+                from ..adapters import adapter_state
 
                 (tmp / "adapter").mkdir()
                 save_file(
@@ -147,7 +147,7 @@ def load_checkpoint(path: str | os.PathLike[str], target: CheckpointTarget) -> d
         raise UserError(f"{path} is {kind} checkpoint; build the Policy with matching lora settings")
     with policy.lock:
         if adapter is not None:
-            from .adapters import load_adapter_weights
+            from ..adapters import load_adapter_weights
 
             weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
             load_adapter_weights(policy.model, adapter, weights, source=f"in {path}")

@@ -2,21 +2,21 @@
 :class:`~agentbolt.online.OnlinePolicy` of agentbolt-torch.
 
     from agentbolt.online import OnlineServer, GateOptions
-    from agentbolt_torch.online import TorchOnlinePolicy
+    from agentbolt_torch.training.online import TorchOnlinePolicy
 
     policy = TorchOnlinePolicy("smollm2", lora=LoraSettings(r=16), update=UpdateConfig(lr=1e-4))
     async with OnlineServer("sqlite:///serve.db", policy, gate=GateOptions(...)) as server:
         ...  # live clients call server.url; rewarded sessions train the policy in the background
 
-From the command line: ``agentbolt serve --policy agentbolt_torch.online:smollm2`` (full
-fine-tuning), ``agentbolt_torch.online:smollm2_lora`` (LoRA) or a function of your own returning a
+From the command line: ``agentbolt serve --policy agentbolt_torch.training.online:smollm2`` (full
+fine-tuning), ``agentbolt_torch.training.online:smollm2_lora`` (LoRA) or a function of your own returning a
 :class:`TorchOnlinePolicy`.
 
 One :class:`~agentbolt_torch.policy.Policy` is the **training copy**: a
-:class:`~agentbolt_torch.update.PolicyUpdater` trains its weights (on the server's worker
-thread). Two **slots**, *live* and *standby*, each a :class:`~agentbolt_torch.engine.GenerationEngine`
-behind its own :class:`~agentbolt_torch.server.PolicyServer` on 127.0.0.1, generate from a
-:class:`~agentbolt_torch.serving.ServingWeights` copy of the trainable weights (frozen
+:class:`~agentbolt_torch.update.updater.PolicyUpdater` trains its weights (on the server's worker
+thread). Two **slots**, *live* and *standby*, each a :class:`~agentbolt_torch.generation.engine.GenerationEngine`
+behind its own :class:`~agentbolt_torch.serving.server.PolicyServer` on 127.0.0.1, generate from a
+:class:`~agentbolt_torch.generation.serving_copy.ServingWeights` copy of the trainable weights (frozen
 parameters are shared): training never touches what a slot answers with, and a slot's weights
 change only between two calls. Responses carry exact token ids, logprobs and the policy version
 of the weights that sampled them, as the policy server gives them everywhere else.
@@ -28,7 +28,7 @@ of the weights that sampled them, as the policy server gives them everywhere els
 - :meth:`~TorchOnlinePolicy.revert` puts the training copy back to the live weights **and the
   optimizer back to its state before the rejected update** (see its docstring).
 - :meth:`~TorchOnlinePolicy.save` / :meth:`~TorchOnlinePolicy.start` round-trip the version going
-  live through :meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.PolicyUpdater.save_checkpoint>`'s
+  live through :meth:`PolicyUpdater.save_checkpoint <agentbolt_torch.update.updater.PolicyUpdater.save_checkpoint>`'s
   format (the weights, or with LoRA only the adapter; the optimizer; the version).
 
 Memory: the model once, **plus two copies of the trainable weights** (the slots), plus AdamW's
@@ -58,9 +58,9 @@ from agentbolt.lightningrl import DEFAULT_LOSS_AGGREGATION, LossAggregation
 if TYPE_CHECKING:
     import torch
 
-    from .policy import LoraSettings, Policy
-    from .server import PolicyServer
-    from .update import PolicyUpdater, UpdateConfig
+    from ..policy import LoraSettings, Policy
+    from ..serving.server import PolicyServer
+    from ..update.updater import PolicyUpdater, UpdateConfig
 
 __all__ = ["TorchOnlinePolicy", "smollm2", "smollm2_lora", "tiny"]
 
@@ -79,11 +79,11 @@ class TorchOnlinePolicy:
         model: ``"smollm2"``, ``"tiny"`` (a random model for tests) or a local Hugging Face
             directory (:meth:`Policy.load <agentbolt_torch.policy.Policy.load>`).
         lora: train LoRA adapters instead of every weight (needs ``agentbolt-torch[lora]``).
-        update: the updater's hyper-parameters (:class:`~agentbolt_torch.update.UpdateConfig`;
+        update: the updater's hyper-parameters (:class:`~agentbolt_torch.update.updater.UpdateConfig`;
             LoRA usually wants ``lr=1e-4``).
         loss_aggregation: the updater's token weighting; keep it equal to
             ``UpdateOptions.lightningrl.loss_aggregation`` (the default of both is the same).
-        engine: keyword arguments of each slot's :class:`~agentbolt_torch.engine.GenerationEngine`
+        engine: keyword arguments of each slot's :class:`~agentbolt_torch.generation.engine.GenerationEngine`
             (``max_batch_size``, ``default_max_tokens``, ``prompt_cache_mb``, ...).
         device: ``"cpu"`` or ``"cuda"``.
         seed: the model's (``"tiny"``) and LoRA adapters' initialisation, and the slots' sampler.
@@ -172,10 +172,10 @@ class TorchOnlinePolicy:
         give it policy version ``version``, and serve it from both slots; returns the live one."""
         import torch
 
-        from .engine import GenerationEngine
-        from .policy import Policy
-        from .server import PolicyServer
-        from .update import PolicyUpdater
+        from ..generation.engine import GenerationEngine
+        from ..policy import Policy
+        from ..serving.server import PolicyServer
+        from ..update.updater import PolicyUpdater
 
         with self._lock:
             if self._policy is not None:
@@ -367,18 +367,18 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-# -- ready-made policies for ``agentbolt serve --policy agentbolt_torch.online:NAME`` ----------------
+# -- ready-made policies for ``agentbolt serve --policy agentbolt_torch.training.online:NAME`` ----------------
 
 
 def smollm2() -> TorchOnlinePolicy:
-    """SmolLM2-135M-Instruct, full fine-tuning (``--policy agentbolt_torch.online:smollm2``)."""
+    """SmolLM2-135M-Instruct, full fine-tuning (``--policy agentbolt_torch.training.online:smollm2``)."""
     return TorchOnlinePolicy("smollm2")
 
 
 def smollm2_lora() -> TorchOnlinePolicy:
-    """SmolLM2-135M-Instruct with LoRA adapters (r=16, lr 1e-4; ``--policy agentbolt_torch.online:smollm2_lora``)."""
-    from .policy import LoraSettings
-    from .update import UpdateConfig
+    """SmolLM2-135M-Instruct with LoRA adapters (r=16, lr 1e-4; ``--policy agentbolt_torch.training.online:smollm2_lora``)."""
+    from ..policy import LoraSettings
+    from ..update.updater import UpdateConfig
 
     return TorchOnlinePolicy("smollm2", lora=LoraSettings(), update=UpdateConfig(lr=1e-4))
 

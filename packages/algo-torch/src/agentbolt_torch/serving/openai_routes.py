@@ -1,7 +1,7 @@
 """The policy server's OpenAI-compatible routes (vLLM-style token ids and logprobs).
 
 :func:`create_app` builds the ASGI app; each route is a method of :class:`PolicyRoutes`;
-:class:`~agentbolt_torch.server.PolicyServer` runs the app with uvicorn on a background thread:
+:class:`~agentbolt_torch.serving.server.PolicyServer` runs the app with uvicorn on a background thread:
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: ``n``, ``max_tokens``
   (``max_completion_tokens``), ``temperature`` (0 = greedy), ``top_p``, ``stop``, ``seed``,
@@ -26,7 +26,7 @@ Token ids and logprobs, in vLLM's shapes:
 - ``token_ids`` include the final eos / stop token; ``logprobs.content`` (chat) and
   ``logprobs.tokens`` (completions) have exactly one entry per token id, in the same order.
 - The logprob of a token is that of the raw policy (temperature 1) by default; see
-  :mod:`agentbolt_torch.engine` for the convention and the ``processed`` alternative.
+  :mod:`agentbolt_torch.generation.engine` for the convention and the ``processed`` alternative.
 
 Every response carries the header ``x-agentbolt-policy-version`` (and a ``policy_version``
 field in the body / first chunk): the policy version when the request started generating.
@@ -54,9 +54,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentbolt.errors import UserError
 
-from .chat import ToolCallStreamFilter, parse_tool_calls, render_request
-from .engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
-from .token_text import TokenText, decode_text
+from ..chat import ToolCallStreamFilter, parse_tool_calls, render_request
+from ..generation.engine import Completion, Finished, GenerationEngine, RequestHandle, SamplingParams, TokenStep
+from ..generation.token_text import TokenText, decode_text
 
 __all__ = ["POLICY_VERSION_HEADER", "PolicyRoutes", "create_app"]
 

@@ -1,6 +1,6 @@
 """The loss of the policy update, per response token: clipped policy gradient, KL penalty, entropy bonus.
 
-Given the current logprobs of a micro-batch's responses (:mod:`agentbolt_torch.update_forward`),
+Given the current logprobs of a micro-batch's responses (:mod:`agentbolt_torch.update.forward`),
 :func:`policy_loss` returns the micro-batch's share of the mini-batch objective and its
 statistics; the updater backpropagates it. For each response token (``response_mask`` 1), with
 weight ``w`` from core's :func:`~agentbolt.lightningrl.token_loss_weights` (set per mini-batch,
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from agentbolt.errors import UserError
 
-from .update_config import KLEstimator, UpdateConfig
+from .config import KLEstimator, UpdateConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from .update_batches import PreparedTransition
+    from .batches import PreparedTransition
 
 __all__ = ["kl_penalty", "policy_loss"]
 

@@ -37,7 +37,7 @@ from agentbolt import types as t
 from agentbolt.errors import UserError
 from agentbolt.lightningrl.spans import is_gateway_call, parse_json_attr
 
-from .chat import parse_tool_calls, render_request, reply_text
+from ..chat import parse_tool_calls, render_request, reply_text
 
 __all__ = ["Demonstration", "demonstrations_from_spans", "render_demonstration", "render_demonstrations"]
 

@@ -1,7 +1,7 @@
 """Batched generation from the policy being trained (the engine behind the policy server).
 
-The request and result types are in :mod:`agentbolt_torch.engine_io` (re-exported here), the
-sampling of a batch in :mod:`agentbolt_torch.sampling`; this module is the scheduler: admission,
+The request and result types are in :mod:`agentbolt_torch.generation.engine_io` (re-exported here), the
+sampling of a batch in :mod:`agentbolt_torch.generation.sampling`; this module is the scheduler: admission,
 prefill, the prompt cache, joining the running batch and decode steps, on one engine thread.
 
 Design (continuous batching, one engine thread):
@@ -34,7 +34,7 @@ Design (continuous batching, one engine thread):
 - For asynchronous training, :meth:`GenerationEngine.serve_copy` makes generation read a copy
   of the trainable weights under the copy's own lock, so the updater trains the policy at the
   same time; :meth:`GenerationEngine.swap_weights` copies the new weights in at a version
-  boundary, draining the calls in flight or in place (:mod:`agentbolt_torch.serving`).
+  boundary, draining the calls in flight or in place (:mod:`agentbolt_torch.generation.serving_copy`).
 - With bf16/fp16 autocast, the weights of every ``nn.Linear`` are cast to the autocast dtype
   **once per policy version** (not on every decode step, which is what autocast alone would do
   and which doubles decode time on CPU) and the forward runs through
@@ -60,13 +60,13 @@ Logprob convention (``logprobs_mode``):
 
 - ``"raw"`` (default): the reported logprob of a sampled token is ``log_softmax(logits)`` of the
   **unmodified policy** (temperature 1, no top-p/top-k truncation), i.e. log pi_theta(a|s). This
-  is exactly what :mod:`agentbolt_torch.update` recomputes for the PPO importance ratio, so on
+  is exactly what :mod:`agentbolt_torch.update.updater` recomputes for the PPO importance ratio, so on
   policy the ratio is 1 up to numerical noise. When the request samples at temperature 1 with
   top_p = 1 and top_k = 0 (the recommended RL setting), this is also the distribution the token
   was drawn from. ``top_logprobs`` use the same distribution.
 - ``"processed"``: the logprob under the distribution actually sampled from (logits divided by
   the temperature, then top-k/top-p truncated and renormalized; greedy gives 0.0). Use it with
-  :attr:`UpdateConfig.logit_temperature <agentbolt_torch.update.UpdateConfig.logit_temperature>`
+  :attr:`UpdateConfig.logit_temperature <agentbolt_torch.update.updater.UpdateConfig.logit_temperature>`
   equal to the sampling temperature and no truncation, otherwise the ratio is not on-policy.
 """
 
@@ -84,8 +84,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
 
+from ..adapters import BASE, check_names
 from ._kv import cache_concat, cache_layers, cache_select, cache_trim_left, pad_left, pad_seq_left
-from .adapters import BASE, check_names
 from .engine_io import (
     Completion,
     EngineStats,
@@ -96,13 +96,13 @@ from .engine_io import (
     TokenStep,
 )
 from .sampling import find_stop, held_back, sample_tokens
-from .serving import ServingWeights, SwapResult
+from .serving_copy import ServingWeights, SwapResult
 from .token_text import decode_text
 
 if TYPE_CHECKING:
     import torch
 
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = [
     "Completion",
@@ -345,7 +345,7 @@ class GenerationEngine:
             raise UserError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
         if self._thread is None:
             raise UserError("the generation engine is not started; call start() first")
-        handle = RequestHandle(prompt_ids, params, n, self, adapter=self._adapter_of(adapter))
+        handle = RequestHandle(prompt_ids, params, n, self._cancel, adapter=self._adapter_of(adapter))
         with self._cv:
             self._queue.append(handle)
             self._cv.notify_all()
@@ -433,7 +433,7 @@ class GenerationEngine:
             self._frozen = False
             self._cv.notify_all()
 
-    # -- serving a copy of the weights (asynchronous training; see agentbolt_torch.serving) -----
+    # -- serving a copy of the weights (asynchronous training; see agentbolt_torch.generation.serving_copy) -----
 
     @property
     def served_version(self) -> int:
@@ -452,7 +452,7 @@ class GenerationEngine:
 
     def serve_copy(self) -> ServingWeights:
         """Generate from a copy of the policy's trainable weights from now on, so that the policy
-        can be trained while generation runs (idempotent; see :mod:`agentbolt_torch.serving`).
+        can be trained while generation runs (idempotent; see :mod:`agentbolt_torch.generation.serving_copy`).
         :meth:`swap_weights` brings the copy up to date."""
         current = self.serving_copy
         if current is not None:
@@ -673,7 +673,7 @@ class GenerationEngine:
         prompt cache), their first tokens sampled, their rows merged into the running batch."""
         import torch
 
-        from ._kv_caches import AutocastDtypeCache
+        from .._kv_caches import AutocastDtypeCache
 
         t0 = time.perf_counter()
         device = self.policy.device
@@ -771,7 +771,7 @@ class GenerationEngine:
         rows and last logits."""
         import torch
 
-        from ._kv_caches import AutocastDtypeCache
+        from .._kv_caches import AutocastDtypeCache
 
         device = self.policy.device
         pad = self.policy.tokenizer.pad_token_id or 0

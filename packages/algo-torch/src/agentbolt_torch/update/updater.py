@@ -29,7 +29,7 @@ module of its own:
    ``entropy_coef * entropy``.
 5. **Old logprobs** (``old_logprobs``; ``"auto"``: ``"recompute"`` under correction, else
    ``"rollout"``): ``"rollout"`` uses the rows' behaviour logprobs as reported by the policy server (log pi of the raw policy at temperature 1; see
-   :mod:`agentbolt_torch.engine`), which corrects for staleness when rollouts ran on an older
+   :mod:`agentbolt_torch.generation.engine`), which corrects for staleness when rollouts ran on an older
    version; ``"recompute"`` recomputes them with the current weights before the first step
    (free when there is one optimizer step), so the first ratio is exactly 1. Transitions
    without logprobs always use recomputed ones. ``logprob_mismatch`` in the metrics is the
@@ -77,10 +77,10 @@ from agentbolt.lightningrl import (
 )
 from agentbolt.types import Transition
 
-from . import update_checkpoint
-from .adapters import activate, adapter_parameters
-from .allocator import release_free_memory
-from .update_batches import (
+from ..adapters import activate, adapter_parameters
+from ..allocator import release_free_memory
+from . import checkpoint as update_checkpoint
+from .batches import (
     PreparedTransition,
     apply_correction,
     assign_token_weights,
@@ -88,15 +88,15 @@ from .update_batches import (
     mini_batches,
     prepare_items,
 )
-from .update_config import UpdateConfig, UpdateMetrics
-from .update_forward import response_logprobs
-from .update_loss import kl_penalty, policy_loss
-from .update_recompute import checkpointed_layers
+from .config import UpdateConfig, UpdateMetrics
+from .forward import response_logprobs
+from .loss import kl_penalty, policy_loss
+from .recompute import checkpointed_layers
 
 if TYPE_CHECKING:
     import torch
 
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = ["PolicyUpdater", "UpdateConfig", "UpdateMetrics", "kl_penalty"]
 

@@ -2,15 +2,15 @@
 
 In asynchronous training (``LightningRLConfig.max_staleness`` set) the policy server keeps
 answering calls while the updater trains. :meth:`GenerationEngine.serve_copy
-<agentbolt_torch.engine.GenerationEngine.serve_copy>` makes the engine forward through a
+<agentbolt_torch.generation.engine.GenerationEngine.serve_copy>` makes the engine forward through a
 :class:`ServingWeights`: a second module that **shares the policy's frozen parameters** and
 holds copies of its trainable ones (a full copy of the weights in full fine-tuning, only the
 adapters with LoRA), with its own lock, version and weights-generation counter. The updater
 trains the policy's own parameters under :attr:`Policy.lock <agentbolt_torch.policy.Policy.lock>`;
 generation holds only the serving lock, so the two run at the same time.
 
-The swap (:meth:`GenerationEngine.swap_weights <agentbolt_torch.engine.GenerationEngine.swap_weights>`,
-:meth:`PolicyServer.swap_weights <agentbolt_torch.server.PolicyServer.swap_weights>`) copies the
+The swap (:meth:`GenerationEngine.swap_weights <agentbolt_torch.generation.engine.GenerationEngine.swap_weights>`,
+:meth:`PolicyServer.swap_weights <agentbolt_torch.serving.server.PolicyServer.swap_weights>`) copies the
 policy's current trainable weights and version into the serving copy at a version boundary:
 
 - ``drain=True``: admission pauses and the calls in flight finish first, so every call is
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentbolt.errors import UserError
 
-from .adapters import BASE
+from ..adapters import BASE
 
 if TYPE_CHECKING:
     import torch
 
-    from .policy import Policy
+    from ..policy import Policy
 
 __all__ = ["ServingWeights", "SwapResult"]
 
@@ -114,7 +114,7 @@ class ServingWeights:
     def load_from(self, policy: Policy) -> None:
         """Copy the policy's trainable weights and version here (in place; takes both locks:
         call it while generation is stopped, see :meth:`GenerationEngine.swap_weights
-        <agentbolt_torch.engine.GenerationEngine.swap_weights>`)."""
+        <agentbolt_torch.generation.engine.GenerationEngine.swap_weights>`)."""
         import torch
 
         with policy.lock, self.lock, torch.no_grad():

@@ -10,7 +10,7 @@ nothing stops with a :class:`~agentbolt.errors.UserError` saying what to change.
 
     Trainer(agent, TorchSFT(model="smollm2", steps=5, threshold=1.0)).fit(train, val)
 
-With ``demonstrations=`` (:mod:`agentbolt_torch.demonstrations`: calls of a stronger model, or
+With ``demonstrations=`` (:mod:`agentbolt_torch.training.demonstrations`: calls of a stronger model, or
 worked solutions played through the agent) nothing is sampled: each step trains on
 ``batch_size`` demonstration episodes, rendered with the policy's own tokenizer through the policy
 server's chat rendering, so the policy learns exactly the sequences it will be served and parsed.
@@ -81,8 +81,9 @@ def model_dir_of(init_from: str | Path) -> str:
 class TorchSFT(TorchGRPO):
     """Rejection-sampling fine-tuning through the whole agentbolt pipeline.
 
-    Takes :class:`~agentbolt_torch.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
-    group_size, sampling, val_*, update, lora, engine, out_dir, checkpoint_every, resume, ...), and:
+    Takes :class:`~agentbolt_torch.training.algorithm.TorchGRPO`'s arguments (model, steps, batch_size,
+    group_size, sampling, evaluation, update, policy, generation, output, seed; ``output.out_dir``
+    defaults to ``runs/torch-sft``), and:
 
     Args:
         threshold: a rollout's transitions are trained on when its final reward is at least this.
@@ -92,7 +93,7 @@ class TorchSFT(TorchGRPO):
         demonstrations: train on these instead of sampling (offline SFT): each step takes
             ``batch_size`` episodes (the calls sharing a :attr:`Demonstration.episode`), in
             shuffled epochs; ``threshold``, ``best_k`` and ``group_size`` then play no part. Calls
-            that do not render (:func:`~agentbolt_torch.demonstrations.render_demonstration`)
+            that do not render (:func:`~agentbolt_torch.training.demonstrations.render_demonstration`)
             are skipped and counted (``train/skipped_calls``); a first step with none left
             stops the run with a :class:`~agentbolt.errors.UserError`.
     """
@@ -108,7 +109,6 @@ class TorchSFT(TorchGRPO):
         init_from: str | Path | None = None,
         demonstrations: Sequence[Demonstration] | None = None,
         update: Any = None,
-        out_dir: str | Path = "runs/torch-sft",
         **options: Any,
     ) -> None:
         if best_k is not None and best_k < 1:
@@ -124,7 +124,7 @@ class TorchSFT(TorchGRPO):
             update = {**update, "objective": "nll"}
         else:
             update = dataclasses.replace(update, objective="nll")
-        super().__init__(model, update=update, out_dir=out_dir, **options)
+        super().__init__(model, update=update, **options)
         self.threshold = threshold
         self.best_k = best_k
         self.demonstrations = list(demonstrations) if demonstrations is not None else None

@@ -7,7 +7,7 @@ logprob and mask lengths, context length) into a :class:`PreparedTransition`;
 :func:`assign_token_weights` gives a mini-batch's tokens their loss weights (core's
 :func:`~agentbolt.lightningrl.token_loss_weights`); :func:`micro_batches` packs a mini-batch into
 forward/backward passes of at most ``micro_batch_tokens`` padded tokens, keeping the samples of
-one prompt (a GRPO group) together so that :mod:`agentbolt_torch.update_forward` can run their
+one prompt (a GRPO group) together so that :mod:`agentbolt_torch.update.forward` can run their
 prompt once.
 """
 
@@ -109,7 +109,7 @@ def prepare_items(
     *,
     keep_empty: bool = False,
 ) -> list[PreparedTransition]:
-    """The rows (or transitions, for :meth:`~agentbolt_torch.update.PolicyUpdater.compute_logprobs`)
+    """The rows (or transitions, for :meth:`~agentbolt_torch.update.updater.PolicyUpdater.compute_logprobs`)
     as :class:`PreparedTransition` s, in order.
 
     Rows without a trainable token are dropped unless ``keep_empty`` (then an empty response is

@@ -1,9 +1,9 @@
-"""The policy server: the OpenAI-compatible app of :mod:`agentbolt_torch.openai_routes` (routes,
+"""The policy server: the OpenAI-compatible app of :mod:`agentbolt_torch.serving.openai_routes` (routes,
 parameters, token ids and logprobs in vLLM's shapes) served by uvicorn on a background thread.
 
 While a policy trains, the server can keep answering from a copy of its weights and swap the
 new weights in at a version boundary: :meth:`PolicyServer.serve_copy` and
-:meth:`PolicyServer.swap_weights` (:mod:`agentbolt_torch.serving`)."""
+:meth:`PolicyServer.swap_weights` (:mod:`agentbolt_torch.generation.serving_copy`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from agentbolt.store.server.uvicorn_thread import UvicornThread
 
-from .engine import GenerationEngine
+from ..generation.engine import GenerationEngine
+from ..generation.serving_copy import ServingWeights, SwapResult
 from .openai_routes import POLICY_NAME_HEADER, POLICY_VERSION_HEADER, create_app
-from .serving import ServingWeights, SwapResult
 
 __all__ = ["POLICY_NAME_HEADER", "POLICY_VERSION_HEADER", "PolicyServer", "create_app"]
 
@@ -106,7 +106,7 @@ class PolicyServer:
         """Serve the policy's current weights and version from now on (after :meth:`serve_copy`):
         with ``drain=True`` the calls in flight finish on the old weights first, with ``False``
         they continue on the new ones; calls arriving meanwhile wait. See
-        :meth:`GenerationEngine.swap_weights` and :mod:`agentbolt_torch.serving`.
+        :meth:`GenerationEngine.swap_weights` and :mod:`agentbolt_torch.generation.serving_copy`.
 
         Example (train while serving, then swap)::
 

@@ -17,7 +17,7 @@ finished so far:
    ``rollout_is`` / ``rollout_rs`` the updater recomputes the proximal logprobs and applies
    the correction.
 4. The update trains the policy while the policy server answers from its serving copy
-   (:mod:`agentbolt_torch.serving`); then the new weights are swapped in (``swap="inplace"``
+   (:mod:`agentbolt_torch.generation.serving_copy`); then the new weights are swapped in (``swap="inplace"``
    between two decode steps, or ``"drain"``: the gateway paused and drained first), the
    resources of the new version are published and the next data batch may start.
 5. Evaluation (every ``val_every`` steps) runs on the current weights while training rollouts
@@ -48,16 +48,13 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentbolt import types as t
 from agentbolt.algorithm import AlgorithmContext, batches
 
-from .run_state import RunState, engine_delta, wait_shares
-from .serving import SwapResult
-
-if TYPE_CHECKING:
-    from .algorithm import TorchGRPO
+from ..generation.serving_copy import SwapResult
+from .run_state import RunState, TrainingSteps, engine_delta, wait_shares
 
 __all__ = ["GroupStream", "add_async_argument", "rollouts_in_flight", "train_async"]
 
@@ -276,17 +273,18 @@ class GroupStream:
             raise RuntimeError("the rollout watcher stopped")
 
 
-async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
-    """The asynchronous schedule of :class:`~agentbolt_torch.algorithm.TorchGRPO` (module doc)."""
+async def train_async(steps: TrainingSteps, run: RunState, train: Sequence[t.Task], val: Sequence[t.Task]) -> None:
+    """The asynchronous schedule (module doc) of ``steps`` (:class:`~agentbolt_torch.training.algorithm.TorchGRPO`),
+    through its public step interface; ``run.generator`` serves the copy it swaps."""
 
-    ctx, policy, engine = run.ctx, run.policy, algo._engine
-    bound = algo.lightningrl.max_staleness
+    ctx, engine, plan = run.ctx, run.generator, steps.plan
+    bound = plan.max_staleness
     assert bound is not None
-    epochs = max(1, math.ceil(algo.steps * algo.batch_size / max(1, len(train))))
-    data = list(itertools.islice(batches(train, algo.batch_size, epochs=epochs, seed=algo.seed), algo.steps))
-    stream = GroupStream(ctx, data, group_size=algo.group_size, max_staleness=bound, tag=algo._step_tag)
-    await algo._publish(ctx, policy, algo.sampling)
-    algo._stream = stream  # TorchGRPO.state() reports it
+    epochs = max(1, math.ceil(plan.steps * plan.batch_size / max(1, len(train))))
+    data = list(itertools.islice(batches(train, plan.batch_size, epochs=epochs, seed=plan.seed), plan.steps))
+    stream = GroupStream(ctx, data, group_size=plan.group_size, max_staleness=bound, tag=plan.tag)
+    await steps.publish_training(run)
+    run.stream = stream  # TorchGRPO.state() reports it
     try:
         await stream.start()
         last_end = time.monotonic()
@@ -295,7 +293,7 @@ async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], v
             engine_before = engine.stats
             waiting = time.monotonic()
             phase = ctx.progress.phase(
-                f"{algo._step_label} {step}/{algo.steps} (async, max_staleness={bound})", len(batch) * algo.group_size
+                f"{plan.label} {step}/{plan.steps} (async, max_staleness={bound})", len(batch) * plan.group_size
             )
             groups = await stream.take(len(batch), phase)
             waited = time.monotonic() - waiting
@@ -308,16 +306,16 @@ async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], v
 
             async def update(rows: list[Any], swap: list[SwapResult] = swap) -> tuple[Any, dict[str, float]]:
                 result = await asyncio.to_thread(run.updater.update, rows)  # the server keeps serving the copy
-                done = await swap_weights(algo, ctx, engine)
+                done = await swap_weights(plan.swap, ctx, engine)
                 swap.append(done)
-                await algo._publish(ctx, policy, algo.sampling)
+                await steps.publish_training(run)
                 return result, {
                     "time/swap_s": done.paused_s,
                     "time/swap_wait_s": done.wait_s,
                     "async/carried_rows": float(done.carried_rows),
                 }
 
-            values = await algo._train_on(
+            values = await steps.train_rollouts(
                 run, step, rollouts, update=update, timing={"time/trainer_wait_s": waited, "time/rollouts_s": waited}
             )
             await stream.step_done()
@@ -334,20 +332,20 @@ async def train_async(algo: TorchGRPO, run: RunState, train: Sequence[t.Task], v
                 values["async/groups_ahead"] = float(stream.ahead)
                 run.log_step(step, values)
             started_after = time.monotonic()
-            await algo._after_step(run, step, val, around_eval=_evaluation_guard(algo, run, stream))
+            await steps.after_step(run, step, val, around_eval=_evaluation_guard(steps, run, stream))
             last_end += time.monotonic() - started_after  # evaluation and checkpoints are not step time
             idle_mark = stream.idle_s
     finally:
         run.untrained_rollouts = await stream.close()
-        algo._stream = None
+        run.stream = None
     if run.untrained_rollouts:
         log.info("%d rollouts started ahead were not trained (training ended)", run.untrained_rollouts)
 
 
-async def swap_weights(algo: TorchGRPO, ctx: AlgorithmContext, engine: Any) -> SwapResult:
-    """Serve the updated weights: in place between two decode steps, or with the gateway paused
-    and its calls in flight drained first (``algo.swap``)."""
-    if algo.swap == "inplace":
+async def swap_weights(swap: str, ctx: AlgorithmContext, engine: Any) -> SwapResult:
+    """Serve the updated weights: in place between two decode steps (``swap="inplace"``), or
+    (``"drain"``) with the gateway paused and its calls in flight drained first."""
+    if swap == "inplace":
         return await asyncio.to_thread(engine.swap_weights, drain=False)
     started = time.monotonic()
     await asyncio.to_thread(ctx.gateway.pause)
@@ -360,21 +358,21 @@ async def swap_weights(algo: TorchGRPO, ctx: AlgorithmContext, engine: Any) -> S
     return dataclasses.replace(done, wait_s=done.wait_s + drained)
 
 
-def _evaluation_guard(algo: TorchGRPO, run: RunState, stream: GroupStream) -> Any:
+def _evaluation_guard(steps: TrainingSteps, run: RunState, stream: GroupStream) -> Any:
     """What surrounds an evaluation during asynchronous training: with sampling parameters other
     than training's, the training rollouts in flight finish first (the gateway forces one set);
     afterwards training's resources are published again."""
 
     @contextlib.asynccontextmanager
     async def guard() -> AsyncIterator[None]:
-        same = dict(algo.val_sampling) == dict(algo.sampling)
-        if not same:
+        differs = steps.plan.evaluation_sampling_differs
+        if differs:
             await stream.settle()
         try:
             yield
         finally:
-            await algo._publish(run.ctx, run.policy, algo.sampling)
-            if not same:
+            await steps.publish_training(run)
+            if differs:
                 await stream.release()
 
     return guard

@@ -7,7 +7,7 @@ makes ``torch-grpo`` build, through :func:`load_role_policies`:
   (:mod:`agentbolt_torch.adapters`; each with the policy's rank), served by one engine and one
   policy server, which picks the adapter of each call from its ``model`` (the gateway asks for
   the policy of the call's agent);
-- a :class:`RoleUpdater`: one :class:`~agentbolt_torch.update.PolicyUpdater` per adapter, each
+- a :class:`RoleUpdater`: one :class:`~agentbolt_torch.update.updater.PolicyUpdater` per adapter, each
   with its own optimizer and scheduler, learning rate (``PolicySpec.lr``) and loss settings;
 - core's :class:`~agentbolt.policies.PolicyLightningRL`: each policy's rows from its own agents'
   calls, with its own LightningRL config.
@@ -37,10 +37,10 @@ from agentbolt.lightningrl import LightningRLConfig, TrainingRow
 from agentbolt.policies import Policies, PolicyBatch, PolicyLightningRL, PolicySpec
 from agentbolt.types import Transition
 
-from .adapters import adapter_file, load_adapter_weights
-from .policy import LoraSettings, Policy
-from .update import PolicyUpdater, UpdateConfig, UpdateMetrics
-from .update_checkpoint import install_directory
+from ..adapters import adapter_file, load_adapter_weights
+from ..policy import LoraSettings, Policy
+from ..update.checkpoint import install_directory
+from ..update.updater import PolicyUpdater, UpdateConfig, UpdateMetrics
 
 __all__ = ["RoleLightningRL", "RoleUpdateMetrics", "RoleUpdater", "load_role_policies", "lora_settings_for"]
 
@@ -72,7 +72,7 @@ class RoleUpdateMetrics:
 
 
 class RoleUpdater:
-    """One :class:`~agentbolt_torch.update.PolicyUpdater` per adapter of ``policy``.
+    """One :class:`~agentbolt_torch.update.updater.PolicyUpdater` per adapter of ``policy``.
 
     Args:
         policy: a policy with one adapter per policy name.
