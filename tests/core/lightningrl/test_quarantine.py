@@ -27,7 +27,8 @@ from agentbolt.types import Rollout, Span, Transition
 REASONS = {"not_a_number", "non_finite", "too_large", "out_of_range"}
 
 hostile = st.one_of(
-    st.sampled_from(HOSTILE_REWARDS),
+    # None is no value at all (a malformed reward span, counted, or no final reward), not a refused one
+    st.sampled_from([v for v in HOSTILE_REWARDS if v is not None]),
     st.floats(allow_nan=True, allow_infinity=True).filter(is_hostile),
     st.integers().filter(lambda n: abs(n) > MAX_ABS_REWARD),
     st.text(max_size=20),
