@@ -65,7 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=10, help="evaluate every N steps (default 10)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--no-tool", action="store_true", help="leave the calculator tool out (one call per question)")
+    p.add_argument(
+        "--tool",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="offer the agent a calculator tool (default: no tool, one call per question). SmolLM2 does not "
+        "call it untrained (agentbolt doctor: tools_never_called); examples/calc_agent teaches a tool first",
+    )
     p.add_argument(
         "--micro-batch-tokens",
         type=int,
@@ -122,7 +128,7 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         headline="heldout/accuracy",
         extra={
             "algorithm": args.algorithm,
-            "tool": not args.no_tool,
+            "tool": args.tool,
             "max_staleness": args.max_staleness,
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         algorithm = TorchGRPO(args.model, **options)
     trainer = Trainer(
-        math_agent_no_tool if args.no_tool else math_agent,
+        math_agent if args.tool else math_agent_no_tool,
         algorithm,
         store=args.store,
         runners=RunnerOptions(
