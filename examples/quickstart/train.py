@@ -66,6 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="weight of a KL penalty to the starting weights (k3; default 0: none). Keeps the policy from "
+        "sampling almost deterministically (agentbolt doctor: entropy_collapse)",
+    )
+    p.add_argument(
+        "--entropy-coef", type=float, default=0.0, help="weight of an entropy bonus in the update (default 0: none)"
+    )
+    p.add_argument(
         "--tool",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -129,6 +139,8 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         extra={
             "algorithm": args.algorithm,
             "tool": args.tool,
+            "kl_coef": args.kl_coef,
+            "entropy_coef": args.entropy_coef,
             "max_staleness": args.max_staleness,
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
@@ -166,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "val_every": args.val_every,
         "update": {"lr": args.lr, "seed": args.seed}
+        | ({"kl_coef": args.kl_coef} if args.kl_coef else {})
+        | ({"entropy_coef": args.entropy_coef} if args.entropy_coef else {})
         | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {})
         | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         "out_dir": args.out,
