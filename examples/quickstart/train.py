@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner 
 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
+from run_memory import MemoryPeak, RunMemory  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
@@ -113,7 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float) -> RunRecord | None:
+MEMORY_INTERVAL_S = 0.25
+"""How often the run's memory is sampled (:class:`run_memory.RunMemory`)."""
+
+
+def run_record(
+    args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float, memory: MemoryPeak | None = None
+) -> RunRecord | None:
     """The run record: held-out accuracy before and after (each evaluation as a stage), with
     standard errors; ``None`` without held-out questions."""
     evaluations = sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})
@@ -142,25 +149,37 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
             "kl_coef": args.kl_coef,
             "entropy_coef": args.entropy_coef,
             "max_staleness": args.max_staleness,
+            **(
+                {
+                    "peak_rss_gib_run": round(memory.tree_gib, 2),
+                    "peak_rss_gib_trainer": round(memory.self_maxrss_gib, 2),
+                }
+                if memory is not None
+                else {}
+            ),
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
         },
     )
 
 
-def peak_memory() -> str:
-    """This process's peak resident memory and the allocator it ran on (``./dev`` preloads
-    tcmalloc; without it glibc's malloc keeps more memory: docs/benchmarks.md "Allocator")."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    peak_gb = peak / (2**30 if sys.platform == "darwin" else 2**20)
+def allocator() -> str:
+    """The allocator this process runs on (``./dev`` preloads tcmalloc; without it glibc's malloc
+    keeps more memory: docs/benchmarks.md "Allocator")."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         maps = ""
-    allocator = next((name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "glibc malloc")
-    return f"{peak_gb:.2f} GB ({allocator})"
+    return next((name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "glibc malloc")
+
+
+def peak_memory(peak: MemoryPeak, interval_s: float) -> str:
+    """The run's peak memory in GiB: this process and the processes it started (the runner), summed."""
+    others = peak.processes - 1
+    return (
+        f"{peak.tree_gib:.2f} GiB (this process and {others} it started, RSS summed, sampled every {interval_s:g} s); "
+        f"this process alone {peak.self_maxrss_gib:.2f} GiB ({allocator()})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
     )
     started = time.time()
-    result = trainer.fit(train, val, max_staleness=args.max_staleness)
+    with RunMemory(MEMORY_INTERVAL_S) as memory:
+        result = trainer.fit(train, val, max_staleness=args.max_staleness)
     wall_s = time.time() - started
-    record = run_record(args, origin, result, wall_s)
+    record = run_record(args, origin, result, wall_s, memory.peak)
     if record is not None:
         record.write(Path(args.out) / "result.json")
         score = record.heldout["heldout"]
@@ -219,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         f"curve: {result.curve_png}",
         flush=True,
     )
-    print(f"peak memory of this process: {peak_memory()}", flush=True)
+    print(f"peak memory of the run: {peak_memory(memory.peak, MEMORY_INTERVAL_S)}", flush=True)
     means = step_means(result.history)
     if means:
         print(
