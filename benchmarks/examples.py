@@ -13,7 +13,10 @@ the command, commit, date and machine of the run, and each held-out set's metric
 after training with standard errors). The table puts beside every held-out set the scores of
 the example's trivial policies on it (``trivial_scores()`` of its ``baselines.py``, run in a
 process of its own): a constant answer, the most frequent answer, format-only, ... -- what a
-policy that does not do the task gets.
+policy that does not do the task gets -- and its rule-based solvers (``rule_scores()``: the
+strongest simple rules that read the question, e.g. a regex parser for the SQL templates, BM25
+plus a regex for RAG), with one sentence on what the bundled data measures
+(``BUNDLED_DATA_MEASURES``): how far a rule gets on the bundled data.
 
 ``--report`` regenerates the figures between marker comments in the READMEs:
 ``<!-- figures:NAME -->`` ... ``<!-- /figures:NAME -->`` in ``examples/NAME/README.md`` (the
@@ -74,27 +77,40 @@ def variant_records(name: str, runs: Path = RUNS) -> dict[str, RunRecord]:
     return {p.parent.name: RunRecord.load(p) for p in sorted(folder.glob("*/result.json"))}
 
 
-_TRIVIAL_SNIPPET = """
+_BASELINES_SNIPPET = """
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("baselines_under_test", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
 spec.loader.exec_module(module)
-data_dir = sys.argv[2] if len(sys.argv) > 2 else None
-print(json.dumps(module.trivial_scores(data_dir)))
+data_dir = sys.argv[3] if len(sys.argv) > 3 else None
+parts = sys.argv[2].split(",")
+out = {
+    "trivial": module.trivial_scores(data_dir) if "trivial" in parts else [],
+    "rules": module.rule_scores(data_dir) if "rules" in parts and hasattr(module, "rule_scores") else [],
+    "measures": getattr(module, "BUNDLED_DATA_MEASURES", None),
+}
+print(json.dumps(out))
 """
 
 
-def trivial_scores(
-    name: str, repo: Path = REPO, env: dict[str, str] | None = None, data_dir: Path | None = None
-) -> list[dict[str, Any]]:
-    """``trivial_scores(data_dir)`` of ``examples/<name>/baselines.py`` (``[]`` without one), in a
-    process of its own: every example has its own ``data.py``/``agent.py``, kept apart that way."""
+def baselines(
+    name: str,
+    repo: Path = REPO,
+    env: dict[str, str] | None = None,
+    data_dir: Path | None = None,
+    parts: tuple[str, ...] = ("trivial", "rules"),
+) -> dict[str, Any]:
+    """What ``examples/<name>/baselines.py`` scores, in a process of its own (every example has its
+    own ``data.py``/``agent.py``, kept apart that way): ``trivial`` (``trivial_scores(data_dir)``:
+    policies that do not do the task), ``rules`` (``rule_scores(data_dir)``: rule-based solvers
+    that read the question, ``[]`` where there are none) and ``measures`` (its
+    ``BUNDLED_DATA_MEASURES`` sentence or ``None``). An example without a ``baselines.py`` has none."""
     path = repo / "examples" / name / "baselines.py"
     if not path.is_file():
-        return []
+        return {"trivial": [], "rules": [], "measures": None}
     done = subprocess.run(
-        [sys.executable, "-c", _TRIVIAL_SNIPPET, str(path), *([str(data_dir)] if data_dir else [])],
+        [sys.executable, "-c", _BASELINES_SNIPPET, str(path), ",".join(parts), *([str(data_dir)] if data_dir else [])],
         capture_output=True,
         text=True,
         cwd=repo,
@@ -102,8 +118,26 @@ def trivial_scores(
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{path}: trivial_scores() failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{path}: {' and '.join(parts)} scores failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def trivial_scores(
+    name: str, repo: Path = REPO, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> list[dict[str, Any]]:
+    """``trivial_scores(data_dir)`` of ``examples/<name>/baselines.py`` (``[]`` without one)."""
+    rows: list[dict[str, Any]] = baselines(name, repo, env, data_dir, parts=("trivial",))["trivial"]
+    return rows
+
+
+def rule_scores(
+    name: str, repo: Path = REPO, env: dict[str, str] | None = None, data_dir: Path | None = None
+) -> list[dict[str, Any]]:
+    """``rule_scores(data_dir)`` of ``examples/<name>/baselines.py``: its rule-based solvers
+    (``[]`` without any). Not held to the trivial policies' ceiling: a rule reads the question."""
+    rows: list[dict[str, Any]] = baselines(name, repo, env, data_dir, parts=("rules",))["rules"]
+    return rows
 
 
 # -- formatting ------------------------------------------------------------------------------------
@@ -165,8 +199,16 @@ def best_trivial(trivial: list[dict[str, Any]], heldout: str, metric: str, n: in
     return f"{_f(best['score'])} ({best['policy']}" + (f", n = {best['n']})" if best["n"] != n else ")")
 
 
-def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
-    """The figures of one example README: provenance, held-out table, trivial policies, curve."""
+def example_block(
+    name: str,
+    record: RunRecord | None,
+    trivial: list[dict[str, Any]],
+    rules: list[dict[str, Any]] | None = None,
+    measures: str | None = None,
+) -> str:
+    """The figures of one example README: provenance, held-out table, trivial policies, the
+    rule-based solvers with what the bundled data measures, curve."""
+    rules = rules or []
     lines: list[str] = []
     if record is None:
         lines.append(f"No published run record yet (`docs/runs/{name}/result.json`).")
@@ -191,9 +233,11 @@ def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, A
                     _gain(record, set_name),
                     stage_notes(score.stages) or "—",
                     best_trivial(trivial, set_name, score.metric, score.n),
+                    *([best_trivial(rules, set_name, score.metric, score.n)] if rules else []),
                 ]
             )
         header = ["held-out set", "metric", "n", "before", "after", "gain", "more", "best trivial policy"]
+        header += ["best rule-based solver"] if rules else []
         lines += _table(header, rows)
     if record is not None:
         differs = []
@@ -210,6 +254,18 @@ def example_block(name: str, record: RunRecord | None, trivial: list[dict[str, A
             ["held-out set", "policy", "metric", "score", "n"],
             ([r["heldout"], r["policy"], r["metric"].replace("_", " "), _f(r["score"]), str(r["n"])] for r in trivial),
         )
+    if rules:
+        lines += [
+            "",
+            f"Rule-based solvers (`examples/{name}/baselines.py`: rules that read the question, no model):",
+            "",
+        ]
+        lines += _table(
+            ["held-out set", "solver", "metric", "score", "n"],
+            ([r["heldout"], r["policy"], r["metric"].replace("_", " "), _f(r["score"]), str(r["n"])] for r in rules),
+        )
+    if measures:
+        lines += ["", f"What the bundled data measures: {measures}"]
     if record is not None and (RUNS / name / "curve.png").is_file():
         lines += ["", f"![training curve of the published run](../../docs/runs/{name}/curve.png)"]
     return "\n".join(lines)
@@ -232,10 +288,17 @@ def _trivial_beside(
     return text
 
 
-def examples_table(names: list[str], records: dict[str, RunRecord | None], trivial: dict[str, list]) -> str:
+def examples_table(
+    names: list[str],
+    records: dict[str, RunRecord | None],
+    trivial: dict[str, list],
+    rules: dict[str, list] | None = None,
+) -> str:
     """The top README's table: every example's held-out sets before → after (± se, n), what else
     each stage measured (F1, tool-call rates, ...), beside the best trivial policy; an example of
     :data:`PAPER_EXAMPLES` without a record gets a "no published run yet" row."""
+    rules = rules or {}
+    with_rules = any(rules.values())
     rows = []
     ordered = [*PAPER_EXAMPLES, *(n for n in names if n not in PAPER_EXAMPLES)]
     for name in ordered:
@@ -260,6 +323,13 @@ def examples_table(names: list[str], records: dict[str, RunRecord | None], trivi
                         "—",
                         "—",
                         best or "—",
+                        *(
+                            [best_trivial(rules.get(name, []), set_name, next(iter(metrics)))]
+                            if with_rules and metrics
+                            else ["—"]
+                            if with_rules
+                            else []
+                        ),
                         "—",
                     ]
                 )
@@ -275,14 +345,21 @@ def examples_table(names: list[str], records: dict[str, RunRecord | None], trivi
                     _gain(record, set_name),
                     stage_notes(score.stages) or "—",
                     _trivial_beside(trivial.get(name, []), set_name, score.metric, score.stages, score.n),
+                    *([best_trivial(rules.get(name, []), set_name, score.metric, score.n)] if with_rules else []),
                     f"{record.steps} steps, {_f(record.wall_s / 60, 1)} min ({record.date}, `{record.commit[:7]}`)",
                 ]
             )
-    header = ["example", "held-out set", "metric", "before → after (± se)", "gain", "more", "best trivial", "run"]
+    header = ["example", "held-out set", "metric", "before → after (± se)", "gain", "more", "best trivial"]
+    header += ["best rule-based solver", "run"] if with_rules else ["run"]
     return "\n".join(_table(header, rows))
 
 
-def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) -> str:
+def quickstart_block(
+    record: RunRecord | None,
+    trivial: list[dict[str, Any]],
+    rules: list[dict[str, Any]] | None = None,
+    measures: str | None = None,
+) -> str:
     """The top README's paragraph on the quickstart's published run."""
     if record is None:
         return "No published quickstart run yet (`docs/runs/quickstart/result.json`)."
@@ -307,7 +384,10 @@ def quickstart_block(record: RunRecord | None, trivial: list[dict[str, Any]]) ->
                 f"{extra['engine/cached_prompt_tokens']:,.0f} served from the prompt cache"
             )
         text += ")"
-    return text + f". Best trivial policy: {best_trivial(trivial, name, score.metric, score.n)}."
+    text += f". Best trivial policy: {best_trivial(trivial, name, score.metric, score.n)}"
+    if rules:
+        text += f"; best rule-based solver: {best_trivial(rules, name, score.metric, score.n)}"
+    return text + "." + (f" {measures}" if measures else "")
 
 
 # -- the README blocks ----------------------------------------------------------------------------
@@ -374,23 +454,34 @@ def replace_block(text: str, marker: str, body: str) -> str:
 
 
 def readme_updates(
-    repo: Path = REPO, env: dict[str, str] | None = None, trivial: dict[str, list[dict[str, Any]]] | None = None
+    repo: Path = REPO,
+    env: dict[str, str] | None = None,
+    trivial: dict[str, list[dict[str, Any]]] | None = None,
+    rules: dict[str, list[dict[str, Any]]] | None = None,
+    measures: dict[str, str | None] | None = None,
 ) -> dict[Path, str]:
     """Every README whose figures come from records, with its blocks regenerated (path -> new text).
 
-    ``trivial``: the examples' trivial-policy rows when already computed (else each
-    ``baselines.py`` runs, with ``env`` added to its environment).
+    ``trivial``, ``rules``, ``measures``: each example's trivial-policy rows, rule-based solver
+    rows and sentence on what its bundled data measures (:func:`baselines`), when already
+    computed (else each ``baselines.py`` runs, with ``env`` added to its environment).
     """
     names = example_names(repo)
     runs = repo / "docs" / "runs"
     records = {name: load_record(name, runs) for name in names}
-    trivial = trivial if trivial is not None else {name: trivial_scores(name, repo, env) for name in names}
+    if trivial is None or rules is None or measures is None:
+        computed = {name: baselines(name, repo, env) for name in names}
+        trivial = trivial if trivial is not None else {n: b["trivial"] for n, b in computed.items()}
+        rules = rules if rules is not None else {n: b["rules"] for n, b in computed.items()}
+        measures = measures if measures is not None else {n: b["measures"] for n, b in computed.items()}
     out: dict[Path, str] = {}
     for name in names:
         path = repo / "examples" / name / "README.md"
         if path.is_file() and f"<!-- figures:{name} -->" in path.read_text(encoding="utf-8"):
             text = replace_block(
-                path.read_text(encoding="utf-8"), name, example_block(name, records[name], trivial[name])
+                path.read_text(encoding="utf-8"),
+                name,
+                example_block(name, records[name], trivial[name], rules.get(name), measures.get(name)),
             )
             if f"<!-- figures:{name}-variants -->" in text:
                 text = replace_block(
@@ -399,14 +490,28 @@ def readme_updates(
             out[path] = text
     top = (repo / "README.md").read_text(encoding="utf-8")
     table_names = [n for n in names if n != "quickstart"]
-    top = replace_block(top, "examples", examples_table(table_names, records, trivial))
-    top = replace_block(top, "quickstart", quickstart_block(records.get("quickstart"), trivial.get("quickstart", [])))
+    top = replace_block(top, "examples", examples_table(table_names, records, trivial, rules))
+    top = replace_block(
+        top,
+        "quickstart",
+        quickstart_block(
+            records.get("quickstart"),
+            trivial.get("quickstart", []),
+            rules.get("quickstart"),
+            measures.get("quickstart"),
+        ),
+    )
     out[repo / "README.md"] = top
     return out
 
 
-def print_table(names: list[str], trivial: dict[str, list[dict[str, Any]]], runs: Path = RUNS) -> None:
-    """The console table: held-out sets before -> after, gains, and every trivial policy."""
+def print_table(
+    names: list[str],
+    trivial: dict[str, list[dict[str, Any]]],
+    runs: Path = RUNS,
+    rules: dict[str, list[dict[str, Any]]] | None = None,
+) -> None:
+    """The console table: held-out sets before -> after, gains, every trivial policy and rule-based solver."""
     for name in names:
         record = load_record(name, runs)
         print(f"== {name}")
@@ -420,10 +525,12 @@ def print_table(names: list[str], trivial: dict[str, list[dict[str, Any]]], runs
                     f"{_f(score.after)} +- {_f(score.after_se)} (n={score.n}, {_gain(record, set_name)})"
                     + (f"  {stage_notes(score.stages)}" if score.stages else "")
                 )
-        for row in trivial.get(name, []):
-            print(
-                f"   trivial  {row['heldout']:<12} {row['policy']:<15} {row['metric']:<20} {_f(row['score'])} (n={row['n']})"
-            )
+        for kind, rows in (("trivial", trivial.get(name, [])), ("rule", (rules or {}).get(name, []))):
+            for row in rows:
+                print(
+                    f"   {kind:<8} {row['heldout']:<12} {row['policy']:<18} {row['metric']:<20} {_f(row['score'])} "
+                    f"(n={row['n']})"
+                )
 
 
 # -- running and publishing -----------------------------------------------------------------------
@@ -528,10 +635,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"published {args.publish}: {', '.join(sorted(p.name for p in target.iterdir()))} in {target}")
         return 0
     if args.report:
-        trivial = {name: trivial_scores(name) for name in example_names()}
-        print_table(args.names, trivial)
+        computed = {name: baselines(name) for name in example_names()}
+        trivial = {n: b["trivial"] for n, b in computed.items()}
+        rules = {n: b["rules"] for n, b in computed.items()}
+        measures = {n: b["measures"] for n, b in computed.items()}
+        print_table(args.names, trivial, rules=rules)
         stale = []
-        for path, text in readme_updates(trivial=trivial).items():
+        for path, text in readme_updates(trivial=trivial, rules=rules, measures=measures).items():
             if path.read_text(encoding="utf-8") != text:
                 stale.append(path)
                 if not args.check:
@@ -540,7 +650,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"READMEs {verb}: {', '.join(str(p.relative_to(REPO)) for p in stale) or 'none'}")
         return 1 if args.check and stale else 0
     failed = [name for name in args.names if run_example(name, args.extra) != 0]
-    print_table(args.names, {name: trivial_scores(name) for name in args.names}, REPO / "runs")
+    computed = {name: baselines(name) for name in args.names}
+    print_table(
+        args.names,
+        {n: b["trivial"] for n, b in computed.items()},
+        REPO / "runs",
+        rules={n: b["rules"] for n, b in computed.items()},
+    )
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0

@@ -1,7 +1,9 @@
 """The quickstart agent: a plain-Python math agent on the OpenAI client.
 
 Nothing in it knows about training: it gets an OpenAI base URL and a model name in
-``resources`` and returns a reward. It may call a calculator tool; the model decides.
+``resources`` and returns a reward. Offered the calculator tool (``with_tool``: ``train.py
+--tool``, ``benchmarks/async.py``) it may call it, the model decides; the quickstart's default
+agent is :func:`math_agent_no_tool`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ Each policy answers without computing, scored with the agent's own reward
   policy that always gives the same number);
 - ``first_operand``: the first number of the question.
 
+and one rule-based solver (:func:`rule_scores`), ``parse_and_compute``: a regular expression
+reads ``a + b`` / ``a - b`` from the question and Python computes it (1.000: the task is
+arithmetic a 135M model gets wrong, not arithmetic a program cannot do).
+
     uv run python examples/quickstart/baselines.py
 """
 
@@ -27,6 +31,40 @@ from math_tasks import make_tasks, reward  # noqa: E402
 
 N_HELDOUT = 96
 """The held-out questions of the default run (``train.py --val``)."""
+
+
+BUNDLED_DATA_MEASURES = (
+    'The questions are one template, "What is a + b?" or "What is a - b?" (a <= 30, b <= 20): a '
+    "regular expression and Python answer every one, so the held-out set measures whether SmolLM2's "
+    "own two-digit arithmetic improves on problems it was not trained on."
+)
+"""One sentence on what the held-out questions measure (printed with the figures)."""
+
+_QUESTION = re.compile(r"What is (-?\d+) ([+-]) (-?\d+)\?")
+
+
+def parse_and_compute(question: str) -> str:
+    """The rule-based solver: read ``a op b`` and compute it."""
+    m = _QUESTION.fullmatch(question)
+    if m is None:
+        return "<answer></answer>"
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return f"<answer>{a + b if op == '+' else a - b}</answer>"
+
+
+def rule_scores(data_dir: Path | None = None) -> list[dict[str, Any]]:
+    """The rule-based solver's row on the default held-out questions (same keys as :func:`trivial_scores`)."""
+    val = make_tasks(N_HELDOUT, seed=2, prefix="val-", heldout=True)
+    correct = [reward(parse_and_compute(t["question"]), int(t["answer"])) >= 1.0 for t in val]
+    return [
+        {
+            "heldout": "heldout",
+            "policy": "parse_and_compute",
+            "metric": "accuracy",
+            "score": sum(correct) / len(val),
+            "n": len(val),
+        }
+    ]
 
 
 def trivial_scores(data_dir: Path | None = None, val: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -58,3 +96,5 @@ def trivial_scores(data_dir: Path | None = None, val: list[dict[str, Any]] | Non
 if __name__ == "__main__":
     for row in trivial_scores():
         print(f"{row['heldout']:<8} {row['policy']:<14} {row['metric']} {row['score']:.3f} (n={row['n']})")
+    for row in rule_scores():
+        print(f"{row['heldout']:<8} {row['policy']:<14} {row['metric']} {row['score']:.3f} (n={row['n']}, rule)")

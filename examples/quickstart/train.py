@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
 from baselines import trivial_scores  # noqa: E402
 from math_tasks import make_tasks  # noqa: E402
+from run_memory import MemoryPeak, RunMemory  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
 from agentbolt.options import RunnerOptions  # noqa: E402
@@ -75,7 +76,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=10, help="evaluate every N steps (default 10)")
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--no-tool", action="store_true", help="leave the calculator tool out (one call per question)")
+    p.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="weight of a KL penalty to the starting weights (k3; default 0: none). Keeps the policy from "
+        "sampling almost deterministically (agentbolt doctor: entropy_collapse)",
+    )
+    p.add_argument(
+        "--entropy-coef", type=float, default=0.0, help="weight of an entropy bonus in the update (default 0: none)"
+    )
+    p.add_argument(
+        "--tool",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="offer the agent a calculator tool (default: no tool, one call per question). SmolLM2 does not "
+        "call it untrained (agentbolt doctor: tools_never_called); examples/calc_agent teaches a tool first",
+    )
     p.add_argument(
         "--micro-batch-tokens",
         type=int,
@@ -107,7 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float) -> RunRecord | None:
+MEMORY_INTERVAL_S = 0.25
+"""How often the run's memory is sampled (:class:`run_memory.RunMemory`)."""
+
+
+def run_record(
+    args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float, memory: MemoryPeak | None = None
+) -> RunRecord | None:
     """The run record: held-out accuracy before and after (each evaluation as a stage), with
     standard errors; ``None`` without held-out questions."""
     evaluations = sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})
@@ -133,9 +156,19 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         headline="heldout/accuracy",
         extra={
             "algorithm": args.algorithm,
-            "tool": not args.no_tool,
+            "tool": args.tool,
+            "kl_coef": args.kl_coef,
+            "entropy_coef": args.entropy_coef,
             "findings": findings,
             "max_staleness": args.max_staleness,
+            **(
+                {
+                    "peak_rss_gib_run": round(memory.tree_gib, 2),
+                    "peak_rss_gib_trainer": round(memory.self_maxrss_gib, 2),
+                }
+                if memory is not None
+                else {}
+            ),
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
         },
@@ -155,19 +188,23 @@ async def training_findings(store_url: str) -> list[str]:
         await store.close()
 
 
-def peak_memory() -> str:
-    """This process's peak resident memory and the allocator it ran on (``./dev`` preloads
-    tcmalloc; without it glibc's malloc keeps more memory: docs/benchmarks.md "Allocator")."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    peak_gb = peak / (2**30 if sys.platform == "darwin" else 2**20)
+def allocator() -> str:
+    """The allocator this process runs on (``./dev`` preloads tcmalloc; without it glibc's malloc
+    keeps more memory: docs/benchmarks.md "Allocator")."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         maps = ""
-    allocator = next((name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "glibc malloc")
-    return f"{peak_gb:.2f} GB ({allocator})"
+    return next((name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "glibc malloc")
+
+
+def peak_memory(peak: MemoryPeak, interval_s: float) -> str:
+    """The run's peak memory in GiB: this process and the processes it started (the runner), summed."""
+    others = peak.processes - 1
+    return (
+        f"{peak.tree_gib:.2f} GiB (this process and {others} it started, RSS summed, sampled every {interval_s:g} s); "
+        f"this process alone {peak.self_maxrss_gib:.2f} GiB ({allocator()})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens},
         "evaluation": {"every": args.val_every},
         "update": {"lr": args.lr, "seed": args.seed}
+        | ({"kl_coef": args.kl_coef} if args.kl_coef else {})
+        | ({"entropy_coef": args.entropy_coef} if args.entropy_coef else {})
         | ({"micro_batch_tokens": args.micro_batch_tokens} if args.micro_batch_tokens else {})
         | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         "policy": {"autocast": None if args.autocast == "none" else args.autocast},
@@ -195,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         algorithm = TorchGRPO(args.model, **options)
     trainer = Trainer(
-        math_agent_no_tool if args.no_tool else math_agent,
+        math_agent if args.tool else math_agent_no_tool,
         algorithm,
         store=args.store,
         runners=RunnerOptions(
@@ -211,14 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     started = time.time()
-    result = trainer.fit(train, val, max_staleness=args.max_staleness)
+    with RunMemory(MEMORY_INTERVAL_S) as memory:
+        result = trainer.fit(train, val, max_staleness=args.max_staleness)
     wall_s = time.time() - started
-    record = run_record(args, origin, result, wall_s)
+    record = run_record(args, origin, result, wall_s, memory.peak)
     if record is not None:
         record.write(Path(args.out) / "result.json")
         score = record.heldout["heldout"]
         print(
-            f"held-out accuracy {score.before:.3f} +- {score.before_se:.3f} -> {score.after:.3f} +- "
+            f"held-out accuracy {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
             f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se)".replace("gain +nan se", "no gain"),
             flush=True,
         )
@@ -227,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         f"curve: {result.curve_png}",
         flush=True,
     )
-    print(f"peak memory of this process: {peak_memory()}", flush=True)
+    print(f"peak memory of the run: {peak_memory(memory.peak, MEMORY_INTERVAL_S)}", flush=True)
     means = step_means(result.history)
     if means:
         print(

@@ -149,11 +149,18 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy" in proc.stdout
-    assert re.search(
-        r"peak memory of this process: \d+\.\d\d GB \((tcmalloc|jemalloc|mimalloc|glibc malloc)\)", proc.stdout
+    found = re.search(
+        r"peak memory of the run: (\d+\.\d\d) GiB \(this process and (\d+) it started, RSS summed, sampled every "
+        r"0\.25 s\); this process alone (\d+\.\d\d) GiB \((tcmalloc|jemalloc|mimalloc|glibc malloc)\)",
+        proc.stdout,
     )
+    assert found, proc.stdout[-2000:]
+    run_gib, started, trainer_gib = float(found.group(1)), int(found.group(2)), float(found.group(3))
+    assert started >= 1  # the runner process is counted
+    assert run_gib > 0 and trainer_gib > 0
     result = json.loads((tmp_path / "out/result.json").read_text())  # the run record (docs/runs/ shape)
     assert result["example"] == "quickstart" and result["steps"] == 2 and result["headline"] == "heldout/accuracy"
+    assert f"{result['extra']['peak_rss_gib_run']:.2f}" == found.group(1)  # the record says what was printed
     heldout = result["heldout"]["heldout"]
     assert heldout["n"] == 8 and set(heldout["stages"]) == {"step 0", "step 2"}
     assert heldout["stages"]["step 2"]["score"] == heldout["after"]

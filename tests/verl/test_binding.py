@@ -490,3 +490,22 @@ def test_entrypoint_dry_run(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "trainer_mode: agentbolt_sync" in out and "total_training_steps: 2" in out
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+
+
+@pytest.mark.parametrize("policy_version", [0, 99])
+async def test_a_call_of_weights_the_store_never_published_is_trained_as_unknown_version(
+    store, policy_version: int
+) -> None:
+    """``policy_version=0`` (agentbolt-torch's initial weights) or a version the store lacks: the
+    rollout still trains; the call's verl weight version is unknown and counted as such."""
+    await store.add_resources(Resources(extra={"verl_weights_version": 4}))
+    sink = LocalMetricsSink()
+    executor = RolloutExecutor(store, sink=sink)
+    result, _ = await asyncio.gather(executor.run(request()), fake_runner(store, policy_version=policy_version))
+    assert result.outcome == "trained" and len(result.outputs) == 2
+    for output in result.outputs:
+        extra = output["extra_fields"]
+        assert (extra["min_global_steps"], extra["max_global_steps"]) == (4, 4)  # verl's step - 1
+        assert extra["agentbolt"]["policy_version"] is None
+        assert extra["agentbolt"]["resources_version"] == policy_version
+    assert sink.drain()["agentbolt/rollouts/weights_version_unknown_calls"] == 2

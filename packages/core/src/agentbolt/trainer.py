@@ -35,6 +35,7 @@ from .lightningrl.config import LightningRLConfig
 from .options import CaptureOptions, GatewayOptions, RunnerOptions
 from .plugins.registry import default_plugins
 from .policies import Policies
+from .progress_lines import LineProgress
 from .runners.pool import RunnerPool
 from .runners.runner import Runner
 from .runs.recorder import RunRecorder
@@ -113,7 +114,8 @@ class Trainer:
             the agent name it knows when the call is made (the ``X-Agentbolt-Agent-Name`` header or
             ``capture.agent_names``); the algorithm (``ctx.policies``) serves and trains each.
         metrics_path: JSONL file for per-step metrics.
-        progress: draw progress bars and a summary (``False`` logs only).
+        progress: draw progress bars and a summary on a terminal, whole lines elsewhere (a log file:
+            :class:`~agentbolt.progress_lines.LineProgress`); ``False`` logs only.
         run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
         run_config: more settings recorded with the run (JSON), beside the algorithm's: how the
             example names its held-out metric and what trivial policies score on it, which the
@@ -274,10 +276,12 @@ class Trainer:
             await asyncio.to_thread(gateway.start)
             stack.callback(gateway.stop)
             progress: Any = NullProgress()
-            if self.show_progress:
+            if self.show_progress and self.console.is_terminal:
                 rich_progress = _RichProgress(self.console)
                 stack.enter_context(rich_progress.progress)
                 progress = rich_progress
+            elif self.show_progress:  # a log file or CI: whole lines, not bars drawn once at the end
+                progress = LineProgress(self.console)
             runner_tasks = await self._start_runners(stack, store)
             ctx = AlgorithmContext(
                 store=store,

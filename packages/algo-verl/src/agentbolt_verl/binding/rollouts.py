@@ -343,8 +343,11 @@ class RolloutExecutor:
         )
 
     async def _weights_version(self, policy_version: int | None) -> int | None:
-        """verl's weight version (``global_steps`` at the update) behind a resources version."""
-        if policy_version is None:
+        """verl's weight version (``global_steps`` at the update) behind a resources version;
+        ``None`` when unknown: no version, one the store does not hold, or one below the store's
+        first (agentbolt-torch marks its initial weights ``policy_version=0``, never a resources
+        version, which the store would refuse as invalid input rather than not find)."""
+        if policy_version is None or policy_version < 1:
             return None
         if policy_version not in self._weights_versions:
             try:
