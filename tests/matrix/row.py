@@ -147,6 +147,7 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], result: Any) -> 
     counts = {
         "rollouts": len(rollouts),
         "backend_calls": backend_calls,
+        "streamed_calls": sum(bool(r.body.get("stream")) for r in backend.requests),  # asked with stream=true
         "gateway_calls": sum(gateway_calls.values()),
         "lightningrl_calls": sum(lightningrl_calls.values()),
         "exact": sum(tr.token_source.value == "exact" for tr in transitions),

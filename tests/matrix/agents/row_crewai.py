@@ -1,5 +1,6 @@
 """CrewAI: a crew of one ``Agent`` (role ``solver``) with a calculator ``@tool`` and one
-``Task``, on ``crewai.LLM`` aimed at the OpenAI-compatible endpoint, traced for Phoenix with
+``Task``, on ``crewai.LLM`` aimed at the OpenAI-compatible endpoint (streaming: ``LLM(stream=True)``
+and ``Crew(stream=True)``, whose ``kickoff()`` yields the chunks, then ``.result``), traced for Phoenix with
 OpenInference's ``CrewAIInstrumentor``. CrewAI's own usage telemetry is turned off with its
 documented switch (``CREWAI_DISABLE_TELEMETRY=true``), as for any user without network."""
 
@@ -46,8 +47,14 @@ def agent(task: dict[str, Any], resources: t.Resources) -> float:
         llm=llm,
     )
     job = Task(description=task["question"], expected_output="The answer.", agent=solver)
-    output = Crew(agents=[solver], tasks=[job]).kickoff()
-    return calc.score(str(output), task["answer"])
+    crew = Crew(agents=[solver], tasks=[job], stream=STREAMING)
+    if not STREAMING:
+        return calc.score(str(crew.kickoff()), task["answer"])
+    streaming = crew.kickoff()  # a CrewStreamingOutput: the chunks as the LLM streams them, then the result
+    chunks = [chunk.content for chunk in streaming]
+    if not chunks:
+        raise RuntimeError("Crew(stream=True) streamed no chunk")
+    return calc.score(str(streaming.result), task["answer"])
 
 
 def backend() -> FakeLLM:

@@ -1,7 +1,11 @@
 """DSPy: a ``dspy.ReAct`` program with a calculator tool on ``dspy.LM`` (LiteLLM underneath; its
 cache off), traced for Phoenix with OpenInference's ``DSPyInstrumentor``. A ReAct run makes three
-calls: the calculator step, the ``finish`` step and the answer's extraction. DSPy names no agent:
-``agent_names`` names the calls ``solver`` from DSPy's system prompt. LiteLLM's offline switch
+calls: the calculator step, the ``finish`` step and the answer's extraction. Streaming, the program
+is wrapped in ``dspy.streamify`` with ``StreamListener``s on ReAct's ``next_thought`` (reused at
+every step) and the extraction's ``answer``, as DSPy's streaming tutorial does for ReAct: the
+predictors a listener hears stream their LM calls (all three here), and the reward is scored on the
+streamed answer chunks. DSPy names no agent: ``agent_names`` names the calls ``solver`` from DSPy's
+system prompt. LiteLLM's offline switch
 (``LITELLM_LOCAL_MODEL_COST_MAP=True``) is set, as for any LiteLLM user without network."""
 
 from __future__ import annotations
@@ -39,8 +43,21 @@ def agent(task: dict[str, Any], resources: t.Resources) -> float:
     lm = dspy.LM(f"openai/{resources.llm.model}", api_base=resources.llm.base_url, api_key="x", cache=False)
     react = dspy.ReAct("question -> answer", tools=[calculator], max_iters=3)
     with dspy.context(lm=lm):
-        prediction = react(question=task["question"])
-    return calc.score(str(prediction.answer), task["answer"])
+        if not STREAMING:
+            prediction = react(question=task["question"])
+            return calc.score(str(prediction.answer), task["answer"])
+        listeners = [  # a predictor streams when a listener hears one of its fields
+            dspy.streaming.StreamListener(signature_field_name="next_thought", allow_reuse=True),  # each ReAct step
+            dspy.streaming.StreamListener(signature_field_name="answer"),  # the extraction
+        ]
+        program = dspy.streamify(react, stream_listeners=listeners, async_streaming=False)
+        chunks: dict[str, list[str]] = {"next_thought": [], "answer": []}
+        for value in program(question=task["question"]):
+            if isinstance(value, dspy.streaming.StreamResponse):
+                chunks[value.signature_field_name].append(value.chunk)
+    if not all(chunks.values()):
+        raise RuntimeError(f"dspy.streamify streamed no chunk of a listened field: {chunks}")
+    return calc.score("".join(chunks["answer"]), task["answer"])
 
 
 def backend() -> FakeLLM:
