@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
+import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -59,13 +61,13 @@ async def card_accuracy(store_url: str, run_id: str) -> dict[int, tuple[int, int
     return {e.step: (round(e.mean * e.n), e.n) for e in accuracy.evaluations}
 
 
-def test_the_counts_agree_with_the_held_out_accuracy_at_both_steps(
-    dashboard: DashboardThread, tiny_store: str, store_db: Path
-) -> None:
+def assert_counts_agree(dashboard: DashboardThread, store_url: str, store_db: Path) -> None:
+    """Over every run and every (A, B) pair of its evaluations: the counts are the store's, and add
+    up to the summary card's held-out accuracy at A and at B."""
     runs = [r for (r,) in sql(store_db, "SELECT run_id FROM runs ORDER BY id")]
     assert len(runs) == 2
     for run_id in runs:
-        accuracy = off_loop(card_accuracy(tiny_store, run_id))
+        accuracy = off_loop(card_accuracy(store_url, run_id))
         steps = sorted(accuracy)
         assert len(steps) >= 2, "the fixture evaluates every step"
         default = get_json(f"{dashboard.url}/api/runs/{run_id}/compare")
@@ -82,6 +84,36 @@ def test_the_counts_agree_with_the_held_out_accuracy_at_both_steps(
             assert sum(counts.values()) == accuracy[a][1] == accuracy[b][1]
             if a == b:
                 assert counts["improved"] == counts["regressed"] == 0
+
+
+def test_the_counts_agree_with_the_held_out_accuracy_at_both_steps(
+    dashboard: DashboardThread, tiny_store: str, store_db: Path
+) -> None:
+    assert_counts_agree(dashboard, tiny_store, store_db)
+
+
+def test_every_change_is_counted_where_the_store_has_one(store_db: Path, tmp_path: Path) -> None:
+    """The tiny random model is rarely right, so a copy of the store is given one question fixed
+    and one broken between the first and last evaluation, and a failed rollout that reported
+    reward 1 (it counts as wrong, as on the card)."""
+    db = tmp_path / "store.db"
+    shutil.copy(store_db, db)
+    (run_id,) = sql(db, "SELECT run_id FROM runs ORDER BY id LIMIT 1")[0]
+    steps = [s for (s,) in sql(db, "SELECT DISTINCT step FROM rollouts WHERE run_id = ? AND mode = 'val'", run_id)]
+    first, last = min(steps), max(steps)
+    fixed, broken = sorted(
+        {t for (t,) in sql(db, "SELECT task_id FROM rollouts WHERE run_id = ? AND mode = 'val'", run_id)}
+    )
+    with sqlite3.connect(db) as conn:
+        update = "UPDATE rollouts SET status = ?, final_reward = ? WHERE run_id = ? AND mode = 'val' AND task_id = ? AND step = ?"
+        conn.execute(update, ("succeeded", 0.0, run_id, fixed, first))
+        conn.execute(update, ("succeeded", 1.0, run_id, fixed, last))
+        conn.execute(update, ("succeeded", 1.0, run_id, broken, first))
+        conn.execute(update, ("failed", 1.0, run_id, broken, last))
+    with DashboardThread(f"sqlite:///{db}") as dashboard:
+        got = get_json(f"{dashboard.url}/api/runs/{run_id}/compare")
+        assert got["counts"] == {"improved": 1, "regressed": 1, "both-right": 0, "both-wrong": 0, "unpaired": 0}
+        assert_counts_agree(dashboard, f"sqlite:///{db}", db)
 
 
 def test_bad_steps_and_filters_are_clear_errors(dashboard: DashboardThread, store_db: Path) -> None:
