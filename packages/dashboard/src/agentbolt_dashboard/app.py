@@ -2,11 +2,12 @@
 
 Pages: ``/runs`` (live; compare runs' curves), ``/runs/{id}`` (a run's curves and steps, live,
 and its training health: :mod:`agentbolt.runs.health`),
-``/runs/{id}/rewards`` (reward debugger), ``/rollouts`` (filterable, paginated),
+``/runs/{id}/rewards`` (reward debugger), ``/runs/{id}/compare?a=&b=&filter=`` (two evaluations on
+the same held-out questions: :mod:`agentbolt.runs.checkpoint_compare`), ``/rollouts`` (filterable, paginated),
 ``/rollouts/{id}`` (trajectory replay), ``/health``, ``/serve`` and ``/runs/{id}/serving`` (an
 ``agentbolt serve`` run: sessions, feedback, judge, versions and the gate's decisions;
 :mod:`agentbolt_dashboard.serving`). JSON for the live parts: ``/api/runs``,
-``/api/runs/{id}/metrics?after_seq=`` and ``/api/runs/{id}/serving``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
+``/api/runs/{id}/metrics?after_seq=``, ``/api/runs/{id}/compare?a=&b=`` and ``/api/runs/{id}/serving``. Charts are uPlot, vendored under ``static/vendor`` (MIT,
 licence beside it); nothing is fetched from elsewhere.
 
 Read-only: anything but GET/HEAD answers 405. With a token, every request must carry it
@@ -35,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbolt import __version__
 from agentbolt import types as t
 from agentbolt.errors import NotFoundError, UserError
-from agentbolt.runs import reward_view, views
+from agentbolt.runs import checkpoint_compare, reward_view, views
 from agentbolt.runs.health import run_health
 from agentbolt.runs.summary import LAST_K, run_summary
 from agentbolt.store import RolloutSearch
@@ -224,6 +225,36 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         view = await reward_view.reward_debugger(store, request.path_params["run_id"])
         return page("rewards.html", request, view=view, nav="runs")
 
+    async def compare_page(request: Request) -> Response:
+        q = request.query_params
+        change = checkpoint_compare.parse_change(q.get("filter"))
+        comparison = await checkpoint_compare.compare_checkpoints(
+            store, request.path_params["run_id"], _int_param(q, "a"), _int_param(q, "b")
+        )
+
+        def link(**changed: Any) -> str:
+            params = {"a": comparison.a, "b": comparison.b, "filter": change or "", **changed}
+            return f"/runs/{comparison.run.run_id}/compare?" + urlencode({k: v for k, v in params.items() if v != ""})
+
+        return page(
+            "compare.html",
+            request,
+            c=comparison,
+            change=change,
+            rows=comparison.filtered(change),
+            counts=comparison.counts,
+            changes=checkpoint_compare.CHANGES,
+            link=link,
+            nav="runs",
+        )
+
+    async def api_compare(request: Request) -> Response:
+        q = request.query_params
+        comparison = await checkpoint_compare.compare_checkpoints(
+            store, request.path_params["run_id"], _int_param(q, "a"), _int_param(q, "b")
+        )
+        return JSONResponse(checkpoint_compare.counts_json(comparison))
+
     async def rollouts_page(request: Request) -> Response:
         q = request.query_params
         query = _search(q)
@@ -303,6 +334,7 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         Route("/runs", runs_page),
         Route("/runs/{run_id:path}/rewards", rewards_page),
         Route("/runs/{run_id:path}/serving", serving_page),
+        Route("/runs/{run_id:path}/compare", compare_page),
         Route("/runs/{run_id:path}", run_page),
         Route("/rollouts", rollouts_page),
         Route("/rollouts/{rollout_id:path}", trajectory_page),
@@ -312,6 +344,7 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         Route("/api/runs/{run_id:path}/metrics", api_metrics),
         Route("/api/runs/{run_id:path}/summary", api_summary),
         Route("/api/runs/{run_id:path}/serving", api_serving),
+        Route("/api/runs/{run_id:path}/compare", api_compare),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(
@@ -331,6 +364,17 @@ def _sessions(request: Request) -> int:
         return int(value)
     except ValueError:
         raise UserError(f"sessions must be an integer, got {value!r}") from None
+
+
+def _int_param(q: Any, name: str) -> int | None:
+    """An optional integer query parameter (``UserError`` for anything else)."""
+    value = q.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name} must be an evaluation step (an integer), got {value!r}") from None
 
 
 def _search(q: Any) -> RolloutSearch:

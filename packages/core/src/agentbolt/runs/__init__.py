@@ -8,6 +8,8 @@
 - :mod:`~agentbolt.runs.summary` — a run's summary card ("did it learn?": held-out before ->
   after with standard errors, trivial policies, training reward, s/step, findings);
 - :mod:`~agentbolt.runs.answer` — a rollout's question, reply, expected answer and verdict;
+- :mod:`~agentbolt.runs.checkpoint_compare` — two evaluations (checkpoints) on the same held-out
+  questions: improved, regressed, both right, both wrong;
 - :mod:`~agentbolt.runs.reward_view` — the reward debugger (training and held-out apart,
   discrete rewards by value, groups without reward spread);
 - :mod:`~agentbolt.runs.doctor` — checks what a run captured (``agentbolt doctor``);
