@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> APOResult:
             gateway=GatewayOptions(upstreams=Upstream(base_url=policy_url, api_key=key, model=options["model"])),
             runners=RunnerOptions(n=args.runners),
             progress=not args.no_progress,
-            run_name="apo-example",
+            run={"name": "apo-example"},
         )
         result: APOResult = trainer.fit(
             make_tasks(args.train, seed=1, prefix="train-"), make_tasks(args.val, seed=2, prefix="val-")

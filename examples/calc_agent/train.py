@@ -152,7 +152,7 @@ def _trainer(args: argparse.Namespace, algorithm: Any, run_name: str) -> Trainer
         store=args.store,
         runners=RunnerOptions(n=args.runners, concurrency=max(in_flight, 16), timeout_s=600.0),
         progress=not args.no_progress,
-        run_name=run_name,
+        run={"name": run_name},
     )
 
 

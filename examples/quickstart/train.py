@@ -244,9 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         progress=not args.no_progress,
         # how the run's summary card (agentbolt runs show, the dashboard) names the held-out metric
-        run_config={
-            "heldout_metric": {"name": "accuracy", "threshold": 1.0},
-            "trivial": {row["policy"]: row["score"] for row in trivial_scores(val=val)} if val else {},
+        run={
+            "config": {
+                "heldout_metric": {"name": "accuracy", "threshold": 1.0},
+                "trivial": {row["policy"]: row["score"] for row in trivial_scores(val=val)} if val else {},
+            }
         },
     )
     started = time.time()

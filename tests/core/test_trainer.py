@@ -234,7 +234,9 @@ def test_a_run_ends_with_its_summary_card(tmp_path: Path, capsys: pytest.Capture
             store="memory://",
             runners=RunnerOptions(n=0),
             progress=True,
-            run_config={"heldout_metric": {"name": "exact_match", "threshold": 0.05}, "trivial": {"constant": 0.1}},
+            run={
+                "config": {"heldout_metric": {"name": "exact_match", "threshold": 0.05}, "trivial": {"constant": 0.1}}
+            },
         )
         trainer.fit([{"task_id": f"t{i}", "i": i} for i in range(2)], [{"task_id": f"v{i}", "i": i} for i in range(8)])
     err = " ".join(capsys.readouterr().err.split())

@@ -64,7 +64,7 @@ def train_tiny_runs(url: str, out_dir: Path, *, runs: int = 2, steps: int = 2) -
             store=url,
             runners=RunnerOptions(n=0),
             progress=False,
-            run_name=f"tiny-lr{k + 1}e-2",
+            run={"name": f"tiny-lr{k + 1}e-2"},
         )
         trainer.fit(TASKS[:4], TASKS[4:])
 

@@ -39,7 +39,7 @@ async def test_pages_on_postgresql(postgres_url: str) -> None:
             page = (await client.get("/rollouts", params={"run": run.run_id, "step": 1, "reward_min": 0.5})).text
             assert specs[0].rollout_id in page and specs[1].rollout_id not in page and "1 matching" in page
             trajectory = (await client.get(f"/rollouts/{specs[0].rollout_id}")).text
-            assert '<span class="ok">trained</span>' in trajectory and ">5<small>" in trajectory  # token id 5
+            assert '<span class="ok">trained</span>' in trajectory and 'data-id="5"' in trajectory  # token id 5
             assert (await client.get(f"/runs/{run.run_id}/rewards")).status_code == 200
             health = (await client.get("/health")).text
             assert 'id="queue-length">0<' in health

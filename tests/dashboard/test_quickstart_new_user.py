@@ -1,5 +1,5 @@
 """What a new user does after the quickstart, on the store it wrote (tiny model, 2 steps, 16
-held-out questions): ``agentbolt doctor``, ``agentbolt runs list`` in an 80-column terminal,
+held-out questions, the calculator offered with ``--tool``): ``agentbolt doctor``, ``agentbolt runs list`` in an 80-column terminal,
 ``agentbolt export``, and the dashboard in Chromium."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def quickstart_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     pytest.importorskip("agentbolt_torch")
     root = tmp_path_factory.mktemp("quickstart")
     url = f"sqlite:///{root}/quickstart.db"
-    args = ["--model", "tiny", "--steps", "2", "--val", "16", "--batch-size", "4", "--val-every", "2"]
+    # --tool: the calculator the default no longer offers, so the tool finding has something to find
+    args = ["--model", "tiny", "--steps", "2", "--val", "16", "--batch-size", "4", "--val-every", "2", "--tool"]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--store", url, "--out", str(root / "out"), "--no-progress"],
         capture_output=True,

@@ -183,7 +183,7 @@ def test_the_run_and_its_metrics_are_recorded_in_the_store(tmp_path: Path) -> No
         output={"out_dir": tmp_path / "out", "plot": False},
     )
     url = f"sqlite:///{tmp_path}/runs.db"
-    Trainer(parity_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False, run_name="parity").fit(
+    Trainer(parity_agent, algorithm, store=url, runners=RunnerOptions(n=0), progress=False, run={"name": "parity"}).fit(
         tasks[:2], tasks[2:]
     )
 

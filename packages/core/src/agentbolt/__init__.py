@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     )
     from .capture.roles import AgentRoles
     from .lightningrl.config import LightningRLConfig
-    from .options import CaptureOptions, GatewayOptions, RunnerOptions
+    from .options import CaptureOptions, GatewayOptions, RunnerOptions, RunOptions
     from .store import Store, open_store
     from .trainer import Trainer
     from .types import LLMEndpoint, Resources, Rollout, Span, Task, Transition
@@ -57,6 +57,7 @@ __all__ = [
     "LightningRLConfig",
     "Resources",
     "Rollout",
+    "RunOptions",
     "RunnerOptions",
     "Span",
     "Store",
@@ -86,7 +87,7 @@ __getattr__, __dir__ = lazy_exports(
         ),
         "AgentRoles": "capture.roles",
         "LightningRLConfig": "lightningrl.config",
-        **dict.fromkeys(["CaptureOptions", "GatewayOptions", "RunnerOptions"], "options"),
+        **dict.fromkeys(["CaptureOptions", "GatewayOptions", "RunOptions", "RunnerOptions"], "options"),
         "Store": "store",
         "open_store": "store",
         **dict.fromkeys(["LLMEndpoint", "Resources", "Rollout", "Span", "Task", "Transition"], "types"),

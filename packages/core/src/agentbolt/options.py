@@ -33,7 +33,7 @@ from .runners.ray import RayRunnerPool, RayWorkerOptions, options_from_mapping
 from .runners.runner import AgentLike, RunnerConfig
 from .store.base import Store
 
-__all__ = ["CaptureOptions", "GatewayOptions", "OptionGroup", "RunnerOptions"]
+__all__ = ["CaptureOptions", "GatewayOptions", "OptionGroup", "RunOptions", "RunnerOptions"]
 
 
 class OptionGroup(BaseModel):
@@ -164,6 +164,18 @@ class GatewayOptions(_Options):
             "durable_calls": self.durable_calls,
             **capture,
         }
+
+
+class RunOptions(_Options):
+    """What the run is recorded as in the store (``agentbolt runs list``, the dashboard)."""
+
+    name: str | None = None
+    """The run's name (default: the algorithm's)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """More settings recorded with the run (JSON), beside the algorithm's: how the example names
+    its held-out metric and what trivial policies score on it, which the run's summary card shows
+    (:mod:`agentbolt.runs.summary`), e.g.
+    ``{"heldout_metric": {"name": "accuracy", "threshold": 1.0}, "trivial": {"constant": 0.03}}``."""
 
 
 class RunnerOptions(_Options):

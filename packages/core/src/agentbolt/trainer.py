@@ -32,7 +32,7 @@ from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, Nu
 from .errors import UserError
 from .gateway import Upstream
 from .lightningrl.config import LightningRLConfig
-from .options import CaptureOptions, GatewayOptions, RunnerOptions
+from .options import CaptureOptions, GatewayOptions, RunnerOptions, RunOptions
 from .plugins.registry import default_plugins
 from .policies import Policies
 from .progress_lines import LineProgress
@@ -116,11 +116,9 @@ class Trainer:
         metrics_path: JSONL file for per-step metrics.
         progress: draw progress bars and a summary on a terminal, whole lines elsewhere (a log file:
             :class:`~agentbolt.progress_lines.LineProgress`); ``False`` logs only.
-        run_name: name of the run recorded in the store (``agentbolt runs list``, the dashboard).
-        run_config: more settings recorded with the run (JSON), beside the algorithm's: how the
-            example names its held-out metric and what trivial policies score on it, which the
-            run's summary card shows (:mod:`agentbolt.runs.summary`), e.g.
-            ``{"heldout_metric": {"name": "accuracy", "threshold": 1.0}, "trivial": {"constant": 0.03}}``.
+        run: what the run is recorded as (:class:`~agentbolt.options.RunOptions`: ``name``, and
+            ``config``, more settings recorded with it, e.g. how the example names its held-out
+            metric for the run's summary card) or a mapping of its fields.
     """
 
     def __init__(
@@ -137,8 +135,7 @@ class Trainer:
         policies: Policies | Mapping[str, Any] | None = None,
         metrics_path: str | Path | None = None,
         progress: bool = True,
-        run_name: str | None = None,
-        run_config: Mapping[str, Any] | None = None,
+        run: RunOptions | Mapping[str, Any] | None = None,
     ) -> None:
         self.agent = agent
         self.algorithm = algorithm
@@ -160,8 +157,9 @@ class Trainer:
         self.runner_config = self.runners.config(self.capture)
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
-        self.run_name = run_name
-        self.run_config = dict(run_config or {})
+        self.run = RunOptions.from_value(run, option="run")
+        self.run_name = self.run.name
+        self.run_config = dict(self.run.config)
         self.console = Console(stderr=True)
         self._gateway_capture = self.capture.gateway_options()  # loads the tokenizer now: errors before any work
         if not self.policies.is_shared:

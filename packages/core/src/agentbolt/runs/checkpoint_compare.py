@@ -162,7 +162,7 @@ async def compare_checkpoints(
     if metric is None:
         raise UserError(
             f"run {run_id} names no held-out metric, so no reply is right or wrong: record "
-            '{"heldout_metric": {"name": ..., "threshold": ...}} in Trainer(run_config=...)'
+            '{"heldout_metric": {"name": ..., "threshold": ...}} in Trainer(run={"config": ...})'
         )
     by_step: dict[int, list[t.Rollout]] = {}
     for r in await heldout_rollouts(store, run_id):

@@ -14,7 +14,7 @@ Computed from the store, so it reads the same for every algorithm and backend:
 - **seconds per step**: the mean of ``time/step_s`` over the run;
 - the run's training-health **findings** (:mod:`agentbolt.runs.health`).
 
-A run names its metric in its recorded config (``Trainer(run_config=...)``)::
+A run names its metric in its recorded config (``Trainer(run={"config": ...})``)::
 
     {"heldout_metric": {"name": "accuracy", "threshold": 1.0},
      "trivial": {"most_frequent": 0.052, "first_operand": 0.0}}
