@@ -110,20 +110,22 @@ async def test_concurrent_calls_are_group_committed(env: Env) -> None:
     assert env.gateway.stats()["spans_late"] == 0
 
 
-def _sse(n: int) -> bytes:
-    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "w%d"}}]}\n\n' % i for i in range(n)]
+def _sse(n: int, quoted: int = -1) -> bytes:
+    """``n`` content events (event ``quoted`` says ``data: [DONE]`` in its text), then ``[DONE]``."""
+    words = [b"data: [DONE]" if i == quoted else b"w%d" % i for i in range(n)]
+    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n' % w for w in words]
     return b"".join(events) + b"data: [DONE]\n\n"
 
 
-@given(n=st.integers(0, 5), cuts=st.lists(st.integers(0, 400), max_size=12))
-def test_the_done_event_is_held_back_however_the_stream_is_split(n: int, cuts: list[int]) -> None:
-    data = _sse(n)
+@given(n=st.integers(0, 5), quoted=st.integers(-1, 4), cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_the_done_event_is_held_back_however_the_stream_is_split(n: int, quoted: int, cuts: list[int]) -> None:
+    data = _sse(n, quoted)
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
     holder = _HoldDone()
     sent = b""
     for a, b in itertools.pairwise(points):
         sent += holder.feed(data[a:b])
-        done_at = data.index(b"data: [DONE]")
+        done_at = data.rindex(b"data: [DONE]")
         assert len(sent) <= done_at  # nothing from [DONE] on leaves early ...
         if b >= done_at:  # ... and every complete event before it has left already
             assert sent == data[:done_at]

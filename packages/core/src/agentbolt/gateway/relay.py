@@ -44,8 +44,10 @@ class _HoldDone:
             return b""
         cut = data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
         complete, self.pending = data[:cut], data[cut:]
-        done = complete.find(_DONE)
-        if done >= 0 and (done == 0 or complete[done - 2 : done] == b"\n\n"):
+        # the [DONE] event, not the same text inside an event's data (a reply quoting SSE)
+        after = complete.find(b"\n\n" + _DONE)
+        done = 0 if complete.startswith(_DONE) else after + 2 if after >= 0 else -1
+        if done >= 0:
             self.held = True
             self.pending = complete[done:] + self.pending
             return complete[:done]
