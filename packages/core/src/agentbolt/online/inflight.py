@@ -7,7 +7,8 @@ one line when a call starts (``+{n}\\t{rollout_id}``) and one when it ends (``-{
 single unbuffered ``write`` (the kernel has it once the call returns, so a ``kill -9`` of the
 process loses nothing; a power cut may lose the tail, which then looks like calls that ended).
 On start, :meth:`InflightJournal.cut` reads the calls that started and never ended, and the
-journal begins afresh.
+journal begins afresh. Past ``compact_bytes`` it is rewritten with only the calls in flight (a
+new file renamed over it), so it stays small under traffic that never pauses.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ __all__ = ["InflightJournal"]
 
 log = logging.getLogger(__name__)
 
-_COMPACT_BYTES = 4 << 20
-"""The journal is emptied when no call is in flight and it has grown past this size."""
-
 
 class InflightJournal:
-    """Start and end lines of live calls; see the module docstring."""
+    """Start and end lines of live calls; see the module docstring.
 
-    def __init__(self, directory: str | Path) -> None:
+    Args:
+        directory: where ``inflight.log`` is kept (the serve process's ``state_dir``).
+        compact_bytes: the size past which the journal is rewritten with only the calls in flight.
+    """
+
+    def __init__(self, directory: str | Path, *, compact_bytes: int = 4 << 20) -> None:
         self.path = Path(directory) / "inflight.log"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.compact_bytes = compact_bytes
         self._fd: int | None = None
         self._next = 0
         self._open: dict[int, str] = {}
@@ -70,9 +74,29 @@ class InflightJournal:
         """Record that call ``number`` ended (answered, failed or cut by its client)."""
         self._open.pop(number, None)
         self._write(f"-{number}\n".encode())
-        if not self._open and self._size > _COMPACT_BYTES and self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            self._size = 0
+        if self._size > self.compact_bytes and self._fd is not None:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Replace the journal by one holding only the start lines of the calls in flight: written
+        to a new file, then renamed over the old one, so a kill at any moment leaves one of the two,
+        both naming every call in flight."""
+        assert self._fd is not None
+        data = "".join(f"+{n}\t{rollout_id}\n" for n, rollout_id in self._open.items()).encode()
+        fresh = self.path.with_name(self.path.name + ".new")
+        fd = -1
+        try:
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            os.write(fd, data)
+            os.replace(fresh, self.path)
+        except OSError as exc:  # keep appending to the old journal
+            if fd >= 0:
+                os.close(fd)
+            log.warning("cannot compact %s (%s); it keeps growing", self.path, exc)
+            return
+        os.close(self._fd)
+        self._fd = fd
+        self._size = len(data)
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
