@@ -1,6 +1,6 @@
 """What a restart of agentbolt serve keeps and says: readiness only once the policy serves, the
 run's counters rebuilt from the store, and sessions whose call the stop cut end ``aborted``
-(the real kill -9 test is tests/e2e/test_serve_crash.py)."""
+(the real kill -9 test is tests/core/online/test_serve_crash.py)."""
 
 from __future__ import annotations
 
