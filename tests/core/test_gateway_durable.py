@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.gateway import Gateway
+from agentbolt.gateway.recorder import CallRecord
 from agentbolt.gateway.relay import _HoldDone
+from agentbolt.gateway.span_writer import SpanWriter
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer
 
@@ -108,6 +110,37 @@ async def test_concurrent_calls_are_group_committed(env: Env) -> None:
     assert len(await env.stored_calls()) == 16
     assert isinstance(env.store, SlowStore) and env.store.writes < 16
     assert env.gateway.stats()["spans_late"] == 0
+
+
+class StuckStore(MemoryStore):
+    """A memory store whose span writes wait until the test lets them through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.through = asyncio.Event()
+
+    async def _add_spans(self, spans: Sequence[t.Span]) -> int:
+        await self.through.wait()
+        return await super()._add_spans(spans)
+
+
+async def test_a_call_the_store_does_not_take_in_time_is_counted_late_and_still_written() -> None:
+    store = StuckStore()
+    await store.enqueue([t.RolloutSpec(rollout_id="r")])
+    (claim,) = await store.dequeue("w")
+    writer = SpanWriter(store, interval_s=0.05, batch=64, max_buffered=100, retokenize=None)
+    writer.start()
+    try:
+        record = CallRecord("r", claim.attempt.attempt_id, semconv.OP_CHAT, {"model": "m"}, "http://u", 1)
+        assert await writer.write(record, "a" * 16, timeout=0.05) is False
+        assert writer.late == 1 and writer.written == 0
+        store.through.set()
+        assert await writer.write(record, "b" * 16) is True  # the late span first, then this one
+        assert writer.late == 1 and writer.written == 2
+        assert {s.span_id for s in (await store.query_spans(["r"]))["r"]} == {"a" * 16, "b" * 16}
+    finally:
+        await writer.stop()
+        await store.close()
 
 
 def _sse(n: int, quoted: int = -1) -> bytes:

@@ -56,7 +56,7 @@ class SpanWriter:
         self._wakeup = asyncio.Event()
         self._urgent = asyncio.Event()
         self._written = asyncio.Event()
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
         """(span number, future) of :meth:`write` calls, in span order."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -81,16 +81,21 @@ class SpanWriter:
         number = self.added
         if self.written + self.dropped >= number:
             return True
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters.append((number, waiter))
         self._urgent.set()
+        # A timer on the future itself, not wait_for(shield(...)): each of those layers costs the
+        # call one more event-loop turn after the write, on every answer's path.
+        timer = loop.call_later(timeout, _resolve, waiter, False)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except TimeoutError:
+            written = await waiter
+        finally:
+            timer.cancel()
+        if not written:
             self.late += 1
             log.error("the store did not take a call's span within %.0f s; the answer goes out anyway", timeout)
-            return False
-        return True
+        return written
 
     def record(self, record: CallRecord, span_id: str) -> bool:
         """Build the span of one call and queue it for writing; False if it could not be built."""
@@ -115,8 +120,7 @@ class SpanWriter:
         done = self.written + self.dropped
         while self._waiters and self._waiters[0][0] <= done:
             _, waiter = self._waiters.pop(0)
-            if not waiter.done():
-                waiter.set_result(None)
+            _resolve(waiter, True)
 
     async def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until every span recorded so far is in the store."""
@@ -159,3 +163,10 @@ class SpanWriter:
                 self._settle()
                 self._written.set()
                 await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write
+
+
+def _resolve(waiter: asyncio.Future[bool], written: bool) -> None:
+    """Release a :meth:`SpanWriter.write` call (``written``: its span is in the store or dropped);
+    the first resolution counts."""
+    if not waiter.done():
+        waiter.set_result(written)
