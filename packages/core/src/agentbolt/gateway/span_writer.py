@@ -5,8 +5,8 @@ Two ways in: :meth:`SpanWriter.record` queues a span and returns (the batch goes
 ``interval_s``); :meth:`SpanWriter.write` queues it and waits until it is in the store — how the
 gateway makes an answered call durable before the answer's last byte leaves. Waiting calls are
 written together (group commit): while one batch is in the store's transaction the next calls
-queue up and go in the next batch, with no batching delay, so the cost is about one store
-write per call under any concurrency."""
+queue up and go in the next batch, with no batching delay: a call waits for the batch in
+progress, then its own (more only while over ``batch`` calls wait ahead of it)."""
 
 from __future__ import annotations
 
