@@ -131,15 +131,6 @@ def trivial_scores(
     return rows
 
 
-def rule_scores(
-    name: str, repo: Path = REPO, env: dict[str, str] | None = None, data_dir: Path | None = None
-) -> list[dict[str, Any]]:
-    """``rule_scores(data_dir)`` of ``examples/<name>/baselines.py``: its rule-based solvers
-    (``[]`` without any). Not held to the trivial policies' ceiling: a rule reads the question."""
-    rows: list[dict[str, Any]] = baselines(name, repo, env, data_dir, parts=("rules",))["rules"]
-    return rows
-
-
 # -- formatting ------------------------------------------------------------------------------------
 
 

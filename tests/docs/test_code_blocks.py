@@ -61,6 +61,7 @@ from typing import Any
 
 import httpx
 import pytest
+from docs_figures import doc_files
 from openai import AsyncOpenAI
 from pytest_codeblocks import extract_from_file
 
@@ -71,14 +72,8 @@ from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer, FakeRequest, Rule
 from agentbolt.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted(
-    {
-        ROOT / "README.md",
-        *ROOT.glob("docs/*.md"),
-        *ROOT.glob("examples/*/README.md"),
-        *ROOT.glob("packages/*/README.md"),
-    }
-)
+DOCS = doc_files(ROOT)
+"""The same files whose figures test_figures.py checks."""
 RUNNABLE = {"python", "bash", "sh", "toml"}
 NOT_CODE = {"", "text", "console", "output", "markdown"}
 BLOCK_TIMEOUT_S = 600  # generous: a loaded or AVX2-only CI machine runs each CLI start slowly

@@ -36,10 +36,10 @@ def _readme_with(old: str, new: str) -> str:
 
 
 def test_the_issue_edit_fails() -> None:
-    """README "3.82 and 3.93 GB" -> "1.82 and 1.93 GB" (the references stay): both figures differ
+    """README "3.82 and 3.93 GiB" -> "1.82 and 1.93 GiB" (the references stay): both figures differ
     from their records."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    edited = text.replace("3.82<!--", "1.82<!--", 1).replace("3.93 GB<!--", "1.93 GB<!--", 1)
+    edited = text.replace("3.82<!--", "1.82<!--", 1).replace("3.93 GiB<!--", "1.93 GiB<!--", 1)
     assert edited != text and check(ROOT / "README.md", text).problems == []
     problems = check(ROOT / "README.md", edited).problems
     assert len(problems) == 2, problems
@@ -51,8 +51,8 @@ def test_a_figure_without_a_reference_fails() -> None:
     """The same edit with the references removed: two figures tied to nothing."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index("3.82<!--")
-    end = text.index("-->", text.index("3.93 GB<!--", start)) + len("-->")
-    edited = text[:start] + "1.82 and 1.93 GB" + text[end:]
+    end = text.index("-->", text.index("3.93 GiB<!--", start)) + len("-->")
+    edited = text[:start] + "1.82 and 1.93 GiB" + text[end:]
     problems = check(ROOT / "README.md", edited).problems
     assert [p.split(": ", 1)[1] for p in problems] == [
         "1.82 is tied to no record (see tests/docs/docs_figures.py)",

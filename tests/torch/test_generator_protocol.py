@@ -7,7 +7,10 @@ wrapping vLLM) subclasses it with its own ``make_generator``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 import httpx
@@ -98,6 +101,27 @@ class GeneratorConformance:
         assert version == 1
         check_logprobs(policy.model, PROMPT, ids, logprobs)  # the updated weights' logprobs
         assert logprobs != old[1]
+
+    def test_a_call_during_a_pause_waits_and_none_fails(
+        self, generator: Generator, policy: Policy, check_logprobs: Any
+    ) -> None:
+        """A call that arrives while paused waits (it is queued, not refused) and is answered after
+        :meth:`resume` by the weights the update left: version 1, their logprobs."""
+        generator.pause(drain=True, timeout=30)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            call = pool.submit(_complete, generator, PROMPT)
+            deadline = time.monotonic() + 60
+            while generator.state()["queued"] < 1:  # the call reached the generator and waits
+                assert not call.done(), "a call made during a pause was answered (or failed) before resume"
+                assert time.monotonic() < deadline, "the call never reached the generator"
+                time.sleep(0.01)
+            with pytest.raises(FuturesTimeout):  # still waiting: paused, a call is held, not answered
+                call.result(timeout=1.0)
+            _perturb(policy)
+            generator.resume()
+            ids, logprobs, version = call.result(timeout=60)
+        assert version == 1
+        check_logprobs(policy.model, PROMPT, ids, logprobs)
 
     def test_the_serving_copy_serves_the_old_weights_until_the_swap(
         self, generator: Generator, policy: Policy, check_logprobs: Any

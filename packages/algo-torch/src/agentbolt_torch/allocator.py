@@ -6,7 +6,7 @@ gradients, the output head's logit chunks). An allocator reuses freed memory onl
 sizes fit, so over a run the pages freed by one phase and not reusable by the next pile up:
 under gperftools' tcmalloc (what ``./dev`` runs training on) the quickstart's heap grew by about
 0.4 GB over 20 steps while the memory in use did not (a scratch sampler; docs/benchmarks.md,
-"The default quickstart under 4 GB").
+"The default quickstart under 4 GiB").
 :func:`release_free_memory` asks the allocator to return its free pages at once
 (tcmalloc's ``MallocExtension::ReleaseFreeMemory``); the updater calls it before and after each
 update, so each phase starts from what is in use, not from the previous phase's leftovers.

@@ -145,14 +145,6 @@ class TorchGRPO(Algorithm):
         policy = PolicyOptions.from_value(policy, option="policy")
         generation = GenerationOptions.from_value(generation, option="generation")
         output = OutputOptions.from_value(output, option="output")
-        self.options = {
-            "sampling": sampling,
-            "evaluation": evaluation,
-            "policy": policy,
-            "generation": generation,
-            "output": output,
-        }
-        """The option groups as given (defaults filled in)."""
         self.model = model
         self.steps = steps
         self.batch_size = batch_size

@@ -6,7 +6,7 @@ weight LightningRL decided) into ``epochs x mini_batches`` AdamW steps, then bum
 version. This module is the loop, read top to bottom; each step's details live in a
 module of its own:
 
-1. **Preparation and batches** (:mod:`.update_batches`): transitions are checked, split by
+1. **Preparation and batches** (:mod:`.batches`): transitions are checked, split by
    rollout into mini-batches (one optimizer step each) and packed into micro-batches to a
    padded-token budget (``micro_batch_tokens``), the samples of one prompt kept together.
 2. **Token weights** (``loss_aggregation``, a
@@ -20,10 +20,10 @@ module of its own:
    :func:`~agentbolt.lightningrl.rollout_correction` turns behaviour vs proximal into per-token IS
    weights and rejection masks, and the PPO ratio is taken against the proximal logprobs
    (verl's decoupled mode: three policies).
-3. **Forward pass** (:mod:`.update_forward`): per-token logprobs of the responses, computed
+3. **Forward pass** (:mod:`.forward`): per-token logprobs of the responses, computed
    only at response positions; with ``share_prompts`` (default) each distinct prompt of a
    micro-batch runs once with a KV cache and its responses run against the cache.
-4. **Loss** (:mod:`.update_loss`) per response token: PPO-clip with optional dual clip (or the
+4. **Loss** (:mod:`.loss`) per response token: PPO-clip with optional dual clip (or the
    NLL of ``torch-sft``), plus ``kl_coef * KL(pi || pi_ref)`` (the reference is the initial
    model: a frozen copy, or with LoRA the same model with adapters disabled) minus
    ``entropy_coef * entropy``.
@@ -47,9 +47,9 @@ Every update (and :meth:`PolicyUpdater.compute_logprobs`) runs on the policy's t
 thread's freed memory for that thread (glibc's per-thread arenas), so updates on varying threads
 (``asyncio.to_thread``) each kept an update's activations (see docs/benchmarks.md, "Update memory").
 
-Hyper-parameters and metrics are :mod:`.update_config` (:class:`UpdateConfig`,
+Hyper-parameters and metrics are :mod:`.config` (:class:`UpdateConfig`,
 :class:`UpdateMetrics`, re-exported here). Checkpoints (:meth:`PolicyUpdater.save_checkpoint` /
-:meth:`PolicyUpdater.load_checkpoint`, :mod:`.update_checkpoint`) hold the model (or only the
+:meth:`PolicyUpdater.load_checkpoint`, :mod:`.checkpoint`) hold the model (or only the
 LoRA adapter), the optimizer and scheduler, the update step, the policy version and every RNG
 state.
 """
