@@ -164,6 +164,15 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def _map_span(name: str, attributes: dict[str, Any]) -> Any:
+    """What agentbolt-openinference's hooks make of one OpenInference span."""
+    from agentbolt import types as t
+    from agentbolt_openinference._hooks import OpenInferenceHooks
+
+    span = t.Span(trace_id="0" * 31 + "1", span_id="0" * 15 + "1", name=name, start_time_ns=1, attributes=attributes)
+    return OpenInferenceHooks("openinference").map_span(span)
+
+
 @pytest.mark.parametrize(
     ("name", "attributes", "tool"),
     [
@@ -175,17 +184,8 @@ def test_plugin_module_imports_nothing_heavy() -> None:
 )
 def test_tool_name_from_tool_name_else_the_span_name(name: str, attributes: dict[str, Any], tool: str) -> None:
     from agentbolt import semconv
-    from agentbolt import types as t
-    from agentbolt_openinference._hooks import OpenInferenceHooks
 
-    span = t.Span(
-        trace_id="0" * 31 + "1",
-        span_id="0" * 15 + "1",
-        name=name,
-        start_time_ns=1,
-        attributes={"openinference.span.kind": "TOOL", **attributes},
-    )
-    record = OpenInferenceHooks("openinference").map_span(span)
+    record = _map_span(name, {"openinference.span.kind": "TOOL", **attributes})
     assert record is not None and record.attributes[semconv.GEN_AI_TOOL_NAME] == tool
 
 
@@ -203,15 +203,6 @@ def test_agent_name_from_the_framework_where_openinference_gives_none(
     name: str, attributes: dict[str, Any], agent: str
 ) -> None:
     from agentbolt import semconv
-    from agentbolt import types as t
-    from agentbolt_openinference._hooks import OpenInferenceHooks
 
-    span = t.Span(
-        trace_id="0" * 31 + "1",
-        span_id="0" * 15 + "1",
-        name=name,
-        start_time_ns=1,
-        attributes={"openinference.span.kind": "AGENT", **attributes},
-    )
-    record = OpenInferenceHooks("openinference").map_span(span)
+    record = _map_span(name, {"openinference.span.kind": "AGENT", **attributes})
     assert record is not None and record.attributes[semconv.GEN_AI_AGENT_NAME] == agent
