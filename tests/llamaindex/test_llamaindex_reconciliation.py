@@ -3,8 +3,11 @@ users do for Phoenix (OpenInference's ``LlamaIndexInstrumentor``), through ``Tra
 against the fake backend with exact ids, streaming and not.
 
 How to run (not in the workspace environment: llama-index-llms-openai 0.8 needs ``openai`` < 3,
-the workspace locks 3.x; it skips there, whatever ``CI`` says: the LlamaIndex row of the framework
-matrix runs it in its own environment)::
+the workspace locks 3.x; it skips there, whatever ``CI`` says, and no CI job builds its
+environment: run it by hand as below, and ``record.py`` writes its record,
+docs/runs/reconciliation_llamaindex.json, which docs/reconciliation.md's figures are tied to. The
+framework matrix's LlamaIndex row is a different, smaller run: one agent, one tool, 2 calls a
+task, the matrix's checks)::
 
     uv venv -p 3.11 /tmp/llama && VIRTUAL_ENV=/tmp/llama uv pip install \\
         "llama-index-core>=0.14,<0.15" llama-index-llms-openai \\
@@ -48,7 +51,7 @@ def _installed(module: str) -> bool:
 
 if not (_installed("llama_index.llms.openai") and _installed("openinference.instrumentation.llama_index")):
     # Not in the workspace environment (its openai 3.x conflicts): this file runs in its own
-    # environment (the docstring; the framework matrix's LlamaIndex row), never skipped there.
+    # environment (the docstring), never skipped there.
     pytest.skip(
         "llama-index-core 0.14, llama-index-llms-openai and openinference-instrumentation-llama-index 4.6 "
         "are not installed: run this file in the environment its docstring builds",

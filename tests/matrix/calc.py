@@ -18,6 +18,15 @@ TASKS: list[dict[str, Any]] = [
 ]
 REWARDS = {"What is 1 + 3?": 1.0, "What is 2 + 4?": 0.0}
 """The reward each task's rollout must carry: the agent's own ``score``, worked by hand."""
+OPENAI_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": TOOL_DESCRIPTION,
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+"""The calculator in the OpenAI tools format, for the rows that write their own tool loop."""
 
 
 def calculator(expression: str) -> str:

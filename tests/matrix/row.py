@@ -60,6 +60,7 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], result: Any) -> 
 
     from agentbolt import semconv
     from agentbolt.lightningrl import LightningRL
+    from agentbolt.lightningrl.spans import is_tool_span
 
     rollouts = (await store.query_rollouts(limit=1000)).items
     spans = await store.query_spans([r.rollout_id for r in rollouts], latest_attempt_only=True)
@@ -78,14 +79,18 @@ async def checks(store: Any, backend: Any, row: dict[str, Any], result: Any) -> 
     backend_calls = len(backend.requests)
     transitions = batches["final"].transitions
 
+    # The tools' names from the tool spans (LightningRL's own test of a tool span), or, for a row
+    # with no instrumentation (``tools_from = "gateway"``), from the tool calls the gateway recorded
+    # in the model's answers. An instrumented row whose tool spans never arrive fails here: the
+    # gateway's tool calls are not read in their place.
+    tool_source = "gateway tool calls" if row.get("tools_from") == "gateway" else "tool spans"
     tool_names: set[str] = set()
-    for r in rollouts:
-        for s in spans[r.rollout_id]:
-            if s.attributes.get(semconv.SPAN_KIND_ATTR) == semconv.KIND_TOOL:
-                tool_names.add(str(s.attributes.get(semconv.GEN_AI_TOOL_NAME)))
-    tool_source = "tool spans"
-    if not tool_names:  # a plain client: the tool calls the gateway recorded in the model's answers
-        tool_source = "gateway tool calls"
+    if tool_source == "tool spans":
+        for r in rollouts:
+            tool_names.update(
+                str(s.attributes.get(semconv.GEN_AI_TOOL_NAME)) for s in spans[r.rollout_id] if is_tool_span(s)
+            )
+    else:
         for g in gateway.values():
             for s in g:
                 tool_names.update(

@@ -22,6 +22,7 @@ from packaging.requirements import Requirement
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+import calc  # noqa: E402
 import record  # noqa: E402
 from row import range_requirements, rows  # noqa: E402
 
@@ -58,6 +59,9 @@ def test_workspace_row_holds_every_assertion(row: str, streaming: bool, tmp_path
     assert not failed, json.dumps(failed, indent=1)
     assert set(result["checks"]) == set(record.CHECKS)
     assert result["passed"]
+    # The streaming variant asked the backend to stream every call, the other none.
+    counts = result["counts"]
+    assert counts["streamed_calls"] == (counts["backend_calls"] if streaming else 0), counts
 
 
 def test_support_table_is_generated_from_the_committed_record() -> None:
@@ -82,8 +86,32 @@ def test_record_holds_a_passing_run_of_every_row() -> None:
             # The record is consistent: passed means every assertion held, none missing.
             assert variant["passed"] == ("error" not in variant and all(checks[c]["ok"] for c in record.CHECKS)), rid
             assert set(checks) == set(record.CHECKS) or "error" in variant, rid
+            if variant["passed"]:
+                _assert_passing_variant_agrees_with_the_row(rid, spec, variant)
         passed = bool(result["variants"]) and all(v["passed"] for v in result["variants"])
         if spec.get("pending"):  # a known failure, with its reason: it must still fail on record
             assert not passed, f"{rid} passes now: remove its `pending` note from frameworks.toml"
         else:
             assert passed, f"{rid} failed on record (docs/runs/matrix.json); a known failure needs `pending`"
+
+
+def _assert_passing_variant_agrees_with_the_row(rid: str, spec: dict[str, Any], variant: dict[str, Any]) -> None:
+    """A passing variant on record shows what ``frameworks.toml`` asks of the row today: the
+    hand-counted calls on both tasks (backend = gateway = LightningRL = exact ids), the row's agent
+    and tool names, the tool names from where the row says (tool spans unless ``tools_from =
+    "gateway"``), and, where the record counts them, a stream asked for on every streaming call and
+    on no other. A record older than a change to the row or to row.py's checks fails here: re-run it."""
+    counts, checks = variant["counts"], variant["checks"]
+    hand = int(spec["calls"]) * len(calc.TASKS)
+    assert (
+        counts["backend_calls"] == counts["gateway_calls"] == counts["lightningrl_calls"] == counts["exact"] == hand
+    ), (rid, counts, hand)
+    assert checks["agent_names"]["got"] == sorted(spec["agents"]), rid
+    assert checks["tool_names"]["got"] == sorted(spec["tools"]), rid
+    source = "gateway tool calls" if spec.get("tools_from") == "gateway" else "tool spans"
+    assert checks["tool_names"]["source"] == source, (
+        f"{rid}: the record read its tool names from {checks['tool_names']['source']}, the row declares {source}"
+        " (re-run it: ./dev matrix -s \"matrix(row='" + rid + "')\")"
+    )
+    if "streamed_calls" in counts:  # counted since af4ef3a12d3e
+        assert counts["streamed_calls"] == (counts["backend_calls"] if variant["streaming"] else 0), (rid, counts)

@@ -164,6 +164,14 @@ def test_plugin_module_imports_nothing_heavy() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def _map_span(name: str, attributes: dict[str, Any]) -> Any:
+    """What agentbolt-openinference's hooks make of one OpenInference span."""
+    from agentbolt_openinference._hooks import OpenInferenceHooks
+
+    span = t.Span(trace_id="0" * 31 + "1", span_id="0" * 15 + "1", name=name, start_time_ns=1, attributes=attributes)
+    return OpenInferenceHooks("openinference").map_span(span)
+
+
 @pytest.mark.parametrize(
     ("name", "attributes", "tool"),
     [
@@ -175,17 +183,8 @@ def test_plugin_module_imports_nothing_heavy() -> None:
 )
 def test_tool_name_from_tool_name_else_the_span_name(name: str, attributes: dict[str, Any], tool: str) -> None:
     from agentbolt import semconv
-    from agentbolt import types as t
-    from agentbolt_openinference._hooks import OpenInferenceHooks
 
-    span = t.Span(
-        trace_id="0" * 31 + "1",
-        span_id="0" * 15 + "1",
-        name=name,
-        start_time_ns=1,
-        attributes={"openinference.span.kind": "TOOL", **attributes},
-    )
-    record = OpenInferenceHooks("openinference").map_span(span)
+    record = _map_span(name, {"openinference.span.kind": "TOOL", **attributes})
     assert record is not None and record.attributes[semconv.GEN_AI_TOOL_NAME] == tool
 
 
@@ -203,15 +202,48 @@ def test_agent_name_from_the_framework_where_openinference_gives_none(
     name: str, attributes: dict[str, Any], agent: str
 ) -> None:
     from agentbolt import semconv
-    from agentbolt import types as t
-    from agentbolt_openinference._hooks import OpenInferenceHooks
 
-    span = t.Span(
-        trace_id="0" * 31 + "1",
-        span_id="0" * 15 + "1",
-        name=name,
-        start_time_ns=1,
-        attributes={"openinference.span.kind": "AGENT", **attributes},
-    )
-    record = OpenInferenceHooks("openinference").map_span(span)
+    record = _map_span(name, {"openinference.span.kind": "AGENT", **attributes})
     assert record is not None and record.attributes[semconv.GEN_AI_AGENT_NAME] == agent
+
+
+@pytest.mark.parametrize(
+    ("input_value", "agent"),
+    [
+        ("AgentSetup(input=[...], current_agent_name='solver')", "solver"),  # the event's repr
+        ('{"input": [], "current_agent_name": "solver"}', "solver"),  # the event as JSON
+        ("AgentSetup(input=[...])", None),  # no agent named: an operation like any other CHAIN span
+    ],
+)
+def test_llama_index_agent_step_is_the_agent_it_names(input_value: str, agent: str | None) -> None:
+    """LlamaIndex 0.14's instrumentor marks no span AGENT: its agent step (a CHAIN span) is."""
+    record = _map_span("FunctionAgent.run_agent_step", {"openinference.span.kind": "CHAIN", "input.value": input_value})
+    assert record is not None
+    if agent is None:
+        assert record.kind == semconv.KIND_OPERATION
+    else:
+        assert record.kind == semconv.KIND_AGENT and record.attributes[semconv.GEN_AI_AGENT_NAME] == agent
+    other = _map_span("Workflow.run", {"openinference.span.kind": "CHAIN", "input.value": input_value})
+    assert other is not None and other.kind == semconv.KIND_OPERATION  # only the agent step names an agent
+
+
+def test_llm_input_messages_give_the_gateway_fingerprint() -> None:
+    """``llm.input_messages.*`` become the span's input messages, whose fingerprint is the one the
+    gateway records for the same request (how a streamed call that outlives its span joins)."""
+    from agentbolt.request_fingerprint import fingerprints
+
+    request = [
+        {"role": "system", "content": "You solve arithmetic."},
+        {"role": "user", "content": "What is 1 + 3?"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4"},
+    ]
+    attributes: dict[str, Any] = {"openinference.span.kind": "LLM"}
+    for i, message in enumerate(request):
+        attributes |= {f"llm.input_messages.{i}.message.{k}": v for k, v in message.items()}
+    record = _map_span("OpenAI.astream_chat", attributes)
+    assert record is not None and record.kind == semconv.KIND_LLM
+    assert json.loads(record.attributes[semconv.GEN_AI_INPUT_MESSAGES]) == request
+    mapped = {k: v for k, v in record.attributes.items() if v is not None}  # what the recorder writes
+    stored = t.Span.create("OpenAI.astream_chat", attributes={**attributes, **mapped})
+    assert fingerprints(sp.input_messages(stored)) == fingerprints(request)
+    assert fingerprints(sp.input_messages(stored)) != fingerprints(request[:2])

@@ -104,6 +104,47 @@ def test_traceloop_without_a_key_connects_nowhere(order: str) -> None:
     assert [r["gateway_calls"] for r in summary["rollouts"]] == [3, 3]
 
 
+SENDS_SCRIPT = textwrap.dedent(
+    """
+    import atexit, socket
+    import instrumented_harness
+
+    def connect(address):
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            try:
+                sock.connect((address, 443))
+            except OSError:
+                pass
+
+    def resolve(name):
+        try:
+            socket.getaddrinfo(name, 443)
+        except OSError:
+            pass
+
+    def setup():  # a setup that connects out during the run and looks a name up at exit
+        connect("192.0.2.1")
+        atexit.register(resolve, "api.traceloop.com")  # registered after the harness's report: runs before it
+        return lambda: []
+
+    def load():
+        import ol_agents as ol
+        return ol.calc_team, ol.calc_backend(), ol.calc_tasks(1)
+
+    instrumented_harness.main(setup, load, order="before")
+    """
+)
+
+
+def test_the_harness_reports_what_leaves_during_the_run_and_at_exit() -> None:
+    """The control for the ``outbound == []`` assertions above: the harness's guard records an
+    attempt made during the run and one made by an exit handler registered after it."""
+    summary = instrumented_harness.run(SENDS_SCRIPT, HERE)
+    assert summary["outbound"] == ["connect 192.0.2.1:443", "resolve api.traceloop.com"]
+    assert summary["failed"] == 0
+
+
 def test_plugin_module_imports_nothing_heavy() -> None:
     code = (
         "import sys, agentbolt_openllmetry.plugin, agentbolt_openllmetry; "

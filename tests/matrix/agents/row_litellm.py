@@ -15,14 +15,6 @@ import calc
 from agentbolt import types as t
 
 STREAMING = False
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": calc.TOOL_DESCRIPTION,
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 _EXPORTER: Any = None
 
 
@@ -65,7 +57,7 @@ def agent(task: dict[str, Any], resources: t.Resources) -> float:
                 api_base=resources.llm.base_url,
                 api_key="x",
                 messages=messages,
-                tools=[CALCULATOR],
+                tools=[calc.OPENAI_TOOL],
                 stream=STREAMING,
             )
             if STREAMING:

@@ -15,14 +15,6 @@ from openai import OpenAI
 from agentbolt import types as t
 
 STREAMING = False
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": calc.TOOL_DESCRIPTION,
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 
 
 def setup() -> None:
@@ -40,12 +32,12 @@ def complete(client: OpenAI, model: str, messages: list[dict[str, Any]]) -> dict
     """One chat completion as a message dict (streamed and reassembled when ``STREAMING``)."""
     if not STREAMING:
         return (
-            client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR])
+            client.chat.completions.create(model=model, messages=messages, tools=[calc.OPENAI_TOOL])
             .choices[0]
             .message.model_dump(exclude_none=True)
         )  # type: ignore[arg-type]
     content, calls = "", {}
-    stream = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], stream=True)  # type: ignore[arg-type]
+    stream = client.chat.completions.create(model=model, messages=messages, tools=[calc.OPENAI_TOOL], stream=True)  # type: ignore[arg-type]
     for chunk in stream:
         if not chunk.choices:
             continue
