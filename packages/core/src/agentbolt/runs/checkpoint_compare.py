@@ -27,14 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import semconv
 from .. import types as t
 from ..errors import UserError
 from ..store.base import Store
 from ..store.run_records import Run
 from .answer import RolloutAnswer, rollout_answer
 from .summary import HeldoutMetric, heldout_metric, heldout_rollouts
-from .views import _call_view, span_kind
+from .views import llm_calls
 
 __all__ = [
     "CHANGES",
@@ -200,8 +199,7 @@ async def compare_checkpoints(
 
 
 def _answer(rollout: t.Rollout, spans: Sequence[t.Span], metric: HeldoutMetric) -> RolloutAnswer:
-    calls = [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
-    return rollout_answer(rollout, calls, spans, metric)
+    return rollout_answer(rollout, llm_calls(spans), spans, metric)
 
 
 def counts_json(comparison: CheckpointComparison) -> Mapping[str, object]:

@@ -34,6 +34,7 @@ __all__ = [
     "TrajectoryView",
     "fidelity",
     "lightningrl_for",
+    "llm_calls",
     "metric_names",
     "policy_family",
     "run_policies",
@@ -265,6 +266,11 @@ def _call_view(span: t.Span) -> CallView:
     )
 
 
+def llm_calls(spans: Sequence[t.Span]) -> list[CallView]:
+    """The captured LLM calls among a rollout's spans (those with a token source), in span order."""
+    return [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
+
+
 def _summary(span: t.Span, kind: str) -> str:
     a = span.attributes
     if kind == "reward":
@@ -351,7 +357,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     run = await _run_or_none(store, rollout.run_id)
     attempts = await store.get_attempts(rollout_id)
     spans = (await store.query_spans([rollout_id], latest_attempt_only=True))[rollout_id]
-    calls = [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
+    calls = llm_calls(spans)
     view = TrajectoryView(
         rollout=rollout,
         run=run,
