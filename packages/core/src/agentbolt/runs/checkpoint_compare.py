@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..store.base import Store
 from ..store.run_records import Run
 from .answer import RolloutAnswer, rollout_answer
-from .summary import HeldoutMetric, heldout_metric, heldout_rollouts
+from .summary import HeldoutMetric, heldout_metric, heldout_rollouts, heldout_score
 from .views import llm_calls
 
 __all__ = [
@@ -60,7 +60,7 @@ class Sample:
     score: float
     """The reward the held-out figures count: the final reward, 0 for a failed rollout or none."""
     correct: bool
-    """``score >= threshold``."""
+    """:meth:`HeldoutMetric.correct <agentbolt.runs.summary.HeldoutMetric.correct>`: ``score >= threshold``."""
     status: t.RolloutStatus
 
 
@@ -124,12 +124,6 @@ def parse_change(value: str | None) -> Change | None:
     raise UserError(f"filter must be one of all, {', '.join(CHANGES)}; got {value!r}")
 
 
-def _score(rollout: t.Rollout) -> float:
-    """As :mod:`agentbolt.runs.summary` counts a held-out rollout (0 when it failed or has no reward)."""
-    ok = rollout.status is t.RolloutStatus.SUCCEEDED and rollout.final_reward is not None
-    return float(rollout.final_reward) if ok and rollout.final_reward is not None else 0.0
-
-
 def _keyed(rollouts: Sequence[t.Rollout]) -> dict[tuple[str, int], t.Rollout]:
     """Rollouts of one evaluation keyed by (task id, k-th sample of that task)."""
     out: dict[tuple[str, int], t.Rollout] = {}
@@ -179,8 +173,7 @@ async def compare_checkpoints(
     def sample(r: t.Rollout | None) -> Sample | None:
         if r is None:
             return None
-        score = _score(r)
-        return Sample(r.rollout_id, answers[r.rollout_id].reply, score, score >= metric.threshold, r.status)
+        return Sample(r.rollout_id, answers[r.rollout_id].reply, heldout_score(r), metric.correct(r) is True, r.status)
 
     rows = []
     for key in sorted(at_a.keys() | at_b.keys()):

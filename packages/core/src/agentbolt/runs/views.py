@@ -23,7 +23,7 @@ from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
 from ..store.run_records import RolloutSearch, Run
 from .answer import RolloutAnswer, rollout_answer
-from .summary import heldout_metric
+from .summary import HeldoutMetric, heldout_metric
 
 __all__ = [
     "METRIC_PRESETS",
@@ -397,7 +397,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
             r.rollout_id,
             r.final_reward,
             None if r.mode is t.RolloutMode.VAL else advantage.get(r.rollout_id),
-            None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold,
+            None if metric is None else metric.correct(r),
         )
         for r in sorted(group, key=lambda r: (r.created_at, r.rollout_id))
     ]
@@ -424,7 +424,9 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     return view
 
 
-async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[tuple[int, GroupMember]]:
+async def _same_question(
+    store: Store, rollout: t.Rollout, metric: HeldoutMetric | None
+) -> list[tuple[int, GroupMember]]:
     """The run's held-out rollouts of the same task, by evaluation step (oldest first)."""
     found = await store.search_rollouts(
         RolloutSearch(run_id=rollout.run_id, mode=t.RolloutMode.VAL, text=rollout.task_id, limit=200)
@@ -433,7 +435,7 @@ async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[
     for r in found.items:
         if r.task_id != rollout.task_id or r.step is None:
             continue
-        correct = None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold
+        correct = None if metric is None else metric.correct(r)
         out.append((r.step, GroupMember(r.rollout_id, r.final_reward, None, correct)))
     return sorted(out, key=lambda x: (x[0], x[1].rollout_id))
 
