@@ -25,7 +25,7 @@ from .. import semconv
 from .. import types as t
 from .summary import HeldoutMetric
 
-__all__ = ["ANSWER_KEYS", "QUESTION_KEYS", "RolloutAnswer", "rollout_answer"]
+__all__ = ["ANSWER_KEYS", "QUESTION_KEYS", "RolloutAnswer", "rollout_answer", "task_question"]
 
 QUESTION_KEYS = ("question", "prompt", "query", "problem", "instruction", "input")
 """Task input fields read as the question, first found wins."""
@@ -80,6 +80,15 @@ def _field(value: Any, keys: Sequence[str]) -> str | None:
     return None
 
 
+def task_question(rollout: t.Rollout) -> str | None:
+    """The question the task input carries (a :data:`QUESTION_KEYS` field, or the input itself
+    when it is text); ``None`` without one."""
+    question = _field(rollout.input, QUESTION_KEYS)
+    if question is None and isinstance(rollout.input, str):
+        question = rollout.input
+    return question
+
+
 def _text(message: Mapping[str, Any]) -> str:
     return str(message.get("text") or "")
 
@@ -113,9 +122,7 @@ def rollout_answer(
 ) -> RolloutAnswer:
     """The answer of ``rollout`` from its LLM calls (:class:`~agentbolt.runs.views.CallView`, in
     order), its spans (for the reward's dimensions) and the run's metric."""
-    question = _field(rollout.input, QUESTION_KEYS)
-    if question is None and isinstance(rollout.input, str):
-        question = rollout.input
+    question = task_question(rollout)
     if question is None and calls:
         users = [m for m in calls[0].input_messages if m.get("role") == "user"]
         question = _text(users[-1]) if users else None
