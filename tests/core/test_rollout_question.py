@@ -12,7 +12,9 @@ from agentbolt import types as t
 from agentbolt.cli.rollouts import _question
 from agentbolt.runs.answer import QUESTION_KEYS, rollout_answer
 
-scalar = st.one_of(st.none(), st.text(max_size=12), st.integers(-5, 5), st.floats(allow_nan=False), st.booleans())
+scalar = st.one_of(
+    st.none(), st.text(max_size=12), st.integers(-5, 5), st.floats(allow_nan=False, allow_infinity=False), st.booleans()
+)
 value = st.one_of(scalar, st.dictionaries(st.text(max_size=3), scalar, max_size=2), st.lists(scalar, max_size=2))
 task_input = st.one_of(
     scalar,
