@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentbolt import types as t
+from agentbolt.runs.answer import rollout_answer
 from agentbolt.runs.evaluation import set_score
 from agentbolt.runs.summary import HeldoutMetric, heldout_metric, summarize
 from agentbolt.store.run_records import Run, RunMetrics
@@ -63,6 +64,24 @@ def test_the_card_equals_the_record(before: list[tuple[float | None, t.RolloutSt
             (record.before, record.before_se, record.after, record.after_se)
         )
         assert figure.first.n == figure.last.n == record.n
+
+
+@settings(max_examples=60, deadline=None)
+@given(outcomes=st.lists(outcome, min_size=1, max_size=30))
+def test_the_trajectory_verdict_counts_as_the_card_does(outcomes: list[tuple[float | None, t.RolloutStatus]]) -> None:
+    """The trajectory page's verdict of every held-out rollout sums to the card's held-out accuracy
+    (a failed rollout is wrong whatever reward it reported); a running rollout has no verdict."""
+    rollouts = [rollout(i, 0, r, s) for i, (r, s) in enumerate(outcomes)]
+    running = rollout(99, 0, 1.0, t.RolloutStatus.RUNNING)
+    run = Run(run_id=RUN, algorithm="torch-grpo", started_at=0.0, config={"success_threshold": 1.0})
+    metric = heldout_metric(run.config)
+    card = summarize(run, [*rollouts, running], [])
+    verdicts = [rollout_answer(r, [], [], metric).correct for r in rollouts]
+    assert None not in verdicts
+    assert card.headline is not None and card.headline.first.n == len(verdicts)
+    assert card.headline.first.mean * len(verdicts) == pytest.approx(sum(map(bool, verdicts)))
+    assert rollout_answer(running, [], [], metric).correct is None
+    assert rollout_answer(rollout(0, 0, 1.0, t.RolloutStatus.FAILED), [], [], metric).verdict == "✗ wrong (accuracy)"
 
 
 def test_the_metric_is_named_as_the_run_names_it() -> None:

@@ -115,6 +115,13 @@ def test_every_change_is_counted_where_the_store_has_one(store_db: Path, tmp_pat
         got = get_json(f"{dashboard.url}/api/runs/{run_id}/compare")
         assert got["counts"] == {"improved": 1, "regressed": 1, "both-right": 0, "both-wrong": 0, "unpaired": 0}
         assert_counts_agree(dashboard, f"sqlite:///{db}", db)
+        # the failed rollout's trajectory says wrong too (one rule: HeldoutMetric.correct)
+        (failed,) = sql(
+            db, "SELECT rollout_id FROM rollouts WHERE run_id = ? AND task_id = ? AND step = ?", run_id, broken, last
+        )[0]
+        with urllib.request.urlopen(f"{dashboard.url}/rollouts/{failed}") as response:
+            page = response.read().decode()
+        assert 'id="verdict" data-correct="no"' in page and "✗ wrong (accuracy)" in page
 
 
 def test_bad_steps_and_filters_are_clear_errors(dashboard: DashboardThread, store_db: Path) -> None:

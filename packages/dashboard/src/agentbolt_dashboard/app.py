@@ -38,8 +38,8 @@ from agentbolt import types as t
 from agentbolt.errors import NotFoundError, UserError
 from agentbolt.runs import checkpoint_compare, reward_view, views
 from agentbolt.runs.health import run_health
-from agentbolt.runs.summary import LAST_K, run_summary
-from agentbolt.store import RolloutSearch
+from agentbolt.runs.summary import LAST_K, RunSummary, run_summary
+from agentbolt.store import RolloutSearch, Run
 from agentbolt.store.base import Store
 
 from . import charts, serving
@@ -52,9 +52,9 @@ HERE = Path(__file__).parent
 TOKEN_COOKIE = "agentbolt_dashboard_token"
 PAGE_SIZE = 50
 FIDELITY_SAMPLE = 50
+"""The Health page counts captured-call fidelity over this many latest succeeded rollouts."""
 FINDINGS_RUNS = 20
 """The Runs page checks the training health (findings) of this many newest runs."""
-"""The Health page counts captured-call fidelity over this many latest succeeded rollouts."""
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -171,6 +171,23 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
     async def index(request: Request) -> Response:
         return RedirectResponse("/runs", 307)
 
+    finished_cards: dict[str, tuple[tuple[Any, ...], RunSummary]] = {}
+    """Summary cards of finished runs whose rollouts have all finished, by run id: what they read
+    (held-out rollouts, metrics, the spans behind the findings) no longer changes, so the Runs page
+    computes each once, not per request."""
+
+    async def card_of(run: Run, *, findings: bool) -> RunSummary:
+        key = (run.status, run.ended_at, run.steps, findings)  # a resumed run is running again: recomputed
+        cached = finished_cards.get(run.run_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        card = await run_summary(store, run.run_id, findings=findings)
+        if run.status.is_final:
+            unfinished = [t.RolloutStatus.QUEUED, t.RolloutStatus.RUNNING]  # may still finish, and count
+            if not (await store.search_rollouts(RolloutSearch(run_id=run.run_id, status=unfinished, limit=1))).total:
+                finished_cards[run.run_id] = (key, card)
+        return card
+
     async def runs_page(request: Request) -> Response:
         runs = await store.list_runs(limit=200)
         latest: dict[str, float] = {}
@@ -180,8 +197,10 @@ def create_app(store: Store, *, token: str | None = None, store_label: str | Non
         every = sorted({name for names in policies.values() for name in names})
         metrics = views.metric_names(latest, every)
         cards = {  # findings (they read spans) for the newest runs only
-            run.run_id: await run_summary(store, run.run_id, findings=i < FINDINGS_RUNS) for i, run in enumerate(runs)
+            run.run_id: await card_of(run, findings=i < FINDINGS_RUNS) for i, run in enumerate(runs)
         }
+        for gone in finished_cards.keys() - cards.keys():  # only the listed runs' cards are kept
+            del finished_cards[gone]
         return page(
             "runs.html",
             request,

@@ -36,14 +36,9 @@ def _num(x: Any) -> str:
 
 
 def _question(r: t.Rollout) -> str:
-    from ..runs.answer import QUESTION_KEYS
+    from ..runs.answer import task_question
 
-    if isinstance(r.input, dict):
-        for key in QUESTION_KEYS:
-            value = r.input.get(key)
-            if isinstance(value, str):
-                return " ".join(value.split())
-    return ""
+    return " ".join((task_question(r) or "").split())
 
 
 @rollouts_app.command("list")

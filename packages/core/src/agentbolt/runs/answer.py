@@ -8,9 +8,10 @@ trajectory page), read from what the store holds:
 - the **reply**: the text of the last LLM call's answer (the reply the reward judged);
 - the **expected answer**: the task input's ``answer`` (or ``expected``, ``target``, ``gold``,
   ``label``, ``solution``, ``ground_truth``), when the task carries one;
-- the **verdict**: correct when the final reward reaches the run's threshold (the held-out metric
-  of :func:`agentbolt.runs.summary.heldout_metric`, e.g. ``accuracy`` at 1.0), with the reward's
-  named dimensions (its parts) when the agent emitted them.
+- the **verdict**: :meth:`HeldoutMetric.correct <agentbolt.runs.summary.HeldoutMetric.correct>`
+  of the run's held-out metric (:func:`agentbolt.runs.summary.heldout_metric`, e.g. ``accuracy``
+  at 1.0), the rule the summary card and the comparison page count by (a failed rollout is wrong),
+  with the reward's named dimensions (its parts) when the agent emitted them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .. import semconv
 from .. import types as t
 from .summary import HeldoutMetric
 
-__all__ = ["ANSWER_KEYS", "QUESTION_KEYS", "RolloutAnswer", "rollout_answer"]
+__all__ = ["ANSWER_KEYS", "QUESTION_KEYS", "RolloutAnswer", "rollout_answer", "task_question"]
 
 QUESTION_KEYS = ("question", "prompt", "query", "problem", "instruction", "input")
 """Task input fields read as the question, first found wins."""
@@ -44,17 +45,13 @@ class RolloutAnswer:
     """The run's held-out metric (its threshold decides the verdict); ``None``: no verdict."""
     parts: Mapping[str, float] = field(default_factory=dict)
     """The final reward's named dimensions."""
-
-    @property
-    def correct(self) -> bool | None:
-        """``reward >= threshold`` (``None`` without a threshold or a reward)."""
-        if self.metric is None or self.reward is None:
-            return None
-        return self.reward >= self.metric.threshold
+    correct: bool | None = None
+    """:meth:`HeldoutMetric.correct <agentbolt.runs.summary.HeldoutMetric.correct>` of the rollout
+    (``None`` without a threshold or while the rollout runs)."""
 
     @property
     def verdict(self) -> str:
-        """``✓ correct``, ``✗ wrong`` or ``no verdict`` (no threshold or no reward)."""
+        """``✓ correct``, ``✗ wrong`` or ``no verdict`` (no threshold, or the rollout still runs)."""
         if self.correct is None:
             return "no verdict"
         name = self.metric.name if self.metric is not None else "correct"
@@ -81,6 +78,15 @@ def _field(value: Any, keys: Sequence[str]) -> str | None:
                 return str(found)
         return None
     return None
+
+
+def task_question(rollout: t.Rollout) -> str | None:
+    """The question the task input carries (a :data:`QUESTION_KEYS` field, or the input itself
+    when it is text); ``None`` without one."""
+    question = _field(rollout.input, QUESTION_KEYS)
+    if question is None and isinstance(rollout.input, str):
+        question = rollout.input
+    return question
 
 
 def _text(message: Mapping[str, Any]) -> str:
@@ -116,9 +122,7 @@ def rollout_answer(
 ) -> RolloutAnswer:
     """The answer of ``rollout`` from its LLM calls (:class:`~agentbolt.runs.views.CallView`, in
     order), its spans (for the reward's dimensions) and the run's metric."""
-    question = _field(rollout.input, QUESTION_KEYS)
-    if question is None and isinstance(rollout.input, str):
-        question = rollout.input
+    question = task_question(rollout)
     if question is None and calls:
         users = [m for m in calls[0].input_messages if m.get("role") == "user"]
         question = _text(users[-1]) if users else None
@@ -135,4 +139,5 @@ def rollout_answer(
         reward=reward if reward is not None else rollout.final_reward,
         metric=metric,
         parts=_dimensions(spans),
+        correct=None if metric is None else metric.correct(rollout),
     )

@@ -27,14 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import semconv
 from .. import types as t
 from ..errors import UserError
 from ..store.base import Store
 from ..store.run_records import Run
 from .answer import RolloutAnswer, rollout_answer
-from .summary import HeldoutMetric, heldout_metric, heldout_rollouts
-from .views import _call_view, span_kind
+from .summary import HeldoutMetric, heldout_metric, heldout_rollouts, heldout_score
+from .views import llm_calls
 
 __all__ = [
     "CHANGES",
@@ -61,7 +60,7 @@ class Sample:
     score: float
     """The reward the held-out figures count: the final reward, 0 for a failed rollout or none."""
     correct: bool
-    """``score >= threshold``."""
+    """:meth:`HeldoutMetric.correct <agentbolt.runs.summary.HeldoutMetric.correct>`: ``score >= threshold``."""
     status: t.RolloutStatus
 
 
@@ -125,12 +124,6 @@ def parse_change(value: str | None) -> Change | None:
     raise UserError(f"filter must be one of all, {', '.join(CHANGES)}; got {value!r}")
 
 
-def _score(rollout: t.Rollout) -> float:
-    """As :mod:`agentbolt.runs.summary` counts a held-out rollout (0 when it failed or has no reward)."""
-    ok = rollout.status is t.RolloutStatus.SUCCEEDED and rollout.final_reward is not None
-    return float(rollout.final_reward) if ok and rollout.final_reward is not None else 0.0
-
-
 def _keyed(rollouts: Sequence[t.Rollout]) -> dict[tuple[str, int], t.Rollout]:
     """Rollouts of one evaluation keyed by (task id, k-th sample of that task)."""
     out: dict[tuple[str, int], t.Rollout] = {}
@@ -180,8 +173,7 @@ async def compare_checkpoints(
     def sample(r: t.Rollout | None) -> Sample | None:
         if r is None:
             return None
-        score = _score(r)
-        return Sample(r.rollout_id, answers[r.rollout_id].reply, score, score >= metric.threshold, r.status)
+        return Sample(r.rollout_id, answers[r.rollout_id].reply, heldout_score(r), metric.correct(r) is True, r.status)
 
     rows = []
     for key in sorted(at_a.keys() | at_b.keys()):
@@ -200,8 +192,7 @@ async def compare_checkpoints(
 
 
 def _answer(rollout: t.Rollout, spans: Sequence[t.Span], metric: HeldoutMetric) -> RolloutAnswer:
-    calls = [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
-    return rollout_answer(rollout, calls, spans, metric)
+    return rollout_answer(rollout, llm_calls(spans), spans, metric)
 
 
 def counts_json(comparison: CheckpointComparison) -> Mapping[str, object]:

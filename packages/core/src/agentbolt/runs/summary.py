@@ -43,6 +43,7 @@ __all__ = [
     "HeldoutMetric",
     "RunSummary",
     "heldout_metric",
+    "heldout_score",
     "run_summary",
     "summarize",
 ]
@@ -58,6 +59,14 @@ class HeldoutMetric:
     name: str
     """What the example calls it (``accuracy``, ``exact_match``...)."""
     threshold: float
+
+    def correct(self, rollout: t.Rollout) -> bool | None:
+        """Whether ``rollout`` is right, as every held-out figure counts it: :func:`heldout_score`
+        at least the threshold (a failed rollout or one without a reward is wrong); ``None`` while
+        it has not finished. The card, the comparison page and the trajectory verdict all use this."""
+        if not rollout.status.is_final:
+            return None
+        return heldout_score(rollout) >= self.threshold
 
 
 def heldout_metric(config: Mapping[str, Any] | None) -> HeldoutMetric | None:
@@ -195,7 +204,7 @@ def _evaluations(rollouts: Sequence[t.Rollout], score: Any) -> tuple[Evaluation,
     return tuple(out)
 
 
-def _reward(r: t.Rollout) -> float:
+def heldout_score(r: t.Rollout) -> float:
     """A finished rollout's reward; one that failed or reported none scores 0 (as the algorithms count it)."""
     return r.final_reward if r.status is t.RolloutStatus.SUCCEEDED and r.final_reward is not None else 0.0
 
@@ -215,13 +224,13 @@ def summarize(
     val = [r for r in heldout_rollouts if r.mode is t.RolloutMode.VAL]
     figures: list[HeldoutFigure] = []
     if metric is not None:
-        threshold = metric.threshold
+        rule = metric
         figures.append(
             HeldoutFigure(
-                metric.name, f"held-out {metric.name}", _evaluations(val, lambda r: float(_reward(r) >= threshold))
+                metric.name, f"held-out {metric.name}", _evaluations(val, lambda r: float(rule.correct(r) is True))
             )
         )
-    figures.append(HeldoutFigure("reward", "held-out reward", _evaluations(val, _reward)))
+    figures.append(HeldoutFigure("reward", "held-out reward", _evaluations(val, heldout_score)))
     summary.heldout = [f for f in figures if f.evaluations]  # an evaluation counts once a rollout of it finished
     trivial = run.config.get("trivial")
     if isinstance(trivial, Mapping):

@@ -23,7 +23,7 @@ from ..lightningrl import LightningRL, LightningRLConfig
 from ..store.base import Store
 from ..store.run_records import RolloutSearch, Run
 from .answer import RolloutAnswer, rollout_answer
-from .summary import heldout_metric
+from .summary import HeldoutMetric, heldout_metric
 
 __all__ = [
     "METRIC_PRESETS",
@@ -34,6 +34,7 @@ __all__ = [
     "TrajectoryView",
     "fidelity",
     "lightningrl_for",
+    "llm_calls",
     "metric_names",
     "policy_family",
     "run_policies",
@@ -265,6 +266,11 @@ def _call_view(span: t.Span) -> CallView:
     )
 
 
+def llm_calls(spans: Sequence[t.Span]) -> list[CallView]:
+    """The captured LLM calls among a rollout's spans (those with a token source), in span order."""
+    return [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
+
+
 def _summary(span: t.Span, kind: str) -> str:
     a = span.attributes
     if kind == "reward":
@@ -351,7 +357,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     run = await _run_or_none(store, rollout.run_id)
     attempts = await store.get_attempts(rollout_id)
     spans = (await store.query_spans([rollout_id], latest_attempt_only=True))[rollout_id]
-    calls = [_call_view(s) for s in spans if span_kind(s) == "llm" and semconv.TOKEN_SOURCE in s.attributes]
+    calls = llm_calls(spans)
     view = TrajectoryView(
         rollout=rollout,
         run=run,
@@ -391,7 +397,7 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
             r.rollout_id,
             r.final_reward,
             None if r.mode is t.RolloutMode.VAL else advantage.get(r.rollout_id),
-            None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold,
+            None if metric is None else metric.correct(r),
         )
         for r in sorted(group, key=lambda r: (r.created_at, r.rollout_id))
     ]
@@ -418,7 +424,9 @@ async def trajectory(store: Store, rollout_id: str) -> TrajectoryView:
     return view
 
 
-async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[tuple[int, GroupMember]]:
+async def _same_question(
+    store: Store, rollout: t.Rollout, metric: HeldoutMetric | None
+) -> list[tuple[int, GroupMember]]:
     """The run's held-out rollouts of the same task, by evaluation step (oldest first)."""
     found = await store.search_rollouts(
         RolloutSearch(run_id=rollout.run_id, mode=t.RolloutMode.VAL, text=rollout.task_id, limit=200)
@@ -427,7 +435,7 @@ async def _same_question(store: Store, rollout: t.Rollout, metric: Any) -> list[
     for r in found.items:
         if r.task_id != rollout.task_id or r.step is None:
             continue
-        correct = None if metric is None or r.final_reward is None else r.final_reward >= metric.threshold
+        correct = None if metric is None else metric.correct(r)
         out.append((r.step, GroupMember(r.rollout_id, r.final_reward, None, correct)))
     return sorted(out, key=lambda x: (x[0], x[1].rollout_id))
 
