@@ -158,8 +158,6 @@ class Trainer:
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.show_progress = progress
         self.run = RunOptions.from_value(run, option="run")
-        self.run_name = self.run.name
-        self.run_config = dict(self.run.config)
         self.console = Console(stderr=True)
         self._gateway_capture = self.capture.gateway_options()  # loads the tokenizer now: errors before any work
         if not self.policies.is_shared:
@@ -291,7 +289,7 @@ class Trainer:
                 policies=self.policies,
             )
             stack.push_async_callback(algorithm.close)
-            recorder = RunRecorder(store, ctx, algorithm, name=self.run_name, extra_config=self.run_config)
+            recorder = RunRecorder(store, ctx, algorithm, name=self.run.name, extra_config=dict(self.run.config))
             await recorder.start()
             algo_task = asyncio.ensure_future(recorder.watch(algorithm.run(ctx, train, val)))
             try:
