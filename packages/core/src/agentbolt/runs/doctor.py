@@ -43,6 +43,7 @@ from typing import Any
 
 from .. import semconv
 from .. import types as t
+from ..errors import NotFoundError
 from ..lightningrl.extraction import extract_episode
 from ..lightningrl.spans import is_gateway_call
 from ..store.base import Store
@@ -502,7 +503,7 @@ async def doctor(
     for run_id in sorted({r.run_id for r in rollouts if r.run_id is not None}):
         try:
             counts = quarantined_in_metrics(await store.get_run_metrics(run_id))
-        except Exception:  # a run without a record (rollouts enqueued by hand)
+        except NotFoundError:  # a run without a record (rollouts enqueued by hand)
             continue
         finding = quarantine_finding(run_id, counts)
         if finding is not None:
