@@ -223,18 +223,23 @@ def _join_by_fingerprint(
             notes[note] += 1
 
 
-def _gateway_fingerprints(span: Span) -> list[str] | None:
+def _recorded_fingerprints(span: Span) -> list[str] | None:
+    """The ``[full, tail]`` fingerprints the span recorded (``agentbolt.llm.request_fingerprint``)."""
     value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
         return [str(v) for v in value]
-    return fingerprints(span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES))
+    return None
+
+
+def _gateway_fingerprints(span: Span) -> list[str] | None:
+    recorded = _recorded_fingerprints(span)
+    return recorded if recorded is not None else fingerprints(span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES))
 
 
 def _cluster_fingerprints(members: list[Span]) -> list[str] | None:
     for span in members:
-        value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
-        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
-            return [str(v) for v in value]
+        if (recorded := _recorded_fingerprints(span)) is not None:
+            return recorded
         messages = sp.input_messages(span)
         if messages:
             return fingerprints(messages)
