@@ -281,3 +281,16 @@ def test_dev_prints_the_report_and_a_summary_without_repeated_rows(capsys: Any) 
         label.startswith(("succeeded", "failed", "rollouts ")) and label != "rollouts succeeded" for label in labels
     )
     assert any("seconds running rollouts" in line for line in err.splitlines())
+
+
+def test_a_rollout_naming_a_run_without_a_record_is_diagnosed() -> None:
+    """Rollouts enqueued by hand may name a run the store has no record of: the doctor skips
+    that run's recorded metrics (NotFoundError) and still reports the rollouts."""
+
+    async def run() -> DoctorReport:
+        store = MemoryStore()
+        await store.enqueue([t.RolloutSpec(input={"q": 1}, run_id="no-record")])
+        return await doctor(store)
+
+    report = asyncio.run(run())
+    assert report.counts.rollouts == 1 and report.finding("quarantined") is None

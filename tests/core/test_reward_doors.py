@@ -116,16 +116,25 @@ def test_otlp_reward_spans_with_hostile_values_are_rejected_the_rest_stored() ->
         attrs = {semconv.SPAN_KIND_ATTR: semconv.KIND_REWARD, semconv.REWARD_VALUE: value, "n": name}
         return span.model_construct(**{**dict(span), "attributes": attrs})
 
+    def primary(value: Any, name: str) -> t.Span:
+        """A reward given only as the primary of named dimensions (no agentbolt.reward.value)."""
+        span = reward(0.0, name)
+        attrs = {k: v for k, v in span.attributes.items() if k != semconv.REWARD_VALUE}
+        attrs[semconv.REWARD_PRIMARY] = "score"
+        attrs[semconv.REWARD_DIMENSIONS] = orjson.dumps({"score": value, "style": 0.5}, default=repr).decode()
+        return span.model_construct(**{**dict(span), "attributes": attrs})
+
     spans = [reward(v, f"bad{i}") for i, v in enumerate(STORABLE_HOSTILE_REWARDS)] + [reward(0.75, "good")]
+    spans += [primary("1", "bad-primary"), primary([0.5], "bad-primary-list"), primary(0.25, "good-primary")]
     with ServerThread(store) as server, httpx.Client(timeout=30) as http:
         body = orjson.dumps(spans_to_otlp_json(spans))
         answer = http.post(server.url + "/v1/traces", content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 200, answer.text
     partial = answer.json()["partialSuccess"]
-    assert int(partial["rejectedSpans"]) == len(STORABLE_HOSTILE_REWARDS)
+    assert int(partial["rejectedSpans"]) == len(STORABLE_HOSTILE_REWARDS) + 2
     assert "must be" in partial["errorMessage"]
     stored = asyncio.run(store.query_spans(["r0"]))["r0"]
-    assert [s.attributes["n"] for s in stored] == ["good"]
+    assert [s.attributes["n"] for s in stored] == ["good", "good-primary"]
 
 
 def test_doctor_names_stored_values_training_quarantines() -> None:

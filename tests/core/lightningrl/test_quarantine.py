@@ -10,6 +10,7 @@ advantage is finite.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -59,6 +60,11 @@ def _batch(
             if i == poisoned:
                 if where == "final_span":
                     tr.spans[-1] = _forced(reward, semconv.REWARD_VALUE, value)
+                elif where == "final_dimension":  # no value: the primary of named dimensions
+                    attrs = {k: v for k, v in reward.attributes.items() if k != semconv.REWARD_VALUE}
+                    attrs[semconv.REWARD_PRIMARY] = "score"
+                    attrs[semconv.REWARD_DIMENSIONS] = json.dumps({"score": value, "style": 0.5}, default=repr)
+                    tr.spans[-1] = reward.model_construct(**{**dict(reward), "attributes": attrs})
                 elif where == "intermediate_span":
                     step = tr.reward(0.5)
                     tr.spans[-1] = _forced(step, semconv.REWARD_VALUE, value)
@@ -73,7 +79,7 @@ def _batch(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     value=hostile,
-    where=st.sampled_from(["final_span", "intermediate_span", "rollout_final_reward"]),
+    where=st.sampled_from(["final_span", "final_dimension", "intermediate_span", "rollout_final_reward"]),
     advantage=st.sampled_from(["grpo", "rloo", "reinforce_pp"]),
     credit=st.sampled_from(["final", "intermediate", "discounted"]),
     groups=st.integers(1, 3),

@@ -20,7 +20,7 @@ from agentbolt.lightningrl import ExclusionReason, LightningRL, extract_episode
 from agentbolt.lightningrl.calls import JOIN_WINDOW_S
 from agentbolt.lightningrl.spans import agent_name_of, input_messages, is_agent_span
 from agentbolt.request_fingerprint import fingerprints
-from agentbolt.types import Span, SpanEvent
+from agentbolt.types import Span, SpanEvent, StatusCode
 
 S = 1_000_000_000  # one second in ns
 SYSTEM = {"role": "system", "content": "You are a calculator agent."}
@@ -239,3 +239,98 @@ def test_a_legacy_span_joins_and_its_legacy_usage_is_evidence_of_a_response() ->
     assert ep.notes["joined_by_fingerprint"] == 1 and len(ep.calls) == 1
     assert ep.reconciliation is not None and ep.reconciliation.unjoined_with_response == 1
     assert ep.calls[0].exclusion == ExclusionReason.UNRECONCILED
+
+
+# --- the fingerprint join when one rollout sends the same request more than once ---------------
+
+
+def test_a_retried_request_joins_the_retry_that_answered_not_the_failed_attempt() -> None:
+    """A streamed call whose first request fails (a 429) and whose client retries it: two gateway
+    calls with the same messages, one framework span. The span (the agent's name, what its
+    rewards target) belongs to the retry that answered, the one that trains."""
+    tr = Trace()
+    t0 = 1_000 * S
+    agent = tr.agent("solver")
+    tr.framework_llm(None, parent=agent, name="astream_chat", input_messages=turn(0), start_ns=t0, end_ns=t0 + 1)
+    tr.llm([1], [2], messages=turn(0), start_ns=t0 + S // 10, error="429 Too Many Requests")  # no traceparent
+    tr.llm([1], [3], messages=turn(0), start_ns=t0 + S)
+    tr.final(1.0)
+    ep = extract_episode(tr.rollout, tr.spans, agent_match="solver")
+    failed, retry = ep.calls
+    assert failed.gateway_span is not None and failed.gateway_span.status.code == StatusCode.ERROR
+    assert failed.framework_spans == () and not failed.trainable
+    assert [s.name for s in retry.framework_spans] == ["astream_chat"]
+    assert retry.agent_name == "solver" and retry.trainable
+
+
+def test_the_same_question_sent_concurrently_by_two_agents_keeps_each_agent() -> None:
+    """Two agents send identical messages at once (e.g. both start from the task's question);
+    the requests reach the gateway in the order the spans started. Each call keeps its agent."""
+    tr = Trace()
+    t0 = 1_000 * S
+    first, second = tr.agent("first"), tr.agent("second")
+    tr.framework_llm(None, parent=first, name="first", input_messages=turn(0), start_ns=t0, end_ns=t0 + 1)
+    tr.framework_llm(None, parent=second, name="second", input_messages=turn(0), start_ns=t0 + 2, end_ns=t0 + 3)
+    tr.llm([1], [2], messages=turn(0), start_ns=t0 + 10)
+    tr.llm([1], [3], messages=turn(0), start_ns=t0 + 11)
+    tr.final(1.0)
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert [c.agent_name for c in ep.calls] == ["first", "second"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.integers(min_value=1, max_value=3_000)), min_size=1, max_size=6
+    ),
+    concurrent=st.booleans(),
+)
+def test_identical_requests_each_join_the_span_that_made_them(
+    calls: list[tuple[bool, bool, int]], concurrent: bool
+) -> None:
+    """Invariant: when a rollout sends the same messages several times (repeated questions,
+    client retries, a preparing phantom span with the same messages), and requests reach the
+    gateway in the order their spans started, every answered gateway call joins the framework
+    span that made it, and no span with a response is left unjoined (no flag)."""
+    ms = 1_000_000
+    tr = Trace()
+    t = 1_000 * S
+    spans: list[tuple[int, str]] = []  # (start, name) of each call's own framework span
+    requests: list[tuple[int, bool, str | None]] = []  # (start, failed, name of the span it belongs to)
+    for i, (phantom, retried, delay_ms) in enumerate(calls):
+        if phantom and not concurrent:
+            tr.framework_llm(None, name=f"phantom{i}", input_messages=turn(0), start_ns=t, end_ns=t + ms)
+            t += 2 * ms
+        name = f"call{i}"
+        tr.framework_llm(
+            None, name=name, input_messages=turn(0), start_ns=t, end_ns=t + ms,
+            output_messages=[{"role": "assistant", "content": str(i)}],
+        )  # fmt: skip
+        spans.append((t, name))
+        if concurrent:
+            t += 2 * ms
+            continue
+        if retried:
+            requests.append((t + 2 * ms, True, None))
+        requests.append((t + (3 + delay_ms) * ms, False, name))
+        t += (4 + delay_ms) * ms
+    if concurrent:  # every span first, then the requests in the same order (retries before them)
+        for _, retried, _ in calls:
+            if retried:
+                requests.append((t, True, None))
+                t += ms
+        for _, name in spans:
+            requests.append((t, False, name))
+            t += ms
+    expected = {}
+    for start, failed, name in requests:
+        g = tr.llm([1], [2], messages=turn(0), start_ns=start, error="503" if failed else None)
+        expected[g.span_id] = name
+    tr.final(1.0)
+    ep = extract_episode(tr.rollout, tr.spans)
+    assert ep.reconciliation is not None and ep.reconciliation.flag is None
+    answered = [c for c in ep.calls if c.gateway_span is not None and expected[c.gateway_span.span_id] is not None]
+    assert len(answered) == len(calls)
+    for call in answered:
+        assert call.gateway_span is not None
+        assert [s.name for s in call.framework_spans] == [expected[call.gateway_span.span_id]]

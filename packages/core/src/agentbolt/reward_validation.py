@@ -17,6 +17,7 @@ the rollout (:mod:`agentbolt.lightningrl.quarantine`).
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Mapping
@@ -128,14 +129,27 @@ class RewardBounds:
 
 def reward_span_problem(name: str, attributes: Mapping[str, Any]) -> str | None:
     """Why a span named ``name`` with ``attributes``, if it is a reward span, cannot carry its
-    value, or ``None``: for the doors that receive spans (OTLP). A reward span without a value is
-    left to LightningRL, which counts it as malformed."""
+    value, or ``None``: for the doors that receive spans (OTLP). The value is
+    ``agentbolt.reward.value``, else the primary of its named dimensions (as LightningRL reads
+    it). A reward span without a value is left to LightningRL, which counts it as malformed."""
     kind = attributes.get(semconv.SPAN_KIND_ATTR)
     is_reward = kind == semconv.KIND_REWARD if isinstance(kind, str) and kind else name == semconv.SPAN_REWARD
-    if not is_reward or semconv.REWARD_VALUE not in attributes:
+    if not is_reward:
         return None
+    if semconv.REWARD_VALUE in attributes:
+        value, what = attributes[semconv.REWARD_VALUE], semconv.REWARD_VALUE
+    else:
+        primary, dims = attributes.get(semconv.REWARD_PRIMARY), attributes.get(semconv.REWARD_DIMENSIONS)
+        if isinstance(dims, str):
+            try:
+                dims = json.loads(dims)
+            except ValueError:
+                return None  # not dimensions at all: LightningRL counts the span as malformed
+        if not (isinstance(primary, str) and isinstance(dims, Mapping) and primary in dims):
+            return None
+        value, what = dims[primary], f"{semconv.REWARD_DIMENSIONS}[{primary!r}] (the primary)"
     try:
-        reward_number(attributes[semconv.REWARD_VALUE], f"reward span {name!r}: {semconv.REWARD_VALUE}")
+        reward_number(value, f"reward span {name!r}: {what}")
     except RewardRefused as exc:
         return str(exc)
     return None

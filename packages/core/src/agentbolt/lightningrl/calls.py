@@ -182,7 +182,13 @@ def _join_by_fingerprint(
     """Join the gateway calls still open to framework spans whose input messages have the same
     fingerprint (:mod:`agentbolt.request_fingerprint`), strict fingerprint first, within the time
     window; among several candidates, the one that started last before the call (the span that
-    made the request, not an earlier one that only prepared it)."""
+    made the request, not an earlier one that only prepared it).
+
+    When one rollout sends the same messages more than once, the answered calls choose first
+    (a failed request that the client retried has no answer: the span's answer came from the
+    retry), each group latest first: each span goes to the last call it could have made, and
+    same-message requests in flight together pair in the order their spans started (taken
+    earliest first, the first call would take the latest span and the pairs would cross)."""
     used = set(joined.values())
     prints: dict[str, list[str]] = {}
     for root, members in clusters.items():
@@ -192,7 +198,7 @@ def _join_by_fingerprint(
         return
     window, skew = int(JOIN_WINDOW_S * 1e9), int(JOIN_SKEW_S * 1e9)
     for level, note in ((FULL, "joined_by_fingerprint"), (TAIL, "joined_by_tail_fingerprint")):
-        for g in sorted(gateways, key=lambda g: g.start_time_ns):
+        for g in sorted(gateways, key=lambda g: (g.status.code == StatusCode.ERROR, -g.start_time_ns)):
             if g.span_id in joined:
                 continue
             mine = _gateway_fingerprints(g)
@@ -217,18 +223,23 @@ def _join_by_fingerprint(
             notes[note] += 1
 
 
-def _gateway_fingerprints(span: Span) -> list[str] | None:
+def _recorded_fingerprints(span: Span) -> list[str] | None:
+    """The ``[full, tail]`` fingerprints the span recorded (``agentbolt.llm.request_fingerprint``)."""
     value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
     if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
         return [str(v) for v in value]
-    return fingerprints(span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES))
+    return None
+
+
+def _gateway_fingerprints(span: Span) -> list[str] | None:
+    recorded = _recorded_fingerprints(span)
+    return recorded if recorded is not None else fingerprints(span.attributes.get(semconv.GEN_AI_INPUT_MESSAGES))
 
 
 def _cluster_fingerprints(members: list[Span]) -> list[str] | None:
     for span in members:
-        value = span.attributes.get(semconv.LLM_REQUEST_FINGERPRINT)
-        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
-            return [str(v) for v in value]
+        if (recorded := _recorded_fingerprints(span)) is not None:
+            return recorded
         messages = sp.input_messages(span)
         if messages:
             return fingerprints(messages)

@@ -17,7 +17,9 @@ the gateway call it is an ancestor of (W3C traceparent propagated); the gateway 
 request fingerprint (:mod:`agentbolt.request_fingerprint`) its input messages have, started
 within :data:`~agentbolt.lightningrl.calls.JOIN_WINDOW_S` after the span ended (a streamed
 request outlives the instrumentation's span) — the strict fingerprint first, then the
-last-message one, the latest such span before the call when several match; as a counted last
+last-message one, the latest such span before the call when several match (answered calls
+choose before failed ones, later calls before earlier ones, so identical requests of one rollout,
+retried or in flight together, each join their own span); as a counted last
 resort, when the counts match, by order. Framework LLM spans nested in another framework LLM
 span belong to the outermost one. Joined spans are one call (never counted twice). A call's
 position is its gateway span's ``seq``.

@@ -15,7 +15,6 @@ the rollout in **quarantine** (the first refusal is returned): none of its calls
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from typing import Any, Literal
 
 from .. import semconv
 from ..reward_precedence import RANKS, reward_source
-from ..reward_validation import RewardBounds, RewardRefused
+from ..reward_validation import RewardBounds, RewardRefused, reward_number
 from ..types import Rollout, Span
 from . import spans as sp
 from .episode import LLMCall, RewardAttachment, RewardRecord
@@ -38,11 +37,13 @@ Quarantine = tuple[str, str]
 """(reason, detail) of a rollout put in quarantine."""
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _dimension(value: Any) -> float | None:
+    """A named dimension's value when it is a reward number (the one rule,
+    :func:`~agentbolt.reward_validation.reward_number`), else ``None`` (left out of the dimensions)."""
+    try:
+        return reward_number(value)
+    except RewardRefused:
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _reward_fields(
@@ -55,10 +56,10 @@ def _reward_fields(
     dims: dict[str, float] = {}
     parsed = sp.parse_json_attr(span, semconv.REWARD_DIMENSIONS)
     if isinstance(parsed, Mapping):
-        dims = {str(k): v for k, v in ((k, _finite(v)) for k, v in parsed.items()) if v is not None}
+        dims = {str(k): v for k, v in ((k, _dimension(v)) for k, v in parsed.items()) if v is not None}
     raw = attrs.get(semconv.REWARD_VALUE)
-    if raw is None and name is not None:
-        raw = dims.get(name)
+    if raw is None and name is not None and isinstance(parsed, Mapping):
+        raw = parsed.get(name)  # unfiltered: a primary dimension that is not a reward is refused, not absent
     if raw is None:
         return None, name, dims, None
     try:

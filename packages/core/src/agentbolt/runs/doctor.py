@@ -43,12 +43,13 @@ from typing import Any
 
 from .. import semconv
 from .. import types as t
+from ..errors import NotFoundError
 from ..lightningrl.extraction import extract_episode
 from ..lightningrl.spans import is_gateway_call
 from ..store.base import Store
 from .findings import Finding, Severity
 from .health import RunHealth, diagnose_run
-from .quarantine import QUARANTINE_FIX, quarantine_finding, quarantined_in_metrics, stored_quarantine
+from .quarantine import QUARANTINE_FIX, quarantine_finding, quarantined_in_metrics
 
 __all__ = ["CaptureCounts", "DoctorReport", "Finding", "Severity", "diagnose", "doctor"]
 
@@ -253,14 +254,17 @@ def diagnose(
                     c.adapters[str(name)] = c.adapters.get(str(name), 0) + 1
                 for why in s.attributes.get(semconv.CAPTURE_ADAPTER_FAILURES) or ():
                     c.adapter_failures[str(why)] = c.adapter_failures.get(str(why), 0) + 1
-        if rollout.current_attempt_id is not None and (calls or rollout.final_reward is not None):
-            why = stored_quarantine(rollout, own)
-            if why is not None:
-                c.quarantined[why[0]] = c.quarantined.get(why[0], 0) + 1
-                if len(c.quarantine_examples) < 3:
-                    c.quarantine_examples.append(f"{rollout.rollout_id}: {why[1]}")
-        if calls and rollout.current_attempt_id is not None:
-            episode = extract_episode(rollout, own)
+        if rollout.current_attempt_id is None or not (calls or rollout.final_reward is not None):
+            continue
+        # One extraction, the one training runs: its quarantine (a stored reward value training
+        # refuses), its reconciliation and its calls' agent names.
+        episode = extract_episode(rollout, own)
+        why = episode.quarantine
+        if why is not None:
+            c.quarantined[why[0]] = c.quarantined.get(why[0], 0) + 1
+            if len(c.quarantine_examples) < 3:
+                c.quarantine_examples.append(f"{rollout.rollout_id}: {why[1]}")
+        if calls:
             rec = episode.reconciliation
             if rec is not None:
                 c.reconciled_gateway_calls += rec.gateway_calls
@@ -499,7 +503,7 @@ async def doctor(
     for run_id in sorted({r.run_id for r in rollouts if r.run_id is not None}):
         try:
             counts = quarantined_in_metrics(await store.get_run_metrics(run_id))
-        except Exception:  # a run without a record (rollouts enqueued by hand)
+        except NotFoundError:  # a run without a record (rollouts enqueued by hand)
             continue
         finding = quarantine_finding(run_id, counts)
         if finding is not None:

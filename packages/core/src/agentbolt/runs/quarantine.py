@@ -8,21 +8,18 @@ Two sources, both durable:
   :func:`quarantine_finding` turns them into a finding (the run page's training health and the
   doctor's run section);
 - **what the store holds**: the reward values of stored rollouts that LightningRL would refuse
-  (:func:`stored_quarantine`, the same extraction training uses), counted by the doctor before
-  any training reads them.
+  (``Episode.quarantine`` of the same extraction training uses, which the doctor runs once per
+  rollout), counted by the doctor before any training reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
-from .. import types as t
-from ..lightningrl.extraction import extract_episode
-from ..reward_validation import RewardBounds
 from ..store.run_records import RunMetrics
 from .findings import Finding
 
-__all__ = ["QUARANTINE_FIX", "quarantine_finding", "quarantined_in_metrics", "stored_quarantine"]
+__all__ = ["QUARANTINE_FIX", "quarantine_finding", "quarantined_in_metrics"]
 
 _METRIC = "lightningrl/quarantined"
 
@@ -59,11 +56,3 @@ def quarantine_finding(run_id: str, counts: Mapping[str, int]) -> Finding | None
         QUARANTINE_FIX,
         run_id,
     )
-
-
-def stored_quarantine(
-    rollout: t.Rollout, spans: Sequence[t.Span], bounds: RewardBounds | None = None
-) -> tuple[str, str] | None:
-    """``(reason, detail)`` when LightningRL would quarantine ``rollout`` for a reward value in its
-    final attempt's spans or its ``final_reward``; ``None`` otherwise."""
-    return extract_episode(rollout, spans, reward_bounds=bounds).quarantine
