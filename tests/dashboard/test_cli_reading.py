@@ -81,6 +81,10 @@ def test_the_card_is_the_runs_held_out_record(tiny_store: str, store_db: Path) -
     assert next(i for i, x in enumerate(lines) if "held-out accuracy" in x) < next(
         i for i, x in enumerate(lines) if "main metrics per step" in x
     )  # the summary first
+    start = next(i for i, x in enumerate(lines) if "held-out accuracy" in x)
+    end = next(i for i, x in enumerate(lines) if "main metrics per step" in x)
+    assert all(line.startswith("  ") for line in lines[start:end]), out  # the card, wrapped lines indented too
+    assert "training reward" in lines[end + 2]  # the per-step table names the training reward as the card does
     code, out, _ = invoke("runs", "list", "-s", tiny_store)
     assert code == 0 and f"{record.before:.3f}→{record.after:.3f}" in out and "held-out: accuracy" in out
     _fits(out)
@@ -161,12 +165,22 @@ def test_help_has_no_markup_and_fits_80_columns() -> None:
         ["dashboard"],
         ["runner"],
         ["plugins"],
+        ["serve"],
+        ["store"],
+        ["store", "serve"],
+        ["gateway"],
+        ["gateway", "serve"],
+        ["runs"],
+        ["rollouts"],
     ]
     for args in commands:
         code, out, _ = invoke(*args, "--help")
         assert code == 0, args
         assert "``" not in out and ":class:" not in out and not re.search(r"\\\[", out), (args, out)
         _fits(out)
+    # a choice list is never broken inside a word ("su|cceeded"): --status names each status whole
+    _, out, _ = invoke("rollouts", "list", "--help")
+    assert "queued, running, succeeded, failed, cancelled" in " ".join(out.replace("│", " ").split())
 
 
 def test_wide_says_it_does_not_fit(tiny_store: str) -> None:
