@@ -123,7 +123,13 @@ def test_rollouts_list_shows_questions_and_says_how_many_it_shows(tiny_store: st
 def test_every_reading_command_takes_the_store_from_s_or_the_environment(tiny_store: str, store_db: Path) -> None:
     run_id = first_run(store_db)
     env = {"AGENTBOLT_STORE": tiny_store}
-    for args in (["runs", "list"], ["runs", "show", run_id], ["rollouts", "list", "--run", run_id]):
+    (rollout_id,) = sql(store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? LIMIT 1", run_id)[0]
+    for args in (
+        ["runs", "list"],
+        ["runs", "show", run_id],
+        ["rollouts", "list", "--run", run_id],
+        ["rollouts", "show", rollout_id],
+    ):
         code, out, err = invoke(*args, env=env)
         assert code == 0, (args, err)
         code2, out2, _ = invoke(*args, "-s", tiny_store)
