@@ -542,14 +542,25 @@ def run_example(name: str, extra: list[str]) -> int:
 
 
 def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
-    """The published curve: training reward per step (from ``metrics.jsonl``) and every held-out
-    set's metric before and after (or at each stage), with standard-error bars (from the record)."""
-    import matplotlib
+    """The published curve (:func:`record_figure`) written to ``out``."""
+    fig = record_figure(record, metrics)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+def record_figure(record: RunRecord, metrics: Path | None) -> Any:
+    """The published curve as a matplotlib ``Figure``: training reward per step (from
+    ``metrics.jsonl``; whole-step ticks, the legend below the axes so that it hides no point) and
+    every held-out set's metric before and after (or at each stage), with standard-error bars and
+    each set's n (from the record)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(11, 4.2))
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
     rewards = []
     if metrics is not None and metrics.is_file():
         for line in metrics.read_text(encoding="utf-8").splitlines():
@@ -561,7 +572,8 @@ def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
         left.plot(steps, values, "o-", alpha=0.5, label="per step")
         window = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
         left.plot(steps, window, lw=2, label="moving average (5)")
-        left.legend(loc="lower right")
+        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)  # below: hides no point
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     left.set(title="training reward", xlabel="step", ylabel="mean reward of the step's rollouts")
     for name, score in record.heldout.items():
         staged = [(k, v) for k, v in score.stages.items() if "score" in v and set(score.stages) != {"before", "after"}]
@@ -570,17 +582,16 @@ def plot_record(record: RunRecord, metrics: Path | None, out: Path) -> Path:
             ("after", score.after, score.after_se),
         ]
         labels, ys, errors = zip(*points, strict=True)
-        right.errorbar(range(len(ys)), ys, yerr=errors, marker="o", capsize=4, label=f"{name} (n={score.n})")
+        label = f"{name.replace('_', ' ')} (n={score.n})"
+        right.errorbar(range(len(ys)), ys, yerr=errors, marker="o", capsize=4, label=label)
         right.set_xticks(range(len(labels)), labels)
     metric = next(iter(record.heldout.values())).metric.replace("_", " ")
-    right.set(title=f"held-out {metric} (± se)", ylim=(0, 1))
-    right.legend(loc="upper left")
+    right.set(title=f"held-out {metric}, mean ± 1 se", ylim=(-0.03, 1.03))  # a point at 0 or 1 shows whole
+    right.margins(x=0.1)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(record.heldout), frameon=False)
     fig.suptitle(f"{record.example}: {record.model}, {record.steps} steps ({record.date}, {record.commit[:7]})")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def publish(name: str, source: Path, runs: Path = RUNS, variant: str | None = None) -> Path:

@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from math_tasks import make_tasks, reward  # noqa: E402
+from math_tasks import HELDOUT_SET, make_tasks, reward  # noqa: E402
 
 N_HELDOUT = 96
 """The held-out questions of the default run (``train.py --val``)."""
@@ -58,7 +58,7 @@ def rule_scores(data_dir: Path | None = None) -> list[dict[str, Any]]:
     correct = [reward(parse_and_compute(t["question"]), int(t["answer"])) >= 1.0 for t in val]
     return [
         {
-            "heldout": "heldout",
+            "heldout": HELDOUT_SET,
             "policy": "parse_and_compute",
             "metric": "accuracy",
             "score": sum(correct) / len(val),
@@ -83,7 +83,7 @@ def trivial_scores(data_dir: Path | None = None, val: list[dict[str, Any]] | Non
         correct = [reward(answer(t), int(t["answer"])) >= 1.0 for t in val]
         rows.append(
             {
-                "heldout": "heldout",
+                "heldout": HELDOUT_SET,
                 "policy": policy,
                 "metric": "accuracy",
                 "score": sum(correct) / len(val),

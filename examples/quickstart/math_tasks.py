@@ -76,6 +76,11 @@ def is_heldout(a: int, op: str, b: int) -> bool:
 N_HELDOUT_PROBLEMS = sum(is_heldout(a, op, b) for a in range(2, 31) for b in range(1, 21) for op in "+-")
 """How many distinct held-out problems there are (144 of the 1,160)."""
 
+HELDOUT_SET = "arithmetic"
+"""The held-out set's name in the run record (``result.json``: ``heldout.arithmetic``, headline
+``arithmetic/accuracy``) and in the trivial policies' rows: the record names each held-out set by
+what it holds, as the other examples do (``unseen_dbs``, ``dev``)."""
+
 
 def make_tasks(n: int, seed: int, prefix: str, *, heldout: bool) -> list[dict[str, Any]]:
     """``n`` questions ``a + b`` / ``a - b`` (a <= 30, b <= 20), reproducible for a seed.

@@ -1,6 +1,6 @@
 """Quickstart: train SmolLM2-135M-Instruct on arithmetic with GRPO, on CPU, through agentbolt.
 
-    ./dev quickstart                                  # the defaults below (about 20 minutes on 2 CPU cores)
+    ./dev quickstart                                  # the defaults below (about half an hour on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
     # asynchronous: the next batch's rollouts run while the policy updates (calls at most 1 version stale)
@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))  # agent.py and math_tasks.py, also in the runner 
 
 from agent import math_agent, math_agent_no_tool  # noqa: E402
 from baselines import trivial_scores  # noqa: E402
-from math_tasks import make_tasks  # noqa: E402
+from math_tasks import HELDOUT_SET, make_tasks  # noqa: E402
 from run_memory import MemoryPeak, RunMemory  # noqa: E402
 
 from agentbolt.errors import UserError  # noqa: E402
@@ -152,8 +152,8 @@ def run_record(
         steps=result.steps,
         wall_s=round(wall_s, 1),
         s_per_step=round(result.seconds_per_step, 1),
-        heldout={"heldout": set_score("accuracy", correct[tags[0]], correct[tags[-1]], **stages)},
-        headline="heldout/accuracy",
+        heldout={HELDOUT_SET: set_score("accuracy", correct[tags[0]], correct[tags[-1]], **stages)},
+        headline=f"{HELDOUT_SET}/accuracy",
         extra={
             "algorithm": args.algorithm,
             "tool": args.tool,
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     record = run_record(args, origin, result, wall_s, memory.peak)
     if record is not None:
         record.write(Path(args.out) / "result.json")
-        score = record.heldout["heldout"]
+        score = record.heldout[HELDOUT_SET]
         print(
             f"held-out accuracy {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
             f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se)".replace("gain +nan se", "no gain"),

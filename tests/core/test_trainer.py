@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,61 @@ def test_a_run_ends_with_its_summary_card(tmp_path: Path, capsys: pytest.Capture
     assert "held-out exact_match 0.375 ± 0.171 -> 0.375 ± 0.171 (n=8, steps 0 -> 1" in err
     assert "trivial policies (exact_match): best constant 0.100" in err
     assert "training reward 0.005 (mean of the last 1 steps)" in err and "2.0 s/step (mean of 1 steps)" in err
+
+
+def test_without_progress_the_summary_card_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """``progress=False`` (log lines only, e.g. ``--no-progress``) still ends with the card, as log
+    records of agentbolt.trainer: the same lines the console summary prints."""
+    with FakeLLMServer(FakeLLM()) as server:
+        trainer = Trainer(
+            e2e_agents.plain_agent,
+            EvaluatingAlgorithm(server.base_url),
+            store="memory://",
+            runners=RunnerOptions(n=0),
+            progress=False,
+            run={"config": {"heldout_metric": {"name": "exact_match", "threshold": 0.05}}},
+        )
+        with caplog.at_level(logging.INFO, logger="agentbolt.trainer"):
+            trainer.fit(
+                [{"task_id": f"t{i}", "i": i} for i in range(2)], [{"task_id": f"v{i}", "i": i} for i in range(8)]
+            )
+    logged = [r.getMessage() for r in caplog.records if r.name == "agentbolt.trainer"]
+    assert any(m.endswith(": did it learn?") for m in logged), logged
+    assert "  held-out exact_match 0.375 ± 0.171 -> 0.375 ± 0.171 (n=8, steps 0 -> 1, +0.0 se)" in logged
+    assert any(m.startswith("  findings: ") for m in logged)  # the training-health checks ran
+
+
+class LabelledResult:
+    """A result naming its entries for the console summary, as TorchGRPOResult does."""
+
+    summary_labels = {"accuracy_after": None, "reward_last": "training reward, last step"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": 1, "accuracy_after": 0.123, "reward_last": 0.456}
+
+
+class LabelledAlgorithm(EvaluatingAlgorithm):
+    name = "labelled"
+
+    async def run(self, ctx: AlgorithmContext, train: list[t.Task], val: list[t.Task]) -> Any:
+        await super().run(ctx, train, val)
+        return LabelledResult()
+
+
+def test_the_console_summary_names_each_figure_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """A result's ``summary_labels`` name its entries (a last step's value says so); an entry the
+    summary card states (held-out figures, with their standard errors) is not shown a second time
+    under the algorithm's own key."""
+    with FakeLLMServer(FakeLLM()) as server:
+        Trainer(
+            e2e_agents.plain_agent,
+            LabelledAlgorithm(server.base_url),
+            store="memory://",
+            runners=RunnerOptions(n=0),
+            progress=True,
+            run={"config": {"heldout_metric": {"name": "exact_match", "threshold": 0.05}}},
+        ).fit([{"task_id": f"t{i}", "i": i} for i in range(2)], [{"task_id": f"v{i}", "i": i} for i in range(8)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "training reward, last step" in err and "0.456" in err and "reward_last" not in err
+    assert "accuracy_after" not in err and "0.123" not in err
+    assert "held-out exact_match 0.375 ± 0.171 -> 0.375" in err  # the card states the held-out figure

@@ -81,6 +81,10 @@ def test_the_card_is_the_runs_held_out_record(tiny_store: str, store_db: Path) -
     assert next(i for i, x in enumerate(lines) if "held-out accuracy" in x) < next(
         i for i, x in enumerate(lines) if "main metrics per step" in x
     )  # the summary first
+    start = next(i for i, x in enumerate(lines) if "held-out accuracy" in x)
+    end = next(i for i, x in enumerate(lines) if "main metrics per step" in x)
+    assert all(line.startswith("  ") for line in lines[start:end]), out  # the card, wrapped lines indented too
+    assert "training reward" in lines[end + 2]  # the per-step table names the training reward as the card does
     code, out, _ = invoke("runs", "list", "-s", tiny_store)
     assert code == 0 and f"{record.before:.3f}→{record.after:.3f}" in out and "held-out: accuracy" in out
     _fits(out)
@@ -119,7 +123,13 @@ def test_rollouts_list_shows_questions_and_says_how_many_it_shows(tiny_store: st
 def test_every_reading_command_takes_the_store_from_s_or_the_environment(tiny_store: str, store_db: Path) -> None:
     run_id = first_run(store_db)
     env = {"AGENTBOLT_STORE": tiny_store}
-    for args in (["runs", "list"], ["runs", "show", run_id], ["rollouts", "list", "--run", run_id]):
+    (rollout_id,) = sql(store_db, "SELECT rollout_id FROM rollouts WHERE run_id = ? LIMIT 1", run_id)[0]
+    for args in (
+        ["runs", "list"],
+        ["runs", "show", run_id],
+        ["rollouts", "list", "--run", run_id],
+        ["rollouts", "show", rollout_id],
+    ):
         code, out, err = invoke(*args, env=env)
         assert code == 0, (args, err)
         code2, out2, _ = invoke(*args, "-s", tiny_store)
@@ -161,12 +171,22 @@ def test_help_has_no_markup_and_fits_80_columns() -> None:
         ["dashboard"],
         ["runner"],
         ["plugins"],
+        ["serve"],
+        ["store"],
+        ["store", "serve"],
+        ["gateway"],
+        ["gateway", "serve"],
+        ["runs"],
+        ["rollouts"],
     ]
     for args in commands:
         code, out, _ = invoke(*args, "--help")
         assert code == 0, args
         assert "``" not in out and ":class:" not in out and not re.search(r"\\\[", out), (args, out)
         _fits(out)
+    # a choice list is never broken inside a word ("su|cceeded"): --status names each status whole
+    _, out, _ = invoke("rollouts", "list", "--help")
+    assert "queued, running, succeeded, failed, cancelled" in " ".join(out.replace("│", " ").split())
 
 
 def test_wide_says_it_does_not_fit(tiny_store: str) -> None:

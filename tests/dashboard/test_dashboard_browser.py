@@ -68,6 +68,9 @@ def test_rollouts_filter(dashboard: DashboardThread, page: Any, store_db: Path) 
     shown = {rows.nth(i).locator("td").first.inner_text() for i in range(rows.count())}
     assert shown == {r for (r,) in expected}
     assert "8 matching" in page.locator("h1").inner_text()
+    # the mode in the words of the rest of the dashboard: training / held-out (the store's val)
+    assert set(page.locator("#rollouts-table tbody td:nth-child(5)").all_inner_texts()) == {"training"}
+    assert page.locator("select[name=mode] option[value=val]").inner_text() == "held-out (val)"
 
     page.fill("input[name=q]", "add-1")
     page.click("button[type=submit]")

@@ -57,6 +57,35 @@ def test_the_summary_card_equals_the_runs_held_out_record(
     assert page.locator('#summary-card [data-figure="findings"] [data-value="value"]').inner_text() == str(listed)
 
 
+def test_the_runs_list_shows_the_held_out_figure_with_se_and_the_findings(
+    dashboard: DashboardThread, page: Any, tiny_store: str, store_db: Path
+) -> None:
+    """Each row of /runs: held-out accuracy first -> last evaluation (labelled, ± se, n), as the run
+    record publishes it, and the run's findings by code, the ones its run page lists."""
+    run_id = first_run(store_db)
+    steps = [
+        s for (s,) in sql(store_db, "SELECT DISTINCT step FROM rollouts WHERE run_id = ? AND mode = 'val'", run_id)
+    ]
+    first, last = f"val{min(steps)}", f"val{max(steps)}"
+    outcomes = off_loop(read_heldout(tiny_store, [first, last], run_id=run_id, spans=False))
+    record = set_score(
+        "accuracy",
+        [float(o.score() >= 1.0) for o in outcomes[first]],
+        [float(o.score() >= 1.0) for o in outcomes[last]],
+    )
+    page.goto(f"{dashboard.url}/runs/{run_id}")
+    codes = sorted(x.get_attribute("data-code") for x in page.locator("#health-findings li[data-code]").all())
+    page.goto(f"{dashboard.url}/runs")
+    row = page.locator(f'#runs-table tr[data-run="{run_id}"]')
+    cell = " ".join(row.locator('[data-field="heldout"]').inner_text().split())
+    assert cell == (
+        f"held-out accuracy {record.before:.3f} → {record.after:.3f} ± {record.after_se:.3f} se, n={record.n}"
+    )
+    findings = row.locator('[data-field="findings"]')
+    assert sorted(a.inner_text() for a in findings.locator("a").all()) == codes
+    assert "mean last" in page.locator("#runs-table thead").inner_text()  # the reward says what it is
+
+
 def test_the_held_out_charts_come_first_with_se_bands(dashboard: DashboardThread, page: Any, store_db: Path) -> None:
     run_id = first_run(store_db)
     page.goto(f"{dashboard.url}/runs/{run_id}")

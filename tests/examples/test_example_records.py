@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,38 @@ def test_a_record_is_complete(where: str) -> None:
     assert set(range(1, record.steps + 1)) <= steps  # every trained step's metrics are there
     for score in record.heldout.values():
         assert 0.0 <= score.before <= 1.0 and 0.0 <= score.after <= 1.0 and score.n > 0
+
+
+def _points_under_a_legend(fig: Any) -> list[tuple[str, float, float]]:
+    """Every plotted data point that a legend of its axes covers, once the figure is drawn."""
+    fig.canvas.draw()
+    hidden = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            box = legend.get_window_extent()
+            hidden += [
+                (ax.get_title(), float(x), float(y))
+                for line in ax.get_lines()
+                for x, y in line.get_xydata()
+                if box.contains(*ax.transData.transform((x, y)))
+            ]
+    return hidden
+
+
+@pytest.mark.parametrize("where", RECORDS + VARIANTS)
+def test_a_published_curve_hides_no_point_and_shows_se_and_n(where: str) -> None:
+    """The curve.png of a record (benchmarks/examples.py draws it on --publish): no legend covers a
+    point, training steps are whole ticks, every held-out set has ± 1 se bars and its n."""
+    record = RunRecord.load(RUNS / where / "result.json")
+    fig = bench.record_figure(record, RUNS / where / "metrics.jsonl")
+    assert _points_under_a_legend(fig) == []
+    reward_axes, heldout_axes = fig.axes
+    assert all(float(tick).is_integer() for tick in reward_axes.get_xticks())
+    assert len(heldout_axes.containers) == len(record.heldout) and all(c.has_yerr for c in heldout_axes.containers)
+    labels = [text.get_text() for text in heldout_axes.get_legend().get_texts()]
+    assert labels == [f"{name.replace('_', ' ')} (n={s.n})" for name, s in record.heldout.items()]
+    assert heldout_axes.get_title().startswith("held-out ")
 
 
 def test_the_readmes_show_what_the_records_say(tmp_path: Path) -> None:

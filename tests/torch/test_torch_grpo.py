@@ -159,9 +159,9 @@ def test_quickstart_script_runs_on_the_tiny_model(tmp_path: Path) -> None:
     assert started >= 1  # the runner process is counted
     assert run_gib > 0 and trainer_gib > 0
     result = json.loads((tmp_path / "out/result.json").read_text())  # the run record (docs/runs/ shape)
-    assert result["example"] == "quickstart" and result["steps"] == 2 and result["headline"] == "heldout/accuracy"
+    assert result["example"] == "quickstart" and result["steps"] == 2 and result["headline"] == "arithmetic/accuracy"
     assert f"{result['extra']['peak_rss_gib_run']:.2f}" == found.group(1)  # the record says what was printed
-    heldout = result["heldout"]["heldout"]
+    heldout = result["heldout"]["arithmetic"]  # the held-out set, named for what it holds
     assert heldout["n"] == 8 and set(heldout["stages"]) == {"step 0", "step 2"}
     assert heldout["stages"]["step 2"]["score"] == heldout["after"]
     assert (tmp_path / "out/curve.png").exists() and (tmp_path / "out/checkpoint-final").is_dir()

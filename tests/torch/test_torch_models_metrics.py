@@ -18,6 +18,7 @@ from agentbolt_torch.models import load_model, tiny_model, tiny_tokenizer
 from agentbolt_torch.training.metrics import (
     MetricsLogger,
     TrainingProgress,
+    curve_figure,
     format_metrics,
     plot_curves,
     read_metrics,
@@ -150,3 +151,41 @@ def test_step_means_average_training_steps_only() -> None:
     ]
     assert step_means(history) == {"time/step_s": 15.0, "time/update_s": 5.0, "engine/prompt_tokens": 200.0}
     assert step_means(history, keys=("val/accuracy",)) == {}
+
+
+def points_under_a_legend(fig: Any) -> list[tuple[str, float, float]]:
+    """Every plotted data point that a legend of its axes covers, once the figure is drawn."""
+    fig.canvas.draw()
+    hidden = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent()
+        for line in ax.get_lines():
+            for x, y in line.get_xydata():
+                if box.contains(*ax.transData.transform((x, y))):
+                    hidden.append((ax.get_title(), float(x), float(y)))
+    return hidden
+
+
+def test_the_curve_hides_no_point_ticks_whole_steps_and_shows_se_and_n() -> None:
+    """curve.png as the quickstart draws it (20 steps, held-out every 10): no legend covers a point
+    (the last step's included), step ticks are whole numbers, the held-out panel has ± 1 se bars
+    and each evaluation's n."""
+    records: list[dict[str, Any]] = []
+    for step in range(21):
+        if step:  # a reward that ends high, where an upper-right or lower-right legend would sit
+            records.append({"step": step, "train/reward": 0.3 + 0.4 * (step % 7 == 6) + 0.02 * step})
+        if step % 10 == 0:
+            records.append({"step": step, "val/accuracy": 0.3 + 0.01 * step, "val/n": 96.0})
+    fig = curve_figure(records)
+    assert points_under_a_legend(fig) == []
+    reward_axes, heldout_axes = fig.axes
+    assert all(float(tick).is_integer() for tick in reward_axes.get_xticks())
+    assert all(float(tick).is_integer() for tick in heldout_axes.get_xticks())
+    (bars,) = heldout_axes.containers
+    assert bars.has_yerr
+    annotations = [child.get_text() for child in heldout_axes.texts]
+    assert sum("n=96" in text for text in annotations) == 3  # one per evaluation
+    assert heldout_axes.get_title() == "held-out accuracy" and "val/" not in heldout_axes.get_ylabel()

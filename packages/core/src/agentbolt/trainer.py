@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -26,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from . import types as t
 from .algorithm import Algorithm, AlgorithmContext, Evaluate, EvaluateResult, NullProgress, as_tasks
@@ -305,11 +307,13 @@ class Trainer:
                 if not algo_task.done():
                     algo_task.cancel()
             counts = await store.count_rollouts()
-            card = await _run_card(store, ctx.run_id) if self.show_progress else None
+            card = await _run_card(store, ctx.run_id)
         if self.show_progress:
-            self._print_summary(algorithm, result, counts, time.monotonic() - started)
+            self._print_summary(algorithm, result, counts, time.monotonic() - started, carded=card is not None)
             if card is not None:
                 self._print_card(card)
+        elif card is not None:  # progress off: the same card, as log lines
+            _log_card(card)
         return result
 
     async def _start_runners(self, stack: AsyncExitStack, store: Store) -> list[asyncio.Task[Any]]:
@@ -345,8 +349,17 @@ class Trainer:
         return []
 
     def _print_summary(
-        self, algorithm: Algorithm, result: Any, counts: Mapping[t.RolloutStatus, int], seconds: float
+        self,
+        algorithm: Algorithm,
+        result: Any,
+        counts: Mapping[t.RolloutStatus, int],
+        seconds: float,
+        *,
+        carded: bool = False,
     ) -> None:
+        """The algorithm's result as a table. A result may name its entries with a
+        ``summary_labels`` mapping (key -> label); a key mapped to ``None`` is left out when the
+        run's summary card follows (``carded``), which states it with its standard error."""
         table = Table(title=f"agentbolt: {algorithm.name} finished in {seconds:.1f} s", show_header=False)
         table.add_column("what")
         table.add_column("value", justify="right")
@@ -354,12 +367,17 @@ class Trainer:
             if n:
                 table.add_row(f"rollouts {status.value}", str(n))
         shown = {"rollouts", *(status.value for status in t.RolloutStatus)}  # the status rows above
+        labels: Mapping[str, str | None] = getattr(result, "summary_labels", None) or {}
         summary = getattr(result, "to_dict", None)
         if callable(summary):
             for key, value in summary().items():
                 if key in shown or isinstance(value, bool) or not isinstance(value, int | float | str):
                     continue
-                label = "seconds running rollouts" if key == "seconds" else key
+                label = labels.get(key, "seconds running rollouts" if key == "seconds" else key)
+                if label is None:
+                    if carded:
+                        continue
+                    label = key
                 table.add_row(label, f"{value:.4g}" if isinstance(value, float) else str(value))
         self.console.print(table)
         details = getattr(result, "rich_summary", None)  # e.g. APO's table of prompt versions
@@ -368,14 +386,19 @@ class Trainer:
 
     def _print_card(self, card: RunSummary) -> None:
         """The run's summary card (held-out before -> after, training reward, s/step) and its
-        training-health findings, each with what to do (``agentbolt doctor`` has the numbers)."""
+        training-health findings, each with what to do (``agentbolt doctor`` has the numbers),
+        wrapped to the console with continuation lines indented."""
+        width = max(40, self.console.width)
         self.console.print(f"[bold]{card.run.run_id}[/bold]: did it learn?")
         for line in card.lines():
-            self.console.print(f"  {line}", markup=False, highlight=False)
+            wrapped = textwrap.fill(line, width, initial_indent="  ", subsequent_indent="      ")
+            self.console.print(wrapped, markup=False, highlight=False, crop=False)
         for f in card.findings or ():
             colour = "yellow" if f.severity == "warning" else "red" if f.severity == "error" else "dim"
-            self.console.print(f"[{colour}]{f.severity.upper()} {f.code}[/{colour}]: ", end="")
-            self.console.print(f"{f.message}. Fix: {f.fix}", markup=False, highlight=False)
+            head = f"{f.severity.upper()} {f.code}"
+            text = Text(textwrap.fill(f"{head}: {f.message}. Fix: {f.fix}", width, subsequent_indent="    "))
+            text.stylize(colour, 0, len(head))
+            self.console.print(text, highlight=False, crop=False)
 
     def _print_evaluate(self, result: EvaluateResult) -> None:
         if result.failures:
@@ -390,6 +413,22 @@ class Trainer:
         if result.report is not None:
             for line in result.report.render().splitlines()[:-1]:
                 self.console.print(f"  {line}", markup=False, highlight=False)
+
+
+def _log_card(card: RunSummary) -> None:
+    """The summary card and its findings as INFO log lines (a warning finding as a WARNING)."""
+    log.info("%s: did it learn?", card.run.run_id)
+    for line in card.lines():
+        log.info("  %s", line)
+    for f in card.findings or ():
+        log.log(
+            logging.INFO if f.severity == "info" else logging.WARNING,
+            "%s %s: %s. Fix: %s",
+            f.severity.upper(),
+            f.code,
+            f.message,
+            f.fix,
+        )
 
 
 async def _run_card(store: Store, run_id: str) -> RunSummary | None:

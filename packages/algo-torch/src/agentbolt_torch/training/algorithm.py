@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentbolt import types as t
 from agentbolt.algorithm import Algorithm, AlgorithmContext, batches
@@ -79,6 +79,19 @@ class TorchGRPOResult:
     """Asynchronous runs: rollouts started for batches after the last step, cancelled or left
     untrained when training ended."""
     history: list[dict[str, float]] = field(default_factory=list)
+
+    summary_labels: ClassVar[Mapping[str, str | None]] = {
+        "accuracy_before": None,
+        "accuracy_after": None,
+        "val_reward_before": None,
+        "val_reward_after": None,
+        "seconds_per_step": None,
+        "reward_first": "training reward, first step",
+        "reward_last": "training reward, last step",
+    }
+    """How the Trainer's console summary names :meth:`to_dict`'s entries; ``None``: left to the
+    run's summary card printed under it (held-out figures with their standard errors, s/step as
+    a mean), so that no figure is shown twice under two names."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "history"}

@@ -45,7 +45,14 @@ def _question(r: t.Rollout) -> str:
 def rollouts_list(
     store: ReadStoreOption,
     run: Annotated[str | None, typer.Option("--run", help="Only rollouts of this run.")] = None,
-    status: Annotated[list[t.RolloutStatus] | None, typer.Option("--status", help="Any of these statuses.")] = None,
+    status: Annotated[
+        list[t.RolloutStatus] | None,
+        typer.Option(
+            "--status",
+            metavar="<status>",
+            help="Any of these statuses (repeatable): " + ", ".join(s.value for s in t.RolloutStatus) + ".",
+        ),
+    ] = None,
     step: Annotated[int | None, typer.Option(help="Only this step.")] = None,
     mode: Annotated[
         t.RolloutMode | None, typer.Option(help="Only training (train) or held-out (val) rollouts.")

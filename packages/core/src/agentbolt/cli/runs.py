@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -258,18 +259,32 @@ def runs_show(
     card, metrics, summary = run_in_store(store, store_token, work, run=run_id)
     run = card.run
     console = make_console()
-    console.print(f"[bold]{run.name or run.run_id}[/bold]  {run.run_id}  [{run.status.value}]", highlight=False)
-    console.print(
+    named = (
+        f"[bold]{run.name}[/bold]  {run.run_id}"
+        if run.name and run.name != run.run_id
+        else f"[bold]{run.run_id}[/bold]"
+    )
+    console.print(f"{named}  \\[{run.status.value}]", highlight=False)
+
+    def say(text: str, indent: int = 0) -> None:  # wrapped to the terminal, continuation lines indented
+        console.print(
+            textwrap.fill(
+                text, max(40, console.width), initial_indent=" " * indent, subsequent_indent=" " * (indent + 4)
+            ),
+            highlight=False,
+            markup=False,
+        )
+
+    say(
         f"{run.algorithm} on {run.model or '-'}; {run.steps} steps, {card.rollouts} rollouts; started "
-        f"{_time(run.started_at)}, ended {_time(run.ended_at) or '-'}",
-        highlight=False,
+        f"{_time(run.started_at)}, ended {_time(run.ended_at) or '-'}"
     )
     if run.error:
         console.print(f"[red]error: {run.error}[/red]")
     for line in card.lines():
-        console.print(f"  {line}", highlight=False, markup=False)
+        say(line, 2)
     for f in card.findings or ():
-        console.print(f"  {f.severity.upper()} {f.code}: {f.message}. Fix: {f.fix}", highlight=False, markup=False)
+        say(f"{f.severity.upper()} {f.code}: {f.message}. Fix: {f.fix}", 2)
     per_step: dict[int, dict[str, float]] = {}
     for m in metrics:
         per_step.setdefault(m.step, {}).update(m.values)
@@ -283,7 +298,7 @@ def runs_show(
         metric = card.headline.metric if card.headline is not None and card.headline.metric != "reward" else "accuracy"
         keys = [k.format(metric=metric) for k in PER_STEP]
         keys = [k for k in keys if any(k in vs for vs in per_step.values())]
-        labels = {"train/reward": "reward", "val/reward": "held-out reward", "time/step_s": "s/step"}
+        labels = {"train/reward": "training reward", "val/reward": "held-out reward", "time/step_s": "s/step"}
         labels[f"val/{metric}"] = f"held-out {metric}"
         columns = [Column("step", number=True), *(Column(labels.get(k, k.split("/")[-1]), number=True) for k in keys)]
         rows = [[str(k), *(_num(vs.get(name)) for name in keys)] for k, vs in sorted(per_step.items())]

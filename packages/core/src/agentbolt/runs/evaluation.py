@@ -216,8 +216,12 @@ class RunRecord(BaseModel):
     model: str
     steps: int = Field(ge=0)
     wall_s: float = Field(ge=0)
+    """The whole run's wall time, loading and every evaluation included."""
     s_per_step: float = Field(ge=0)
+    """Seconds per training step, the mean over the run's steps (not the last step's)."""
     heldout: dict[str, SetScore]
+    """Each held-out set by its name (``arithmetic``, ``unseen_dbs``, ``dev``...): the metric the
+    example names (``accuracy``, ``execution_accuracy``...) before and after training."""
     headline: str
     """``<set>/<metric>``: the figure the example leads with."""
     extra: dict[str, Any] = Field(default_factory=dict)

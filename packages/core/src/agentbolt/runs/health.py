@@ -318,7 +318,7 @@ class RunHealth:
         out = [
             f"training health of {self.run_id}: steps {f.steps} -> {last.steps} "
             f"({f.rollouts} and {last.rollouts} training rollouts)",
-            f"  reward {reward(f)} -> {reward(last)}",
+            f"  training reward {reward(f)} -> {reward(last)}",
         ]
         if h is not None:
             se = "" if h.delta_se is None else f" ± {h.delta_se:.3f}"
