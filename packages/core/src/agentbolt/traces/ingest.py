@@ -229,6 +229,8 @@ class TraceIngestor:
             now = self.clock()
             for (kind, key), spans in self.grouping.release_held(now - self.options.max_open_s).items():
                 await self._store(kind, key, spans, now)
+                state = self.groups[self.grouping.rollout_id(kind, key)]
+                state.first_at = min(state.first_at, now - self.options.max_open_s)  # held that long already
             due = [
                 s for s in self.groups.values() if s.complete_due(now, self.options.quiet_s, self.options.max_open_s)
             ]
@@ -317,7 +319,10 @@ class TraceIngestor:
         async with self._lock:
             state = self.groups.get(rollout_id)
             if state is None:
-                found = await self.store.get_rollouts([rollout_id])
+                try:
+                    found = await self.store.get_rollouts([rollout_id])
+                except NotFoundError:
+                    found = []
                 if not found:
                     what = f"trace {feedback.trace_id!r}" if feedback.trace_id else f"session {feedback.session_id!r}"
                     raise UnknownTrace(
