@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt.errors import StoreUnavailableError
 from agentbolt.lightningrl import LightningRL
 from agentbolt.rewards import LLMJudge
 from agentbolt.store import open_store
@@ -286,3 +287,45 @@ async def test_session_grouping_holds_spans_until_their_trace_names_its_session(
     session = ing.groups["prod:session:chat-1"]
     assert session.trace_ids == {T1, T2} and len(session.span_ids) == 6
     assert json.loads(json.dumps(ing.status()))  # JSON-ready
+
+
+class FailingFinish:
+    """A store whose first ``finish_attempt`` fails as an unreachable store's does."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.failed = False
+
+    async def finish_attempt(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailableError("the database is restarting")
+        return await self._store.finish_attempt(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_completion_that_fails_is_retried_and_rewards_once() -> None:
+    clock = Clock()
+    calls: list[str] = []
+
+    def scorer(rollout: TracedRollout) -> float:
+        calls.append(rollout.rollout_id)
+        return 1.0
+
+    ing = ingestor(FailingFinish(open_store("memory://")), clock, scorer=scorer)
+    await ing.start(keeper=False)
+    await ing.ingest(trace_spans())
+    clock.now += 10
+    with pytest.raises(StoreUnavailableError):
+        await ing.complete_due()
+    assert ing.status()[0]["state"] == "open"
+    (done,) = await ing.complete_due()  # what the keeper does a second later
+    assert done.completed and len(calls) == 2
+    spans = await stored_spans(ing)
+    assert (
+        len([s for s in spans[done.rollout_id] if s.name == semconv.SPAN_REWARD]) == 1
+    )  # the retry stored nothing new
+    (rollout,) = await ing.store.get_rollouts([done.rollout_id])
+    assert rollout.status == t.RolloutStatus.SUCCEEDED and rollout.final_reward == 1.0
