@@ -154,7 +154,8 @@ class IngestServer:
             import grpc
 
             servicer, add = _grpc_servicer(self.ingestor)
-            self._grpc = grpc.aio.server()
+            limit = ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)  # gRPC's default is 4 MiB
+            self._grpc = grpc.aio.server(options=[limit])
             add(servicer, self._grpc)
             bound = self._grpc.add_insecure_port(f"{self.host}:{self.grpc_port}")
             if not bound:
