@@ -77,7 +77,7 @@ def run_agent(flavor: str, protocol: str, thread: IngestThread, base_url: str, *
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=480,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -95,6 +95,7 @@ def exported_requests(llm: Any) -> list[dict[str, Any]]:
     return [r.body for r in llm.requests if r.path.endswith("/chat/completions")]
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("flavor", ["openinference", "openllmetry"])
 def test_traces_become_rollouts_with_agents_tools_ids_and_rewards(
@@ -152,6 +153,7 @@ def test_traces_become_rollouts_with_agents_tools_ids_and_rewards(
         assert sorted(by_rollout.values()) == [-1.0, 1.0, 1.0]
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("flavor", "protocol", "seed"), [("openinference", "grpc", 1), ("openllmetry", "http", 2)])
 def test_retried_and_reordered_batches_lose_nothing_and_duplicate_nothing(
     flavor: str, protocol: str, seed: int, backend: tuple[FakeLLMServer, Any]
@@ -178,6 +180,7 @@ async def _status(ingestor: TraceIngestor) -> list[dict[str, Any]]:
     return ingestor.status()
 
 
+@pytest.mark.timeout(900)
 def test_a_session_named_by_the_agent_groups_its_traces(backend: tuple[FakeLLMServer, Any]) -> None:
     server, _ = backend
     with ingest(group_by="session.id") as thread:

@@ -116,6 +116,8 @@ def ingest_command(
     except (AgentboltError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:  # Ctrl-C before the receivers were up: nothing was received
+        raise typer.Exit(code=130) from None
 
 
 async def _ingest(

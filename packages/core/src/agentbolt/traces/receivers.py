@@ -221,7 +221,7 @@ class IngestThread:
     def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentbolt-ingest", daemon=True)
         self._thread.start()
-        self._submit(self._start()).result(60)
+        self._submit(self._start()).result(300)
         return self
 
     async def _start(self) -> None:
@@ -238,7 +238,7 @@ class IngestThread:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         try:
-            self._submit(self._stop()).result(60)
+            self._submit(self._stop()).result(300)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
@@ -248,7 +248,7 @@ class IngestThread:
     def _submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
 
-    def call(self, fn: Callable[[TraceIngestor], Awaitable[T]], timeout: float = 60.0) -> T:
+    def call(self, fn: Callable[[TraceIngestor], Awaitable[T]], timeout: float = 300.0) -> T:
         """Run ``fn(ingestor)`` on the ingest loop; its result."""
         assert self.server is not None
 
