@@ -329,3 +329,19 @@ async def test_a_completion_that_fails_is_retried_and_rewards_once() -> None:
     )  # the retry stored nothing new
     (rollout,) = await ing.store.get_rollouts([done.rollout_id])
     assert rollout.status == t.RolloutStatus.SUCCEEDED and rollout.final_reward == 1.0
+
+
+async def test_a_failed_call_is_counted_as_lightningrl_counts_it() -> None:
+    ing = ingestor(open_store("memory://"), Clock())
+    await ing.start(keeper=False)
+    root, tool, llm = trace_spans()
+    failed = llm.model_copy(update={"status": t.SpanStatus(code=t.StatusCode.ERROR, message="RateLimitError: 429")})
+    await ing.ingest([root, tool, failed])
+    await ing.complete_all()
+    assert ing.status()[0]["excluded"] == {"failed_call": 1}
+    spans = await stored_spans(ing)
+    rollouts = await ing.store.get_rollouts(list(spans))
+    batch = LightningRL(allow_retokenized=True, missing_reward="fill", fill_value=0.0, allow_empty=True).process(
+        rollouts, spans
+    )
+    assert batch.report.excluded == {"failed_call": 1}

@@ -116,7 +116,7 @@ class GroupState:
             self.tool_calls += 1
         elif kind == semconv.KIND_LLM:
             self.llm_calls += 1
-            reason = exclusion_of(span.attributes)
+            reason = "failed_call" if span.status.code is t.StatusCode.ERROR else exclusion_of(span.attributes)
             if reason is None:
                 self.retokenized += 1
             else:
