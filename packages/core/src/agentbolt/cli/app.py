@@ -6,6 +6,7 @@ agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
 agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
 agentbolt doctor -s sqlite:///runs.db [--run RUN_ID]   (or AGENTBOLT_STORE)
 agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
+agentbolt ingest --run NAME [--tokenizer NAME] [--group-by ATTR]   (see agentbolt.cli.ingest)
 
 Each command imports the part it runs inside its body (the store server and the gateway bring
 FastAPI and uvicorn, the runners Ray or SQLAlchemy), so ``agentbolt --help`` and every command
@@ -34,6 +35,7 @@ from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
+from .ingest import register as _register_ingest
 from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
 from .rollouts import rollouts_app
 from .runs import not_found, open_existing_store
@@ -425,6 +427,7 @@ def doctor(
 _register_run_commands(app)  # runs, export, dashboard
 app.add_typer(rollouts_app, name="rollouts")
 _register_serve(app)  # serve
+_register_ingest(app)  # ingest
 
 
 def main() -> None:
