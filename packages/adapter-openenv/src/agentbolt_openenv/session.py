@@ -40,8 +40,9 @@ rewards from its step on. An episode cut by ``max_turns`` (or left by the loop) 
 has no terminal step: its final reward is the agent's ``truncated_reward`` (default 0.0).
 
 ``"sum"``: the final reward is the sum of every step's reward (the episode return) and no
-intermediate reward is recorded (it would count twice). For environments with dense rewards
-trained with ``credit="final"``.
+intermediate reward is recorded (it would count twice); an episode cut before ``done`` with no
+reward at all (no valid action, say) gets ``truncated_reward``. For environments with dense
+rewards trained with ``credit="final"``.
 """
 
 _SERVER_ERROR = re.compile(r"^Server error: (?P<message>.*) \(code: (?P<code>[A-Za-z_.]+)\)$", re.DOTALL)
@@ -205,11 +206,13 @@ class OpenEnvSession:
 
         ``"terminal"``: the reward of the step that ended the episode (``None`` if it gave
         none); ``truncated_reward`` when the episode never ended. ``"sum"``: the sum of the
-        steps' rewards, ``None`` when no step gave one.
+        steps' rewards; when no step gave one, ``None`` if the episode ended, else ``truncated_reward``.
         """
         if self.reward_rule == "sum":
             rewards = [s.reward for s in self.steps if s.reward is not None]
-            return float(sum(rewards)) if rewards else None
+            if rewards:
+                return float(sum(rewards))
+            return None if self.done else truncated_reward
         if self.done:
             return self.steps[-1].reward if self.steps else self.reset_reward
         return truncated_reward
