@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -253,3 +257,49 @@ def test_the_default_loop_shows_the_action_schema(openenv_server: RunningServer)
         FakeLLM(rules=[Rule(reply=remember)]),
     )
     assert seen and '"answer"' in seen[0] and "<action></action>" in seen[0]
+
+
+def test_sum_rule_without_any_step_gives_the_truncated_reward(openenv_server: RunningServer) -> None:
+    store = MemoryStore()
+    agent = OpenEnvAgent(openenv_server.url, reward_rule="sum", max_turns=2)
+    result = dev(agent, seed_tasks(range(2)), store, FakeLLM(rules=[Rule(reply="No idea.")]))
+    assert result.succeeded == 2 and result.llm_calls == 4
+    rollouts, _ = rollouts_and_spans(store)
+    assert [r.final_reward for r in rollouts] == [0.0, 0.0]  # no answer, no step: truncated_reward
+    assert all(env.log == [] for env in openenv_server.log.envs)
+
+
+def test_a_server_that_stops_mid_episode_fails_the_rollout_clearly(tmp_path: Path) -> None:
+    """The server process (OpenEnv's Python server mode) is killed while the model answers the
+    second question: the rollout fails naming the URL, and no new session is opened silently."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    script = Path(arith_env.__file__)
+    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                check_server(url, timeout_s=5.0)
+                break
+            except OpenEnvServerError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.5)
+
+        def kill_on_second_question(request: FakeRequest) -> str:
+            if "Question 2 of 2" in request.text:
+                proc.kill()
+                proc.wait(timeout=30)
+            return reply(request)
+
+        store = MemoryStore()
+        llm = FakeLLM(rules=[Rule(reply=kill_on_second_question)])
+        result = dev(OpenEnvAgent(url), seed_tasks([1]), store, llm, concurrency=1)
+        assert result.failed == 1 and result.failures == {"agent: OpenEnvServerError": 1}
+        rollouts, _ = rollouts_and_spans(store)
+        message = rollouts[0].error.message if rollouts[0].error else ""
+        assert url in message and ("closed before step" in message or "broke during step" in message), message
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
