@@ -29,15 +29,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # agent.py and arith_env.py, also in the runner processes
 
+# A runner process (spawned) imports this module again to unpickle the agent: only what the agent
+# needs is imported here; torch, the trainer and the environment (OpenEnv) load in main().
 from agent import arith_agent  # noqa: E402
-from baselines import trivial_scores  # noqa: E402
 
-from agentbolt.options import RunnerOptions  # noqa: E402
 from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score  # noqa: E402
-from agentbolt.trainer import Trainer  # noqa: E402
 from agentbolt_openenv import OpenEnvServerError, check_server, seed_tasks  # noqa: E402
-from agentbolt_torch.training.algorithm import TorchGRPO  # noqa: E402
-from agentbolt_torch.training.metrics import step_means  # noqa: E402
 
 log = logging.getLogger("openenv_env")
 
@@ -104,6 +101,8 @@ def environment_server(url: str | None, sessions: int, timeout_s: float = 300.0)
 
 def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float) -> RunRecord | None:
     """Held-out accuracy (the mean episode return) before and after, with standard errors."""
+    from agentbolt_torch.training.metrics import step_means
+
     tags = [f"val{step}" for step in sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})]
     if not tags:
         tags = [f"val{step}" for step in sorted({int(h["step"]) for h in result.history if "val/reward" in h})]
@@ -139,6 +138,12 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
 
 
 def main(argv: list[str] | None = None) -> int:
+    from baselines import trivial_scores
+
+    from agentbolt.options import RunnerOptions
+    from agentbolt.trainer import Trainer
+    from agentbolt_torch.training.algorithm import TorchGRPO
+
     args = parse_args(argv)
     origin = provenance([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -48,6 +48,8 @@ def test_train_py_runs_on_the_tiny_model(tmp_path: Path) -> None:
         "--out",
         str(tmp_path / "out"),
         "--no-progress",
+        "--runners",
+        "0",  # the runner in the trainer's process (the published run uses a runner process)
     ]
     done = subprocess.run(
         cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"}
