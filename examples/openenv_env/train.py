@@ -8,9 +8,10 @@ mode, a subprocess on 127.0.0.1; ``--env-url`` uses a server you started), a SQL
 gateway, one runner process running :func:`agent.arith_agent` (agentbolt-openenv's ReAct loop:
 one OpenEnv session per rollout, two questions per episode, the model called through the
 gateway), and ``torch-grpo``. The reward is the episode's return (the fraction of its two
-questions answered right). Held-out accuracy (``--val`` episodes of the ``test`` split, whose
-problems the ``train`` split never asks) is measured before and after; the record goes to
-``runs/openenv_env/result.json`` (the ``docs/runs/`` shape).
+questions answered right). Held-out accuracy (the share of ``--val`` episodes of the ``test``
+split, whose problems the ``train`` split never asks, with both questions right) and the mean
+return are measured before and after; the record goes to ``runs/openenv_env/result.json`` (the
+``docs/runs/`` shape).
 """
 
 from __future__ import annotations
@@ -100,22 +101,23 @@ def environment_server(url: str | None, sessions: int, timeout_s: float = 300.0)
 
 
 def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float) -> RunRecord | None:
-    """Held-out accuracy (the mean episode return) before and after, with standard errors."""
+    """Held-out accuracy before and after, with standard errors: the share of held-out episodes
+    with every question answered right (return 1.0; torch-grpo's ``val/accuracy``). The mean
+    episode return (the share of questions answered right) is in ``extra``."""
     from agentbolt_torch.training.metrics import step_means
 
     tags = [f"val{step}" for step in sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})]
     if not tags:
-        tags = [f"val{step}" for step in sorted({int(h["step"]) for h in result.history if "val/reward" in h})]
-    if not tags:
         return None
     outcomes = asyncio.run(read_heldout(args.store, tags, spans=False))
-    scores = {
+    returns = {
         tag: [o.reward if o.succeeded and o.reward is not None else 0.0 for o in found]
         for tag, found in outcomes.items()
     }
+    solved = {tag: [float(r >= 1.0 - 1e-9) for r in values] for tag, values in returns.items()}
     stages = {}
     for tag in tags:
-        mean, se = mean_and_se(scores[tag])
+        mean, se = mean_and_se(solved[tag])
         stages[f"step {tag.removeprefix('val')}"] = {"score": mean, "se": se}
     model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
     return RunRecord(
@@ -125,12 +127,15 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         steps=result.steps,
         wall_s=round(wall_s, 1),
         s_per_step=round(result.seconds_per_step, 1),
-        heldout={"heldout": set_score("accuracy", scores[tags[0]], scores[tags[-1]], **stages)},
+        heldout={"heldout": set_score("accuracy", solved[tags[0]], solved[tags[-1]], **stages)},
         headline="heldout/accuracy",
         extra={
             "environment": "OpenEnv server (examples/openenv_env/arith_env.py), agentbolt-openenv ReActLoop",
             "reward_rule": "sum",
             "questions_per_episode": 2,
+            "heldout_mean_return": {
+                f"step {tag.removeprefix('val')}": round(mean_and_se(returns[tag])[0], 4) for tag in tags
+            },
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
             **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith("time/")},
         },
@@ -179,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         record.write(Path(args.out) / "result.json")
         score = record.heldout["heldout"]
         print(
-            f"held-out accuracy {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
-            f"{score.after_se:.3f} (n={score.n} episodes, gain {score.gain_in_se:+.1f} se)",
+            f"held-out episodes solved {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
+            f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se); mean return (questions right) "
+            + " -> ".join(f"{v:.3f}" for v in record.extra["heldout_mean_return"].values()),
             flush=True,
         )
     print(f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all)", flush=True)
