@@ -2,8 +2,8 @@
 
 The held-out episodes are ``reset(seed=i, split="test")`` for i < 32 (two questions each, from the
 problems the ``train`` split never asks, ``arith_env.is_heldout``). Each policy answers every
-question without computing; the score is the fraction of questions answered right (the
-environment's episode return):
+question without computing; the score is the example's accuracy: the share of episodes with both
+questions answered right (episode return 1.0):
 
 - ``constant``: the few-shot episode's last answer (16);
 - ``format_only``: 0;
@@ -49,8 +49,8 @@ def heldout_problems(n: int = N_HELDOUT) -> list[list[Problem]]:
 
 def _score(policy: Callable[[Problem], int], n: int) -> float:
     episodes = heldout_problems(n)
-    right = [policy(p) == answer_of(p) for episode in episodes for p in episode]
-    return sum(right) / len(right)
+    solved = [all(policy(p) == answer_of(p) for p in episode) for episode in episodes]
+    return sum(solved) / len(solved)
 
 
 def trivial_scores(data_dir: Path | None = None, n: int = N_HELDOUT) -> list[dict[str, Any]]:
