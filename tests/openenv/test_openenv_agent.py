@@ -303,3 +303,37 @@ def test_a_server_that_stops_mid_episode_fails_the_rollout_clearly(tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+@pytest.mark.filterwarnings("ignore::agentbolt.capture.emit.NoRolloutWarning")  # driven outside any rollout
+def test_a_session_driven_directly(openenv_server: RunningServer) -> None:
+    """open_session without a trainer: the episode's bookkeeping and its refusals."""
+    from agentbolt.errors import UserError
+    from agentbolt_openenv import OpenEnvActionError, open_session
+
+    async def run() -> None:
+        async with open_session(openenv_server.url, max_turns=2) as env:
+            with pytest.raises(UserError, match="before reset"):
+                await env.step({"answer": 1})
+            await env.reset(seed=4, split="test")
+            gold = [arith_env.answer_of(p) for p in arith_env.episode_problems(4, "test")]
+            with pytest.raises(OpenEnvActionError, match="action schema"):
+                await env.step({"answer": "not a number"})
+            assert env.steps == [] and env.refused_actions == 1
+            first = await env.step({"answer": gold[0]})
+            second = await env.step({"answer": gold[1] + 1})
+            assert (first.reward, first.done, second.reward, second.done) == (0.5, False, 0.0, True)
+            assert env.over and env.final_reward() == 0.0  # terminal rule: the done step's reward
+            with pytest.raises(UserError, match="the episode is over"):
+                await env.step({"answer": 0})
+            state = await env.state()
+            assert state["answers"] == [gold[0], gold[1] + 1] and state["step_count"] == 2
+            await env.reset(seed=5, split="test")  # a new episode on the same session
+            assert env.steps == [] and not env.over
+        for _ in range(200):  # the server closes the environment once it sees the socket close
+            if openenv_server.log.envs[0].closed:
+                break
+            await asyncio.sleep(0.05)
+        assert len(openenv_server.log.envs) == 1 and openenv_server.log.envs[0].closed
+
+    asyncio.run(run())

@@ -140,9 +140,12 @@ class OpenEnvSession:
 
     async def reset(self, **kwargs: Any) -> dict[str, Any]:
         """Start the episode: ``reset`` with ``kwargs`` (``seed``, ``episode_id``, the environment's
-        own options); returns the first observation."""
+        own options); returns the first observation. Resetting again starts a new episode on the
+        same session (the steps so far are forgotten)."""
         result = await self._call("reset", self._client.reset(**kwargs))
         self._reset = True
+        self.steps = []  # a new episode on the same session starts afresh
+        self.refused_actions = 0
         self.observation = dict(result.observation or {})
         self.reset_reward = None if result.reward is None else float(result.reward)
         self.done = bool(result.done)
