@@ -177,7 +177,7 @@ class OnlineServer:
             routes=online_routes(self),
             openapi_paths={**live_openapi_paths(), **online_openapi_paths()},
             readiness=self.readiness,
-            **self.gateway_options,
+            **{"call_log": self.state_dir / "calls", **self.gateway_options},
         )
         await self.gateway.start(self.host, self.port)
         if self.gate is not None:
