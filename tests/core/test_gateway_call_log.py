@@ -11,6 +11,7 @@ import asyncio
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -19,9 +20,9 @@ from hypothesis import strategies as st
 
 from agentbolt import semconv
 from agentbolt import types as t
+from agentbolt._tasks import cancel_and_wait
 from agentbolt.gateway import Gateway
 from agentbolt.gateway.call_log import CallLog, _read
-from agentbolt._tasks import cancel_and_wait
 from agentbolt.store import Store, open_store
 from agentbolt.store.memory import MemoryStore
 from agentbolt.testing.fake_llm import FakeLLM, FakeLLMServer
@@ -34,6 +35,12 @@ def die(log: CallLog) -> None:
         os.close(segment.fd)
     log._closed.clear()
     log._current = None
+
+
+def a_span(number: int, attempt_id: str = "a") -> t.Span:
+    return t.Span(
+        rollout_id="r", attempt_id=attempt_id, trace_id="0" * 32, span_id=f"{number:016x}", name="x", start_time_ns=1
+    )
 
 
 def logged(directory: Path) -> list[t.Span]:
@@ -60,12 +67,13 @@ async def test_answered_calls_survive_a_crash_while_the_store_has_none_of_them(t
         )
         ids = []
         for i in range(5):
-            messages = [{"role": "user", "content": f"question {i}"}]
+            messages: list[Any] = [{"role": "user", "content": f"question {i}"}]
             if stream:
-                chunks = [c async for c in await client.chat.completions.create(model="m", messages=messages, stream=True)]  # type: ignore[arg-type]
+                answer = await client.chat.completions.create(model="m", messages=messages, stream=True)
+                chunks = [c async for c in answer]
                 ids.append(chunks[0].id)
             else:
-                ids.append((await client.chat.completions.create(model="m", messages=messages)).id)  # type: ignore[arg-type]
+                ids.append((await client.chat.completions.create(model="m", messages=messages)).id)
             # the client has the answer: the log has the call, the store none yet
             assert [s.attributes[semconv.GEN_AI_RESPONSE_ID] for s in logged(calls)] == ids
         assert await llm_calls(store, "r") == []
@@ -99,10 +107,7 @@ async def test_recovery_is_idempotent_and_leaves_a_live_gateways_segments_alone(
     store = MemoryStore()
     await store.enqueue([t.RolloutSpec(rollout_id="r")])
     (claim,) = await store.dequeue("w")
-    spans = [
-        t.Span(rollout_id="r", attempt_id=claim.attempt.attempt_id, trace_id="0" * 32, span_id=f"{i:016x}", name="x", start_time_ns=1)
-        for i in range(4)
-    ]
+    spans = [a_span(i, claim.attempt.attempt_id) for i in range(4)]
     dead, live = CallLog(tmp_path), CallLog(tmp_path)
     dead.open()
     live.open()
@@ -121,7 +126,7 @@ async def test_recovery_is_idempotent_and_leaves_a_live_gateways_segments_alone(
 def test_a_torn_last_entry_is_skipped_and_a_damaged_one_is_a_clear_error(tmp_path: Path) -> None:
     log = CallLog(tmp_path)
     log.open()
-    span = t.Span(rollout_id="r", attempt_id="a", trace_id="0" * 32, span_id="1" * 16, name="x", start_time_ns=1)
+    span = a_span(1)
     log.append(span, 1)
     assert log._current is not None
     path = log._current.path
@@ -136,7 +141,9 @@ def test_a_torn_last_entry_is_skipped_and_a_damaged_one_is_a_clear_error(tmp_pat
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.just("append"), st.integers(min_value=0, max_value=6)), max_size=60))
-def test_no_unreleased_span_is_ever_missing_from_disk(tmp_path_factory: pytest.TempPathFactory, steps: list) -> None:
+def test_no_unreleased_span_is_ever_missing_from_disk(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[str | int]
+) -> None:
     """Any order of appends and releases (``k``: the writer stored all but the last ``k``): every
     span not yet released is on disk, and a segment all of whose spans are released is gone."""
     directory = tmp_path_factory.mktemp("log")
@@ -146,8 +153,7 @@ def test_no_unreleased_span_is_ever_missing_from_disk(tmp_path_factory: pytest.T
     for step in steps:
         if step == "append":
             appended += 1
-            span = t.Span(rollout_id="r", attempt_id="a", trace_id="0" * 32, span_id=f"{appended:016x}", name="x", start_time_ns=1)
-            log.append(span, appended)
+            log.append(a_span(appended), appended)
         else:
             done = max(done, appended - int(step))
             log.release(done)

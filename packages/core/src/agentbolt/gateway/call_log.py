@@ -64,7 +64,7 @@ class CallLog:
             is deleted once all its spans are in the store.
     """
 
-    def __init__(self, directory: str | Path, *, segment_bytes: int = 4 << 20) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int = 4 << 20) -> None:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self._current: _Segment | None = None
@@ -100,7 +100,9 @@ class CallLog:
             finally:
                 os.close(fd)
         if found:
-            log.info("call log %s: %d answered calls of a stopped gateway checked into the store", self.directory, found)
+            log.info(
+                "call log %s: %d answered calls of a stopped gateway checked into the store", self.directory, found
+            )
         self.recovered += found
         return found
 

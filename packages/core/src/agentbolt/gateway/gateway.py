@@ -115,7 +115,7 @@ class Gateway:
         flush_interval_s: span batching delay (of spans no answer waits for).
         readiness: returns ``None`` when the gateway can answer calls, else why not (``GET
             /ready`` answers 503 with it); default: ready once an upstream is set.
-        durable_calls: an answered call's span is in the store before the answer's last byte
+        durable_calls: an answered call's span is durable before the answer's last byte
             is sent (non-streaming: before the response; streaming: before ``data: [DONE]`` or
             the translated API's closing events), so a crash at any moment loses no call a
             client received in full. With ``call_log``, "durable" means appended to the local
