@@ -116,7 +116,9 @@ async def test_recovery_is_idempotent_and_leaves_a_live_gateways_segments_alone(
     live.append(spans[3], 1)
     await store.add_spans(spans[:1])  # one reached the store before the crash
     die(dead)
+    (tmp_path / ".new-0123").touch()  # a gateway died between creating a segment and naming it
     assert await CallLog(tmp_path).recover(store) == 3
+    assert not (tmp_path / ".new-0123").exists()
     assert sorted(s.span_id for s in (await store.query_spans(["r"]))["r"]) == [s.span_id for s in spans[:3]]
     assert [s.span_id for s in logged(tmp_path)] == [spans[3].span_id]  # the live one's, untouched
     live.close()

@@ -23,6 +23,7 @@ inside ``write``, before the answer was sent) is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -99,6 +100,14 @@ class CallLog:
                 found += len(spans)
             finally:
                 os.close(fd)
+        for path in self.directory.glob(".new-*"):  # a gateway died between creating and naming a segment
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    path.unlink()  # nothing is appended before the rename: it is empty
+                finally:
+                    os.close(fd)
         if found:
             log.info(
                 "call log %s: %d answered calls of a stopped gateway checked into the store", self.directory, found
