@@ -11,10 +11,15 @@ Responses API / Anthropic Messages API request to the gateway, which translates 
 Completions upstream and the answer back; their added latency is still measured against calling
 the backend directly with Chat Completions (what the agent would otherwise pay).
 
-``--arms durable batched`` runs one gateway per arm (``--durable-calls``: a call's record is in
-the store before its answer is sent, the default; ``--no-durable-calls``: records written in 50 ms
-background batches, as before) and alternates direct / durable / batched loads in every repeat;
-``--record PATH`` writes the figures as JSON (``docs/runs/gateway_durable_calls.json``).
+``--arms durable commit batched`` runs one gateway per arm and alternates direct / durable /
+commit / batched loads in every repeat: ``durable`` (the default) appends an answered call to the
+local call log before its answer is sent (``--call-log auto``: next to the SQLite file) and
+writes the store in background batches; ``commit`` (``--call-log none``) makes the answer wait
+for the store's commit instead (group commit, the durable path before the call log);
+``batched`` (``--no-durable-calls``) writes records in 50 ms background batches, durable only
+once written. ``--record PATH`` writes the figures as JSON
+(``docs/runs/gateway_call_log.json``), including the gateway process's CPU time per call
+(from /proc: less sensitive to other load on the machine than latency is).
 
 Added latency = percentile through the gateway - the same percentile calling the backend
 directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
@@ -99,8 +104,21 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
     return latencies, n / elapsed
 
 
-ARMS = {"durable": "--durable-calls", "batched": "--no-durable-calls"}
-"""Gateway arm -> its ``agentbolt gateway serve`` flag."""
+ARMS = {
+    "durable": ["--durable-calls", "--call-log", "auto"],
+    "commit": ["--durable-calls", "--call-log", "none"],
+    "batched": ["--no-durable-calls"],
+}
+"""Gateway arm -> its ``agentbolt gateway serve`` flags."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_gateway(store_url: str, upstream: str, port: int, arm: str = "durable") -> subprocess.Popen[bytes]:
@@ -117,7 +135,7 @@ def start_gateway(store_url: str, upstream: str, port: int, arm: str = "durable"
             upstream,
             "--port",
             str(port),
-            ARMS[arm],
+            *ARMS[arm],
         ],
         stderr=subprocess.PIPE,
     )
@@ -165,9 +183,10 @@ def main() -> None:
         f"gateway benchmark: {args.requests} chat completions per row; backend, gateway and load generator on {os.cpu_count()} cores"
     )
     print(
-        f"{'api':>9} {'arm':>8} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9}"
+        f"{'api':>9} {'arm':>8} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9} | {'gw cpu/call':>8}"
     )
     record: list[dict[str, object]] = []
+    load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="agentbolt-gw-") as tmp:
         for latency_ms in args.latency_ms:
             backend = FakeLLM(default_reply="The answer is 42.", latency_s=latency_ms / 1000, record=False)
@@ -191,7 +210,9 @@ def main() -> None:
                         for _ in range(args.repeat):  # alternate, so every arm sees the same machine conditions
                             direct, _ = run(load([server.base_url], n, conc))
                             for arm in args.arms:
+                                cpu = cpu_seconds(gateways[arm].pid)
                                 through, rate = run(load(routes[arm], n, conc, api))
+                                cpu = cpu_seconds(gateways[arm].pid) - cpu
                                 rows[arm].append(
                                     (
                                         percentile(direct, 0.5) * 1e3,
@@ -199,14 +220,17 @@ def main() -> None:
                                         percentile(through, 0.5) * 1e3,
                                         percentile(through, 0.99) * 1e3,
                                         rate,
+                                        cpu / (n + conc) * 1e3,  # the warm-up calls count too
                                     )
                                 )
                         for arm in args.arms:
-                            d50, d99, g50, g99, rate = (statistics.median(col) for col in zip(*rows[arm], strict=True))
+                            d50, d99, g50, g99, rate, cpu_ms = (
+                                statistics.median(col) for col in zip(*rows[arm], strict=True)
+                            )
                             added = [(r[2] - r[0], r[3] - r[1]) for r in rows[arm]]
                             print(
                                 f"{api:>9} {arm:>8} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
-                                f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f}",
+                                f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f} | {cpu_ms:>6.3f}ms",
                                 flush=True,
                             )
                             record.append(
@@ -223,6 +247,7 @@ def main() -> None:
                                     "added_p50_ms": round(g50 - d50, 3),
                                     "added_p99_ms": round(g99 - d99, 3),
                                     "requests_per_s": round(rate, 1),
+                                    "gateway_cpu_ms_per_call": round(cpu_ms, 3),
                                     "repeats_added_p50_ms": [round(a, 3) for a, _ in added],
                                     "repeats_added_p99_ms": [round(b, 3) for _, b in added],
                                 }
@@ -241,6 +266,7 @@ def main() -> None:
                     "commit": commit,
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "cpus": os.cpu_count(),
+                    "load_average_start": load_start,
                     "load_average_end": [round(x, 2) for x in os.getloadavg()],
                     "rows": record,
                 },

@@ -131,9 +131,13 @@ class GatewayOptions(_Options):
     """How long the gateway waits for an upstream answer (and between streamed chunks) before
     the call fails as an infrastructure error (retried)."""
     durable_calls: bool = True
-    """An answered call's record is in the store before the answer's last byte is sent (a crash
-    loses no answered call); ``False`` writes records in background batches (a little less
-    latency per call, see docs/online.md)."""
+    """An answered call's record is durable before the answer's last byte is sent (a crash
+    loses no answered call): appended to ``call_log`` if set, else committed to the store;
+    ``False`` writes records in background batches (a crash loses the last ones)."""
+    call_log: str | None = None
+    """Directory of the gateway's local call log: with ``durable_calls``, an answer waits for
+    one local ``write`` instead of a store commit (docs/online.md measures both); calls a
+    crashed gateway left there go to the store when the next one starts."""
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -162,6 +166,7 @@ class GatewayOptions(_Options):
             "token": self.token,
             "request_timeout_s": self.upstream_timeout_s,
             "durable_calls": self.durable_calls,
+            "call_log": self.call_log,
             **capture,
         }
 

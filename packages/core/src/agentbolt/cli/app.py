@@ -215,10 +215,19 @@ def gateway_serve(
     durable_calls: Annotated[
         bool,
         typer.Option(
-            help="An answered call is in the store before the answer's last byte is sent (a crash loses no "
+            help="An answered call is durable before the answer's last byte is sent (a crash loses no "
             "call a client received in full); --no-durable-calls writes call records in background batches."
         ),
     ] = True,
+    call_log: Annotated[
+        str,
+        typer.Option(
+            help="Directory of the local call log that makes answered calls durable with one write (the store "
+            "gets them in background batches; a restarted gateway adds what a crash left there). 'auto': "
+            "DB_FILE-calls next to a SQLite store, none for other stores; 'none': each answer waits for the "
+            "store's commit instead."
+        ),
+    ] = "auto",
 ) -> None:
     """Serve the gateway: agents call {gateway}/rollouts/{rollout}/attempts/{attempt}/v1
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
@@ -240,6 +249,7 @@ def gateway_serve(
             token=token,
             upstream_timeout_s=request_timeout,
             durable_calls=durable_calls,
+            call_log=_call_log_dir(call_log, store),
         )
         captured = capture.gateway_options()
         policies = Policies.from_specs(policy or [])
@@ -270,6 +280,19 @@ def gateway_serve(
     except (UserError, StoreUnavailableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _call_log_dir(option: str, store: str) -> str | None:
+    """``agentbolt gateway serve --call-log``: 'auto' is next to a SQLite store's file."""
+    if option == "none":
+        return None
+    if option != "auto":
+        return option
+    if not store.startswith("sqlite:"):
+        return None
+    from ..store.urls import sqlite_path
+
+    return f"{sqlite_path(store)}-calls"
 
 
 @app.command()

@@ -16,9 +16,9 @@ For each call the gateway
 4. forwards to an upstream chosen by rollout (sticky), streaming chunks through as they arrive,
 5. writes one LLM-call span, whose ``gen_ai.response.id`` is the id the client received and
    whose span id is returned in the ``X-Agentbolt-Span-Id`` response header. An answered call's
-   span is in the store before the answer's last byte leaves (``durable_calls``, group-committed
-   with the other calls waiting); error spans are batched in the background
-   (:meth:`Gateway.flush` waits for them).
+   span is durable before the answer's last byte leaves (``durable_calls``: appended to a local
+   call log, or else committed to the store, group-committed with the other calls waiting);
+   spans reach the store in background batches (:meth:`Gateway.flush` waits for them).
 
 Upstream failures become OpenAI-style errors with ``type = "agentbolt_upstream_error"`` (502,
 or 504 on timeout) plus an error span; runners treat such failures as infrastructure errors,
@@ -49,6 +49,7 @@ from ..hosts import is_loopback_name
 from ..store.base import Store
 from . import control, messages_api, responses_api, upstream_checks
 from .attempts import AttemptCache
+from .call_log import CallLog
 from .http import HttpServer, Request, Responder
 from .recorder import CallRecord, Retokenizer, parse_traceparent
 from .relay import UPSTREAM_ERROR, error_body, relay_stream
@@ -114,11 +115,18 @@ class Gateway:
         flush_interval_s: span batching delay (of spans no answer waits for).
         readiness: returns ``None`` when the gateway can answer calls, else why not (``GET
             /ready`` answers 503 with it); default: ready once an upstream is set.
-        durable_calls: an answered call's span is in the store before the answer's last byte
+        durable_calls: an answered call's span is durable before the answer's last byte
             is sent (non-streaming: before the response; streaming: before ``data: [DONE]`` or
             the translated API's closing events), so a crash at any moment loses no call a
-            client received in full. Waiting calls are written together (group commit);
-            ``False`` queues them like other spans (written within ``flush_interval_s``).
+            client received in full. With ``call_log``, "durable" means appended to the local
+            log (one ``write``; the store gets the span in the next background batch); without
+            it, the answer waits for the store's commit (calls waiting at once share one
+            transaction). ``False`` queues them like other spans (written within
+            ``flush_interval_s``; a crash loses the last ones).
+        call_log: directory of the local call log (:mod:`agentbolt.gateway.call_log`); on
+            :meth:`start`, the calls a gateway that died left there are added to the store
+            first. Several gateways may share one directory. Survives ``kill -9`` of the
+            process, not a power cut (as the SQLite store's default ``synchronous=NORMAL``).
         retokenize: ``(request, response) -> (prompt_ids, response_ids)`` for upstreams that
             return no ids; spans then say ``token_source = "retokenized"``.
         request_token_ids: ask upstreams for ``return_token_ids`` and logprobs (vLLM style).
@@ -158,6 +166,7 @@ class Gateway:
         attempt_ttl_s: float = 2.0,
         flush_interval_s: float = 0.05,
         durable_calls: bool = True,
+        call_log: str | os.PathLike[str] | None = None,
         span_batch: int = 64,
         max_buffered_spans: int = 200_000,
         retokenize: Retokenizer | None = None,
@@ -210,8 +219,14 @@ class Gateway:
         self._idle = asyncio.Event()
         self._idle.set()
         self._attempts = AttemptCache(store, attempt_ttl_s)
+        self.call_log = CallLog(call_log) if call_log is not None and durable_calls else None
         self._spans = SpanWriter(
-            store, interval_s=flush_interval_s, batch=span_batch, max_buffered=max_buffered_spans, retokenize=retokenize
+            store,
+            interval_s=flush_interval_s,
+            batch=span_batch,
+            max_buffered=max_buffered_spans,
+            retokenize=retokenize,
+            call_log=self.call_log,
         )
         self.counters = {"requests": 0, "errors": 0, "upstream_errors": 0, "rejected": 0, "streams": 0, "forwarded": 0}
         """``forwarded``: calls sent to an upstream (each gets one span: compare with ``spans_recorded``)."""
@@ -225,6 +240,9 @@ class Gateway:
                 f"refusing to bind the gateway to {host} without a token: anyone who can reach it could "
                 "spend your inference backend. Pass token=... (agents then use it as their api_key)."
             )
+        if self.call_log is not None:  # what a gateway that died left in the log goes to the store first
+            await self.call_log.recover(self.store)
+            self.call_log.open()
         self.host = host
         self.port = await self._server.start(host, port)
         self._spans.start()
@@ -236,6 +254,8 @@ class Gateway:
         self._running.set()
         await self._server.stop()
         await self._spans.stop()
+        if self.call_log is not None:
+            self.call_log.close()
         for pool in self._pools.values():
             pool.close()
 
@@ -348,6 +368,7 @@ class Gateway:
             "spans_written": self._spans.written,
             "spans_dropped": self._spans.dropped,
             "spans_late": self._spans.late,
+            "calls_recovered": self.call_log.recovered if self.call_log is not None else 0,
             "policy_version": self.policy_version,
             "upstreams": [u.base_url for u in self._upstreams],
         }
@@ -696,9 +717,12 @@ class Gateway:
         self._spans.record(record, span_id)
 
     async def _record_answered(self, record: CallRecord, span_id: str) -> None:
-        """Record an answered call: with ``durable_calls``, wait until its span is in the store
-        (the answer's last byte goes out after that); else queue it like any span."""
-        if self.durable_calls:
+        """Record an answered call: with ``durable_calls``, append its span to the call log, or
+        without one wait until it is in the store (the answer's last byte goes out after that);
+        else queue it like any span."""
+        if self.call_log is not None:
+            await self._spans.log(record, span_id)
+        elif self.durable_calls:
             await self._spans.write(record, span_id)
         else:
             self._spans.record(record, span_id)

@@ -1,12 +1,16 @@
 """The gateway's span buffer: LLM-call spans are built per call and written to the store in
 batches from a background task.
 
-Two ways in: :meth:`SpanWriter.record` queues a span and returns (the batch goes out after
-``interval_s``); :meth:`SpanWriter.write` queues it and waits until it is in the store — how the
-gateway makes an answered call durable before the answer's last byte leaves. Waiting calls are
-written together (group commit): while one batch is in the store's transaction the next calls
-queue up and go in the next batch, with no batching delay: a call waits for the batch in
-progress, then its own (more only while over ``batch`` calls wait ahead of it)."""
+Three ways in: :meth:`SpanWriter.record` queues a span and returns (the batch goes out after
+``interval_s``); :meth:`SpanWriter.log` also appends it to the local call log
+(:mod:`agentbolt.gateway.call_log`) first — one ``write``, after which a crash of the process
+cannot lose it — and the segment is released once the batch is in the store; without a call
+log, :meth:`SpanWriter.write` queues it and waits until it is in the store. The gateway makes an
+answered call durable before the answer's last byte leaves with the second (or the third).
+Waiting calls are written together (group commit): while one batch is in the store's
+transaction the next calls queue up and go in the next batch, with no batching delay: a call
+waits for the batch in progress, then its own (more only while over ``batch`` calls wait ahead
+of it)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from .. import types as t
 from .._tasks import cancel_and_wait
 from ..errors import NotFoundError
 from ..store.base import Store
+from .call_log import CallLog
 from .recorder import CallRecord, Retokenizer, build_span
 
 __all__ = ["SpanWriter"]
@@ -41,8 +46,10 @@ class SpanWriter:
         batch: int,
         max_buffered: int,
         retokenize: Retokenizer | None,
+        call_log: CallLog | None = None,
     ) -> None:
         self.store = store
+        self.call_log = call_log
         self.interval_s = interval_s
         self.batch = batch
         self.max_buffered = max_buffered
@@ -78,7 +85,10 @@ class SpanWriter:
         span stays queued; counted in :attr:`late`) or it could not be built."""
         if not self.record(record, span_id):
             return False
-        number = self.added
+        return await self._wait(self.added, timeout)
+
+    async def _wait(self, number: int, timeout: float) -> bool:
+        """Wait until the ``number``-th span is in the store (see :meth:`write`)."""
         if self.written + self.dropped >= number:
             return True
         loop = asyncio.get_running_loop()
@@ -97,13 +107,41 @@ class SpanWriter:
             log.error("the store did not take a call's span within %.0f s; the answer goes out anyway", timeout)
         return written
 
+    async def log(self, record: CallRecord, span_id: str, *, timeout: float = 30.0) -> bool:
+        """Build the span of one call, append it to the call log and queue it for writing: the
+        call is durable when this returns, without waiting for the store (and without an
+        event-loop turn). If the log cannot be written (disk full), waits for the store like
+        :meth:`write`. False if the span could not be built, or not stored in time then."""
+        if self.call_log is None:
+            raise RuntimeError("SpanWriter.log needs a call_log")
+        span = self._build(record, span_id)
+        if span is None:
+            return False
+        try:
+            self.call_log.append(span, self.added + 1)
+        except OSError as exc:
+            log.error("could not append to the call log (%s): this call waits for the store instead", exc)
+            self._queue(span)
+            return await self._wait(self.added, timeout)
+        self._queue(span)
+        return True
+
     def record(self, record: CallRecord, span_id: str) -> bool:
         """Build the span of one call and queue it for writing; False if it could not be built."""
+        span = self._build(record, span_id)
+        if span is None:
+            return False
+        self._queue(span)
+        return True
+
+    def _build(self, record: CallRecord, span_id: str) -> t.Span | None:
         try:
-            span = build_span(record, span_id=span_id, retokenize=self.retokenize)
+            return build_span(record, span_id=span_id, retokenize=self.retokenize)
         except Exception:  # never let span building break the proxy
             log.exception("could not build the span of a call in rollout %s", record.rollout_id)
-            return False
+            return None
+
+    def _queue(self, span: t.Span) -> None:
         if len(self.buffered) >= self.max_buffered:
             self.buffered.pop(0)
             self.dropped += 1
@@ -113,11 +151,12 @@ class SpanWriter:
         self.buffered.append(span)
         self.added += 1
         self._wakeup.set()
-        return True
 
     def _settle(self) -> None:
         """Release the :meth:`write` calls whose spans are written (or dropped)."""
         done = self.written + self.dropped
+        if self.call_log is not None:
+            self.call_log.release(done)
         while self._waiters and self._waiters[0][0] <= done:
             _, waiter = self._waiters.pop(0)
             _resolve(waiter, True)

@@ -1,7 +1,7 @@
 """Which live calls were in flight when the serve process died (``{state_dir}/inflight.log``).
 
-An answered call is in the store before its last byte leaves (the gateway's ``durable_calls``),
-so after a crash the store has every call a client received in full. What it cannot say is which
+An answered call is durable before its last byte leaves (the gateway's ``durable_calls`` and
+call log), so after a crash and restart the store has every call a client received in full. What it cannot say is which
 sessions had a call *cut* by the crash: such a call never reached the store. This journal does:
 one line when a call starts (``+{n}\\t{rollout_id}``) and one when it ends (``-{n}``), each a
 single unbuffered ``write`` (the kernel has it once the call returns, so a ``kill -9`` of the

@@ -26,8 +26,10 @@ What it runs, on one event loop (the model's servers and updates on threads of t
 - the run's metrics, every ``metrics_every_s`` (sessions, feedback rate, judge scores, live
   version, gate decisions: what the dashboard's Serving page shows).
 
-**Restarts lose nothing**, a ``kill -9`` at any moment included: an answered call is in the store
-before its last byte is sent (the gateway's ``durable_calls``, streams included), feedback is
+**Restarts lose nothing**, a ``kill -9`` at any moment included: an answered call is in the
+call log (``{state_dir}/calls``) before its last byte is sent (the gateway's ``durable_calls``,
+streams included) and in the store after the next background batch or, after a crash, before
+the restarted process listens; feedback is
 written before it is acknowledged; which sessions were trained, the gate's decisions and the
 live version with its checkpoint are in the ledger (``{state_dir}/ledger.jsonl``); open sessions
 resume under the same attempt when the process is back within their lease, except those whose
@@ -177,7 +179,7 @@ class OnlineServer:
             routes=online_routes(self),
             openapi_paths={**live_openapi_paths(), **online_openapi_paths()},
             readiness=self.readiness,
-            **self.gateway_options,
+            **{"call_log": self.state_dir / "calls", **self.gateway_options},
         )
         await self.gateway.start(self.host, self.port)
         if self.gate is not None:
