@@ -147,10 +147,10 @@ async def export_run(
             calls = {r.rollout_id: rollout_chat_calls(r, spans.get(r.rollout_id, [])) for r in batch}
             if source is not ExportSource.all:
                 wanted = RolloutSource(source.value)
-                other = [r for r in batch if rollout_source(calls[r.rollout_id]) is not wanted]
+                other = [r for r in batch if rollout_source(r, calls[r.rollout_id]) is not wanted]
                 if other:
                     counts.filtered[f"not from {source.value}"] += len(other)
-                    batch = [r for r in batch if rollout_source(calls[r.rollout_id]) is wanted]
+                    batch = [r for r in batch if rollout_source(r, calls[r.rollout_id]) is wanted]
         for r in batch:
             counts.rollouts[r.mode.value] += 1
         if fmt is ExportFormat.otlp:

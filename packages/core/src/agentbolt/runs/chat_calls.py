@@ -19,6 +19,7 @@ carried along (:attr:`ChatCall.prompt_ids`, ...), with its :attr:`ChatCall.token
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _ints(value: Any) -> list[int] | None:
+    """Token ids when they are a list of integers (malformed ids are not carried)."""
+    if isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return list(value)
+    return None
+
+
+def _floats(value: Any, n: int | None) -> list[float] | None:
+    """Logprobs when they are finite numbers, one per response token."""
+    if not isinstance(value, list) or (n is not None and len(value) != n):
+        return None
+    if all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value):
+        return [float(x) for x in value]
+    return None
+
+
 def _reply(message: Mapping[str, Any]) -> dict[str, Any]:
     """An output message in OpenAI's shape (GenAI ``parts`` messages converted)."""
     if "parts" in message and "content" not in message:
@@ -150,9 +167,9 @@ def _call_of(call: LLMCall, step_reward: float) -> ChatCall | None:
         tool_choice=request.get("tool_choice"),
         agent_name=call.agent_name,
         model=model,
-        prompt_ids=call.prompt_ids,
-        response_ids=call.response_ids,
-        response_logprobs=call.response_logprobs,
+        prompt_ids=_ints(call.prompt_ids),
+        response_ids=_ints(call.response_ids),
+        response_logprobs=_floats(call.response_logprobs, len(call.response_ids or [])),
         token_source=call.token_source,
         input_tokens=_int(sp.genai_attribute(first, semconv.GEN_AI_USAGE_INPUT_TOKENS)),
         output_tokens=_int(sp.genai_attribute(first, semconv.GEN_AI_USAGE_OUTPUT_TOKENS)),
@@ -180,8 +197,15 @@ def rollout_chat_calls(rollout: t.Rollout, spans: Sequence[t.Span]) -> list[Chat
     return out
 
 
-def rollout_source(calls: Sequence[ChatCall]) -> RolloutSource:
-    """``gateway`` when any call carries the backend's exact token ids, else ``traces``."""
+TRACE_SOURCE_KEY = "agentbolt.source"
+"""Rollout metadata key that trace ingestion (:mod:`agentbolt.traces`) sets to ``"trace"``."""
+
+
+def rollout_source(rollout: t.Rollout, calls: Sequence[ChatCall]) -> RolloutSource:
+    """``traces`` for a rollout ingested from traces (its metadata says so) or whose calls carry
+    no exact token ids; else ``gateway``."""
+    if rollout.metadata.get(TRACE_SOURCE_KEY) == "trace":
+        return RolloutSource.traces
     return (
         RolloutSource.gateway
         if any(c.token_source == t.TokenSource.EXACT and c.response_ids for c in calls)
