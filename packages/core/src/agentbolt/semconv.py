@@ -155,6 +155,10 @@ LLM_API: Final = "agentbolt.llm.api"
 TOKEN_DRIFT: Final = "agentbolt.llm.token_drift"
 """On retokenized calls only: why the retokenized ids disagree with what the backend reported
 (token counts in ``usage``, the text round trip); absent when they agree. LightningRL excludes such calls."""
+TOKEN_MISSING_REASON: Final = "agentbolt.llm.token_missing_reason"
+"""On calls with ``token_source = "missing"`` whose ids agentbolt tried to rebuild (traced calls,
+:mod:`agentbolt.traces`): why it could not (no tokenizer, no messages recorded...). LightningRL
+reports it with the ``no_token_ids`` exclusion."""
 CAPTURE_ADAPTERS: Final = "agentbolt.capture.adapters"
 """On a runner's ``agentbolt.capture`` span: names of the adapters instrumented for the attempt."""
 CAPTURE_ADAPTER_FAILURES: Final = "agentbolt.capture.adapter_failures"

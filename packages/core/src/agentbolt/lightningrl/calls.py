@@ -348,7 +348,9 @@ def _exclusion(
     if gateway.status.code == StatusCode.ERROR:
         return ExclusionReason.FAILED_CALL, gateway.status.message or "gateway span status ERROR"
     if call.token_source == TokenSource.MISSING or call.prompt_ids is None or call.response_ids is None:
-        return ExclusionReason.NO_TOKEN_IDS, f"token_source={call.token_source.value}"
+        why = gateway.attributes.get(semconv.TOKEN_MISSING_REASON)
+        detail = f"token_source={call.token_source.value}"
+        return ExclusionReason.NO_TOKEN_IDS, f"{detail}: {why}" if isinstance(why, str) and why else detail
     if _int_list(call.prompt_ids) is None or _int_list(call.response_ids) is None:
         return ExclusionReason.MALFORMED, "token ids are not lists of integers"
     if call.response_logprobs is not None and len(call.response_logprobs) != len(call.response_ids):

@@ -36,6 +36,7 @@ __all__ = [
     "JSON",
     "PROTOBUF",
     "OtlpRequestError",
+    "decode_request",
     "decode_spans",
     "decompress",
     "encode_response",
@@ -168,6 +169,12 @@ def _decode_protobuf(body: bytes) -> tuple[list[t.Span], list[str]]:
         request = ExportTraceServiceRequest.FromString(body)
     except DecodeError as exc:
         raise SchemaError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
+    return decode_request(request)
+
+
+def decode_request(request: ExportTraceServiceRequest) -> tuple[list[t.Span], list[str]]:
+    """The spans of a parsed ``ExportTraceServiceRequest`` (what an OTLP/gRPC server receives),
+    and one reason per span that was rejected."""
     spans: list[t.Span] = []
     rejected: list[str] = []
     for rs in request.resource_spans:

@@ -22,7 +22,7 @@ from .. import wire as w
 from ..base import Store
 from . import otlp
 
-__all__ = ["OTLP_DOCS", "export_traces"]
+__all__ = ["OTLP_DOCS", "export_traces", "otlp_error"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,14 @@ async def export_traces(request: Request, store: Store, max_bytes: int) -> Respo
     try:
         fmt = otlp.request_format(request.headers.get("content-type"))
     except otlp.OtlpRequestError as exc:
-        return _otlp_error(otlp.JSON, exc.status, str(exc))
+        return otlp_error(otlp.JSON, exc.status, str(exc))
     try:
         body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_bytes)
         spans, rejected = otlp.decode_spans(body, fmt)
     except otlp.OtlpRequestError as exc:
-        return _otlp_error(fmt, exc.status, str(exc))
+        return otlp_error(fmt, exc.status, str(exc))
     except SchemaError as exc:
-        return _otlp_error(fmt, 400, str(exc))
+        return otlp_error(fmt, 400, str(exc))
     spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
     refused = [(s, why) for s in spans if (why := reward_span_problem(s.name, s.attributes)) is not None]
     if refused:  # a reward that is not a finite number within 1e15 never reaches the store
@@ -75,7 +75,7 @@ async def export_traces(request: Request, store: Store, max_bytes: int) -> Respo
     try:
         rejected.extend(await _store_spans(store, [s for s in spans if s.rollout_id]))
     except StoreUnavailableError as exc:
-        return _otlp_error(fmt, 503, str(exc))
+        return otlp_error(fmt, 503, str(exc))
     message = _summarize(rejected)
     if rejected:
         log.info("OTLP export: %d spans rejected: %s", len(rejected), message)
@@ -114,7 +114,7 @@ def _summarize(reasons: list[str], limit: int = 5) -> str:
     return "; ".join(parts)
 
 
-def _otlp_error(fmt: str, status: int, message: str) -> Response:
+def otlp_error(fmt: str, status: int, message: str) -> Response:
     code = {413: otlp.RESOURCE_EXHAUSTED, 503: otlp.UNAVAILABLE}.get(status, otlp.INVALID_ARGUMENT)
     type_ = {413: "RequestTooLarge", 415: "UnsupportedMediaType", 503: "StoreUnavailableError"}.get(
         status, "SchemaError"
