@@ -107,6 +107,13 @@ def deploy_and_ingest(args: argparse.Namespace, store_url: str, questions: list[
     questions_file = out / "production_questions.jsonl"
     questions_file.write_text("".join(json.dumps({"question": q["question"]}) + "\n" for q in questions))
     scorer = make_scorer(questions)
+    # built here, not on the ingest thread, whose start has a deadline: on a loaded machine the
+    # adapters' and the HTTP server's imports alone can take most of it
+    translation = SpanTranslation(policy.tokenizer)
+    import uvicorn  # noqa: F401
+
+    from agentbolt.traces import create_ingest_app  # noqa: F401
+
     with (
         PolicyServer(GenerationEngine(policy, max_batch_size=32, default_max_tokens=40)) as server,
         IngestThread(
@@ -114,7 +121,7 @@ def deploy_and_ingest(args: argparse.Namespace, store_url: str, questions: list[
             lambda store: TraceIngestor(
                 store,
                 args.run,
-                translation=SpanTranslation(policy.tokenizer),
+                translation=translation,
                 options=IngestOptions(quiet_s=2.0),
                 scorer=scorer,
             ),

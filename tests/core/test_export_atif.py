@@ -185,6 +185,15 @@ def test_chat_jsonl_filters_by_reward_and_best_k(gateway_store: tuple[str, str],
     assert ds.num_rows == len(kept) and "messages" in ds.column_names
 
 
+def test_the_trace_marker_is_the_ingestions() -> None:
+    from agentbolt.runs.chat_calls import TRACE_SOURCE_KEY, RolloutSource, rollout_source
+    from agentbolt.traces import META_SOURCE
+
+    assert TRACE_SOURCE_KEY == META_SOURCE
+    marked = t.Rollout(rollout_id="r", metadata={META_SOURCE: "trace"})
+    assert rollout_source(marked, []) is RolloutSource.traces
+
+
 def test_source_filter_tells_gateway_rollouts_from_traced_ones(gateway_store: tuple[str, str], tmp_path: Path) -> None:
     url, run_id = gateway_store
     out = tmp_path / "traces.jsonl"
