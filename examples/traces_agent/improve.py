@@ -59,10 +59,11 @@ DEPLOYED_AGENT = HERE / "deployed_agent.py"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 (bundled), tiny (random, for smoke runs) or a HF dir")
-    p.add_argument("--traces", type=int, default=256, help="production questions the deployed agent answers")
-    p.add_argument("--val", type=int, default=144, help="held-out questions (default 144, every held-out problem)")
+    p.add_argument("--traces", type=int, default=128, help="production questions the deployed agent answers")
+    p.add_argument("--concurrency", type=int, default=32, help="questions the deployed agent answers at once")
+    p.add_argument("--val", type=int, default=96, help="held-out questions (default 96)")
     p.add_argument("--threshold", type=float, default=1.0, help="imitate traces whose reward is at least this")
-    p.add_argument("--steps", type=int, default=10, help="SFT steps (default 10)")
+    p.add_argument("--steps", type=int, default=8, help="SFT steps (default 8)")
     p.add_argument("--batch-size", type=int, default=16, help="traces per SFT step (default 16)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument("--run", default="prod-traces", help="the run the traces become rollouts of")
@@ -141,6 +142,8 @@ def deploy_and_ingest(args: argparse.Namespace, store_url: str, questions: list[
                 f"{ingest.http_url}/v1/traces",
                 "--questions",
                 str(questions_file),
+                "--concurrency",
+                str(args.concurrency),
             ],
             capture_output=True,
             text=True,
