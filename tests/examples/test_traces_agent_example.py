@@ -27,6 +27,7 @@ EXAMPLE = REPO / "examples" / "traces_agent"
 RECORD = REPO / "docs" / "runs" / "traces_agent" / "smollm2.json"
 
 
+@pytest.mark.timeout(900)  # two tiny-model servers, an agent process and an SFT run; slow on a busy 2-core machine
 def test_tiny_run_collects_scores_exports_and_trains(tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = subprocess.run(
