@@ -7,6 +7,7 @@ agentbolt runs|rollouts|dashboard ...   (see agentbolt.cli.runs)
 agentbolt export --run RUN --format jsonl|otlp|sft-jsonl|chat-jsonl|atif   (see agentbolt.cli.export)
 agentbolt doctor -s sqlite:///runs.db [--run RUN_ID]   (or AGENTBOLT_STORE)
 agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
+agentbolt ingest --run NAME [--tokenizer NAME] [--group-by ATTR]   (see agentbolt.cli.ingest)
 
 Each command imports the part it runs inside its body (the store server and the gateway bring
 FastAPI and uvicorn, the runners Ray or SQLAlchemy), so ``agentbolt --help`` and every command
@@ -36,6 +37,7 @@ from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
 from .export import register as _register_export
+from .ingest import register as _register_ingest
 from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
 from .rollouts import rollouts_app
 from .runs import not_found, open_existing_store
@@ -428,6 +430,7 @@ _register_run_commands(app)  # runs, dashboard
 _register_export(app)  # export
 app.add_typer(rollouts_app, name="rollouts")
 _register_serve(app)  # serve
+_register_ingest(app)  # ingest
 
 
 def main() -> None:

@@ -79,13 +79,15 @@ class GroupState:
     late: int = 0
     """New spans that arrived after completion."""
     completed: bool = False
+    closing: bool = False
+    """Being completed right now (by the keeper or :meth:`~.ingest.TraceIngestor.complete_all`)."""
     completion_note: str | None = None
     reward: float | None = None
     reward_source: str | None = None
 
     def complete_due(self, now: float, quiet_s: float, max_open_s: float) -> bool:
         """Whether the group should complete now (see the module docstring)."""
-        if self.completed or not self.span_ids:
+        if self.completed or self.closing or not self.span_ids:
             return False
         if self.trace_ids and self.trace_ids <= self.rooted and now - self.last_at >= quiet_s:
             return True

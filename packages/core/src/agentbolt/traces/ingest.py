@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import semconv
 from .. import types as t
 from .._tasks import cancel_and_wait
-from ..errors import NotFoundError, UserError
+from ..errors import InvalidTransitionError, NotFoundError, UserError
 from ..reward_validation import RewardRefused, reward_span_problem
 from ..store.base import Store
 from ..store.run_records import RunSpec
@@ -48,6 +50,7 @@ META_KEY = "agentbolt.trace.key"
 META_GROUP = "agentbolt.trace.group"
 """Rollout metadata: ``trace`` or ``session``."""
 WORKER_ID = "agentbolt-ingest"
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _LEASE_S = 3600.0
 
 
@@ -96,8 +99,8 @@ class TraceIngestor:
         judge: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not run_id or ":" in run_id:
-            raise UserError(f"run id {run_id!r}: give a non-empty name without ':'")
+        if not _RUN_NAME.fullmatch(run_id):
+            raise UserError(f"run name {run_id!r}: use letters, digits, '.', '_' and '-' (it prefixes rollout ids)")
         self.store = store
         self.run_id = run_id
         self.translation = translation if translation is not None else SpanTranslation()
@@ -209,7 +212,8 @@ class TraceIngestor:
         state.attempt_id = attempts[-1].attempt_id
         stored = (await self.store.query_spans([rollout.rollout_id])).get(rollout.rollout_id, [])
         for span in stored:
-            state.count(span, now)
+            if not _own_reward(span):  # rewards this ingestor wrote are not spans the agent sent
+                state.count(span, now)
         state.duplicates = 0
         state.completed = rollout.status != t.RolloutStatus.RUNNING
         state.reward, state.reward_source = rewards_of(stored)
@@ -229,6 +233,8 @@ class TraceIngestor:
             now = self.clock()
             for (kind, key), spans in self.grouping.release_held(now - self.options.max_open_s).items():
                 await self._store(kind, key, spans, now)
+                state = self.groups[self.grouping.rollout_id(kind, key)]
+                state.first_at = min(state.first_at, now - self.options.max_open_s)  # held that long already
             due = [
                 s for s in self.groups.values() if s.complete_due(now, self.options.quiet_s, self.options.max_open_s)
             ]
@@ -248,9 +254,19 @@ class TraceIngestor:
         return due
 
     async def _complete(self, state: GroupState) -> None:
+        """Score and finish a due group. Marked completed only at the end: a failure (the store
+        unavailable) leaves it due, and the keeper tries again (rewards are idempotent)."""
+        if state.closing:
+            return
+        state.closing = True
+        try:
+            await self._score_and_finish(state)
+        finally:
+            state.closing = False
+
+    async def _score_and_finish(self, state: GroupState) -> None:
         if not state.trace_ids <= state.rooted:
             state.completion_note = "no root span"
-        state.completed = True
         spans = (await self.store.query_spans([state.rollout_id])).get(state.rollout_id, [])
         traced = TracedRollout(state.rollout_id, self.run_id, state.key, sorted(state.trace_ids), spans)
         reward: float | None = None
@@ -288,10 +304,11 @@ class TraceIngestor:
             await self.store.add_spans(rewards)
         try:
             await self.store.finish_attempt(state.attempt_id, t.AttemptStatus.SUCCEEDED, reward=reward)
-        except Exception as exc:  # finished by an earlier process, or lost: the spans are kept either way
+        except (InvalidTransitionError, NotFoundError) as exc:  # finished before, or lost: the spans are kept
             log.info("attempt of %s not finished here: %s", state.rollout_id, exc)
         stored = (await self.store.query_spans([state.rollout_id])).get(state.rollout_id, [])
         state.reward, state.reward_source = rewards_of(stored)
+        state.completed = True
         self._changed(state)
 
     async def _heartbeat(self) -> None:
@@ -317,7 +334,10 @@ class TraceIngestor:
         async with self._lock:
             state = self.groups.get(rollout_id)
             if state is None:
-                found = await self.store.get_rollouts([rollout_id])
+                try:
+                    found = await self.store.get_rollouts([rollout_id])
+                except NotFoundError:
+                    found = []
                 if not found:
                     what = f"trace {feedback.trace_id!r}" if feedback.trace_id else f"session {feedback.session_id!r}"
                     raise UnknownTrace(
@@ -347,6 +367,11 @@ class TraceIngestor:
     def status(self) -> list[dict[str, Any]]:
         """One row per traced rollout: spans, LLM calls, retokenized/excluded, reward, state."""
         return [status_row(s) for s in self.groups.values()]
+
+
+def _own_reward(span: t.Span) -> bool:
+    reward_id = span.attributes.get(semconv.FEEDBACK_ID)
+    return isinstance(reward_id, str) and reward_id.startswith(("feedback:", "scorer:", "judge:"))
 
 
 def status_row(state: GroupState) -> dict[str, Any]:

@@ -4,7 +4,9 @@ An instrumentation records a call's messages in its own shape. After the adapter
 (:mod:`.translation`) the span carries ``gen_ai.input.messages`` / ``gen_ai.output.messages`` in
 either OpenAI chat form (``content``, ``tool_calls``: OpenInference through its adapter) or the
 OpenTelemetry GenAI form (``parts``: OpenLLMetry 0.50+); tool definitions come as OpenInference's
-``llm.tools.{i}.tool.json_schema`` or GenAI's ``gen_ai.tool.definitions``. :func:`call_exchange`
+``llm.tools.{i}.tool.json_schema`` or GenAI's ``gen_ai.tool.definitions``; AgentOps and older
+OpenLLMetry flatten them into ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` and
+``llm.request.functions.{i}.*``. :func:`call_exchange`
 rebuilds the Chat Completions ``(request, response)`` pair from either, with the usage the
 provider reported, so :class:`~agentbolt.capture.retokenize.ChatTemplateRetokenizer` and its
 drift check run on it exactly as the gateway runs them on a live call.
@@ -22,9 +24,12 @@ from .. import semconv
 from .. import types as t
 from ..lightningrl import spans as sp
 
-__all__ = ["call_exchange", "openai_message", "tool_definitions"]
+__all__ = ["call_exchange", "flat_messages", "openai_message", "tool_definitions"]
 
 _OI_TOOL = re.compile(r"^llm\.tools\.(\d+)\.tool\.json_schema$")
+_FLAT = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
+_FLAT_CALL = re.compile(r"^tool_calls\.(\d+)\.(id|name|arguments)$")
+_FLAT_FUNCTIONS = re.compile(r"^llm\.request\.functions\.(\d+)\.(name|description|parameters)$")
 _GENAI_TOOLS = "gen_ai.tool.definitions"
 _FINISH = {"tool_call": "tool_calls", "tool_calls": "tool_calls", "stop": "stop", "length": "length"}
 
@@ -101,6 +106,17 @@ def tool_definitions(span: t.Span) -> list[dict[str, Any]]:
                 continue
     if found:
         return [found[i] for i in sorted(found)]
+    flat: dict[int, dict[str, Any]] = {}
+    for key, value in attrs.items():  # OpenLLMetry before gen_ai.tool.definitions, AgentOps
+        if (match := _FLAT_FUNCTIONS.match(key)) is not None:
+            if match.group(2) == "parameters" and isinstance(value, str):
+                try:
+                    value = orjson.loads(value)
+                except orjson.JSONDecodeError:
+                    pass
+            flat.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    if flat:
+        return [{"type": "function", "function": flat[i]} for i in sorted(flat)]
     raw = attrs.get(_GENAI_TOOLS)
     if not isinstance(raw, str):
         return []
@@ -120,11 +136,37 @@ def tool_definitions(span: t.Span) -> list[dict[str, Any]]:
     return tools
 
 
+def flat_messages(attrs: Mapping[str, Any], which: str) -> list[dict[str, Any]]:
+    """Messages flattened into ``gen_ai.prompt.{i}.*`` (``which="prompt"``) or
+    ``gen_ai.completion.{i}.*`` (``"completion"``) attributes, as AgentOps and OpenLLMetry before
+    the GenAI message attributes record them: ``role``, ``content``, ``finish_reason``,
+    ``tool_call_id``, ``tool_calls.{j}.{id,name,arguments}``."""
+    messages: dict[int, dict[str, Any]] = {}
+    calls: dict[int, dict[int, dict[str, Any]]] = {}
+    for key, value in attrs.items():
+        match = _FLAT.match(key)
+        if match is None or match.group(1) != which:
+            continue
+        index, field = int(match.group(2)), match.group(3)
+        message = messages.setdefault(index, {})
+        if field in ("role", "content", "finish_reason", "tool_call_id"):
+            message[field] = value
+        elif (call := _FLAT_CALL.match(field)) is not None:
+            calls.setdefault(index, {}).setdefault(int(call.group(1)), {})[call.group(2)] = value
+    out = []
+    for index in sorted(messages):
+        message = messages[index]
+        if index in calls:
+            message["tool_calls"] = [_tool_call(c) for _, c in sorted(calls[index].items())]
+        out.append(message)
+    return out
+
+
 def call_exchange(span: t.Span) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The Chat Completions ``(request, response)`` of a traced LLM span, or ``None`` when the
     span recorded no input messages or no output (nothing to retokenize)."""
-    inputs = [openai_message(m) for m in sp.input_messages(span)]
-    outputs = [openai_message(m) for m in sp.output_messages(span)]
+    inputs = [openai_message(m) for m in sp.input_messages(span) or flat_messages(span.attributes, "prompt")]
+    outputs = [openai_message(m) for m in sp.output_messages(span) or flat_messages(span.attributes, "completion")]
     if not inputs or not outputs:
         return None
     request: dict[str, Any] = {"messages": [{k: v for k, v in m.items() if k != "finish_reason"} for m in inputs]}

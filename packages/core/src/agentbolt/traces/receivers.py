@@ -29,7 +29,7 @@ from typing import Any, Self, TypeVar
 from fastapi import FastAPI, HTTPException, Request
 from starlette.responses import Response
 
-from ..errors import MissingDependencyError, StoreUnavailableError
+from ..errors import MissingDependencyError, SchemaError, StoreUnavailableError
 from ..store.base import Store
 from ..store.server import otlp
 from ..store.server.otlp_route import OTLP_DOCS, otlp_error
@@ -64,7 +64,7 @@ def create_ingest_app(ingestor: TraceIngestor, *, max_request_bytes: int = MAX_R
             spans, rejected = otlp.decode_spans(body, fmt)
         except otlp.OtlpRequestError as exc:
             return otlp_error(fmt, exc.status, str(exc))
-        except Exception as exc:  # SchemaError: the body as a whole is malformed
+        except SchemaError as exc:  # the body as a whole is malformed
             return otlp_error(fmt, 400, str(exc))
         try:
             rejected.extend(await ingestor.ingest(spans))
@@ -105,7 +105,9 @@ def _grpc_servicer(ingestor: TraceIngestor) -> Any:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
     except ImportError:
-        raise MissingDependencyError("grpcio", "agentbolt[grpc]", "the OTLP/gRPC receiver") from None
+        raise MissingDependencyError(
+            "grpcio", "'agentbolt[grpc]'", "the OTLP/gRPC receiver (agentbolt ingest --no-grpc receives OTLP/HTTP only)"
+        ) from None
 
     class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         async def Export(self, request: Any, context: Any) -> Any:
@@ -152,7 +154,8 @@ class IngestServer:
             import grpc
 
             servicer, add = _grpc_servicer(self.ingestor)
-            self._grpc = grpc.aio.server()
+            limit = ("grpc.max_receive_message_length", MAX_REQUEST_BYTES)  # gRPC's default is 4 MiB
+            self._grpc = grpc.aio.server(options=[limit])
             add(servicer, self._grpc)
             bound = self._grpc.add_insecure_port(f"{self.host}:{self.grpc_port}")
             if not bound:

@@ -30,10 +30,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from .. import semconv
 from .. import types as t
+from ..reward_precedence import reward_source, winning_final
 from ..reward_validation import MAX_ABS_REWARD, RewardRefused, reward_number
 from ..rewards.trajectory import Trajectory, trajectory_from_spans
 
-__all__ = ["Scorer", "TraceFeedback", "TracedRollout", "reward_span", "run_scorer"]
+__all__ = ["Scorer", "TraceFeedback", "TracedRollout", "reward_span", "rewards_of", "run_scorer"]
 
 
 def _number(value: Any) -> float:
@@ -167,8 +168,6 @@ async def run_scorer(scorer: Scorer, rollout: TracedRollout) -> float | None:
 
 def rewards_of(spans: Sequence[t.Span]) -> tuple[float | None, str | None]:
     """The final reward that counts among ``spans`` and its source (precedence rule)."""
-    from ..reward_precedence import reward_source, winning_final
-
     best = winning_final((s, s.attributes) for s in spans)
     if best is None:
         return None, None
