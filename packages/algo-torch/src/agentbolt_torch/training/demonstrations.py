@@ -20,7 +20,9 @@ is skipped with a reason (:func:`render_demonstrations` counts them), never trai
 
 :func:`demonstrations_from_spans` reads demonstrations from a store: the gateway's LLM-call spans
 of the rollouts whose final reward reaches a threshold (e.g. after
-``Trainer(agent).dev(tasks, llm=teacher_url)``). ``TorchSFT(demonstrations=...)`` trains on them.
+``Trainer(agent).dev(tasks, llm=teacher_url)``, or traces of a deployed agent ingested over OTLP);
+:func:`demonstrations_from_jsonl` from chat JSONL (``agentbolt export --format chat-jsonl``) and
+:func:`demonstrations_from_atif` from ATIF trajectories. ``TorchSFT(demonstrations=...)`` trains on them.
 """
 
 from __future__ import annotations
@@ -30,16 +32,22 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.errors import UserError
-from agentbolt.lightningrl.spans import is_gateway_call, parse_json_attr
 
 from ..chat import parse_tool_calls, render_request, reply_text
 
-__all__ = ["Demonstration", "demonstrations_from_spans", "render_demonstration", "render_demonstrations"]
+__all__ = [
+    "Demonstration",
+    "demonstrations_from_atif",
+    "demonstrations_from_jsonl",
+    "demonstrations_from_spans",
+    "render_demonstration",
+    "render_demonstrations",
+]
 
 log = logging.getLogger(__name__)
 
@@ -160,46 +168,114 @@ def render_demonstrations(
 
 
 def demonstrations_from_spans(
-    rollouts: Sequence[t.Rollout], spans: Mapping[str, Sequence[t.Span]], *, threshold: float = 1.0
+    rollouts: Sequence[t.Rollout],
+    spans: Mapping[str, Sequence[t.Span]],
+    *,
+    threshold: float = 1.0,
+    best_k: int | None = None,
 ) -> list[Demonstration]:
-    """The chat calls of the rollouts whose final reward is at least ``threshold``, in call order.
+    """The chat calls of the rollouts whose final reward is at least ``threshold`` (with
+    ``best_k``: only the ``best_k`` best of each task), in call order.
 
-    Each call comes from its gateway span: the request's messages (``gen_ai.input.messages``),
-    tools and ``tool_choice`` (``agentbolt.llm.request``) and the reply
-    (``gen_ai.output.messages``). Failed calls and text completions are left out (logged).
+    Each call is read by :func:`agentbolt.runs.chat_calls.rollout_chat_calls`: from its gateway
+    span (the request's messages, tools and ``tool_choice``, and the reply), or -- for a traced
+    rollout, whose calls only an instrumentation recorded (OpenInference, OpenLLMetry, AgentOps
+    spans ingested over OTLP) -- from its instrumentation LLM span. No token ids are needed:
+    :func:`render_demonstration` renders each call for the policy. Failed calls, text
+    completions and calls without recorded messages are left out (logged).
+    """
+    from agentbolt.runs.chat_calls import rollout_chat_calls, select_rollouts
+
+    demos: list[Demonstration] = []
+    empty = 0
+    for rollout in select_rollouts(rollouts, min_reward=threshold, best_k=best_k):
+        calls = rollout_chat_calls(rollout, spans.get(rollout.rollout_id, ()))
+        empty += not calls
+        demos.extend(
+            Demonstration(
+                messages=call.messages,
+                reply={k: v for k, v in call.reply.items() if k in ("role", "content", "tool_calls")},
+                tools=call.tools,
+                tool_choice=call.tool_choice,
+                episode=rollout.rollout_id,
+                index=call.index,
+                task_id=rollout.task_id,
+                agent_name=call.agent_name,
+            )
+            for call in calls
+        )
+    if empty:
+        log.warning("demonstrations: %d rollouts have no chat call with recorded messages", empty)
+    return demos
+
+
+def demonstrations_from_jsonl(path: str | Path, *, min_reward: float | None = None) -> list[Demonstration]:
+    """Demonstrations from a chat JSONL file (``agentbolt export --format chat-jsonl``, or any
+    file of ``{"messages": [..., assistant reply], "tools": [...]}`` lines, TRL's conversational
+    format): each line's last message is the reply to learn, the messages before it the request.
+    ``min_reward`` keeps the lines whose ``reward`` is at least this (lines without one fail it).
+
+    Raises:
+        UserError: a line is not JSON, or its last message is not an assistant message.
     """
     demos: list[Demonstration] = []
-    left_out: Counter[str] = Counter()
-    for rollout in rollouts:
-        if rollout.final_reward is None or rollout.final_reward < threshold:
-            continue
-        calls = sorted((s for s in spans.get(rollout.rollout_id, ()) if is_gateway_call(s)), key=lambda s: s.seq or 0)
-        for index, span in enumerate(calls):
-            if span.status.code == t.StatusCode.ERROR:
-                left_out["failed call"] += 1
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
-            if span.attributes.get(semconv.GEN_AI_OPERATION_NAME) != semconv.OP_CHAT:
-                left_out["not a chat call"] += 1
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{n} is not JSON ({exc})") from None
+            messages = record.get("messages") if isinstance(record, dict) else None
+            if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+                raise UserError(f"{path}:{n}: expected an object with a non-empty 'messages' list")
+            if messages[-1].get("role") != "assistant":
+                raise UserError(f"{path}:{n}: the last message must be the assistant reply to learn")
+            reward = record.get("reward")
+            if min_reward is not None and not (isinstance(reward, int | float) and reward >= min_reward):
                 continue
-            messages = parse_json_attr(span, semconv.GEN_AI_INPUT_MESSAGES)
-            outputs = parse_json_attr(span, semconv.GEN_AI_OUTPUT_MESSAGES)
-            request = parse_json_attr(span, semconv.LLM_REQUEST) or {}
-            if not isinstance(messages, list) or not messages or not isinstance(outputs, list) or not outputs:
-                left_out["no messages recorded"] += 1
-                continue
-            reply = {k: v for k, v in dict(outputs[0]).items() if k in ("role", "content", "tool_calls")}
             demos.append(
                 Demonstration(
-                    messages=messages,
-                    reply=reply,
-                    tools=request.get("tools") or None,
-                    tool_choice=request.get("tool_choice"),
-                    episode=rollout.rollout_id,
-                    index=index,
-                    task_id=rollout.task_id,
-                    agent_name=span.attributes.get(semconv.GEN_AI_AGENT_NAME),
+                    messages=messages[:-1],
+                    reply={k: v for k, v in messages[-1].items() if k in ("role", "content", "tool_calls")},
+                    tools=record.get("tools") or None,
+                    tool_choice=record.get("tool_choice"),
+                    episode=str(record.get("rollout_id") or f"{path}:{n}"),
+                    index=int(record.get("index") or 0),
+                    task_id=record.get("task_id"),
+                    agent_name=record.get("agent_name"),
                 )
             )
-    if left_out:
-        log.warning("demonstrations: left out %s", ", ".join(f"{n} {why}" for why, n in left_out.items()))
+    return demos
+
+
+def demonstrations_from_atif(trajectories: Sequence[Any], *, threshold: float | None = None) -> list[Demonstration]:
+    """Demonstrations from ATIF trajectories (``atif.Trajectory``, e.g.
+    :func:`agentbolt.runs.atif_export.read_atif` of ``agentbolt export --format atif`` or of
+    another tool's files): each agent step made by a model (copied context left out, as ATIF
+    requires of SFT data) becomes a call to imitate. ``threshold`` keeps the trajectories whose
+    ``extra.reward`` is at least this."""
+    from agentbolt.runs.atif_export import trajectory_calls, trajectory_reward
+
+    demos: list[Demonstration] = []
+    for i, trajectory in enumerate(trajectories):
+        reward = trajectory_reward(trajectory)
+        if threshold is not None and (reward is None or reward < threshold):
+            continue
+        episode = trajectory.trajectory_id or trajectory.session_id or f"trajectory-{i}"
+        extra = trajectory.extra or {}
+        for index, call in enumerate(trajectory_calls(trajectory)):
+            demos.append(
+                Demonstration(
+                    messages=call.messages,
+                    reply={k: v for k, v in call.reply.items() if k in ("role", "content", "tool_calls")},
+                    tools=call.tools,
+                    tool_choice=call.tool_choice,
+                    episode=episode,
+                    index=index,
+                    task_id=extra.get("task_id") if isinstance(extra.get("task_id"), str) else None,
+                    agent_name=call.agent_name,
+                )
+            )
     return demos

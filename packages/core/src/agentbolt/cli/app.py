@@ -3,7 +3,8 @@
 agentbolt --version
 agentbolt plugins [--json]
 agentbolt store serve --store sqlite:///runs.db --host 127.0.0.1 --port 4747
-agentbolt runs|rollouts|export|dashboard ...   (see agentbolt.cli.runs)
+agentbolt runs|rollouts|dashboard ...   (see agentbolt.cli.runs)
+agentbolt export --run RUN --format jsonl|otlp|sft-jsonl|chat-jsonl|atif   (see agentbolt.cli.export)
 agentbolt doctor -s sqlite:///runs.db [--run RUN_ID]   (or AGENTBOLT_STORE)
 agentbolt serve --upstream URL | --policy module:name   (see agentbolt.cli.serve)
 agentbolt ingest --run NAME [--tokenizer NAME] [--group-by ATTR]   (see agentbolt.cli.ingest)
@@ -35,6 +36,7 @@ from ..errors import AgentboltError, StoreUnavailableError, UserError
 from ..plugins.registry import default_plugins
 from ..policies import Policies
 from ..store.urls import check_store_url
+from .export import register as _register_export
 from .ingest import register as _register_ingest
 from .options import ListenHost, ListenPort, ReadStoreOption, secret_option, store_option
 from .rollouts import rollouts_app
@@ -447,7 +449,8 @@ def doctor(
     raise typer.Exit(0 if report.ok else 1)
 
 
-_register_run_commands(app)  # runs, export, dashboard
+_register_run_commands(app)  # runs, dashboard
+_register_export(app)  # export
 app.add_typer(rollouts_app, name="rollouts")
 _register_serve(app)  # serve
 _register_ingest(app)  # ingest

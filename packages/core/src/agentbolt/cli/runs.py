@@ -1,9 +1,8 @@
-"""Commands to inspect runs and rollouts, export them, and serve the dashboard.
+"""Commands to inspect runs and rollouts, and serve the dashboard (export: :mod:`agentbolt.cli.export`).
 
 agentbolt runs list [-q] [--wide]|show RUN          --store URL
 agentbolt rollouts list --run RUN [--status ...] [--mode train|val] [-q] [--wide]   --store URL
 agentbolt rollouts show ROLLOUT                    --store URL
-agentbolt export --run RUN --format jsonl|otlp|sft-jsonl [--mode train|val|all] --store URL [--output FILE]
 agentbolt dashboard --store URL [--host 127.0.0.1 --port 4780] [--token T]
 
 Each command imports what it runs inside its body (see :mod:`agentbolt.cli.app`). Every command
@@ -15,14 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
@@ -30,10 +25,8 @@ from urllib.parse import urlsplit
 import orjson
 import typer
 
-from .. import types as t
 from ..errors import AgentboltError, NotFoundError, UserError
 from ..plugins.registry import default_plugins
-from ..store.run_records import RolloutSearch
 from .options import (
     ListenHost,
     ListenPort,
@@ -56,12 +49,6 @@ TokenOption = StoreTokenOption
 runs_app = typer.Typer(
     help="Training and evaluation runs recorded in a store.", no_args_is_help=True, rich_markup_mode="markdown"
 )
-
-
-class ExportFormat(StrEnum):
-    jsonl = "jsonl"
-    otlp = "otlp"
-    sft_jsonl = "sft-jsonl"
 
 
 def open_existing_store(url: str, *, token: str | None = None) -> Any:
@@ -319,152 +306,6 @@ async def _algorithm_summary(run: Any, store: Any) -> Any:
     return None if describe is None else await describe(run, store)
 
 
-# -- export ----------------------------------------------------------------------------------------
-
-
-class ExportMode(StrEnum):
-    train = "train"
-    val = "val"
-    all = "all"
-
-
-@dataclass
-class ExportCounts:
-    """What :func:`_export` wrote, per rollout mode."""
-
-    rollouts: Counter[str] = field(default_factory=Counter)
-    """Rollouts exported, by mode (``train`` / ``val``)."""
-    records: Counter[str] = field(default_factory=Counter)
-    """Records written (transitions or spans), by the mode of their rollout."""
-    left_out: Counter[str] = field(default_factory=Counter)
-    """Finished rollouts of the run that ``--mode`` left out, by mode."""
-
-    @property
-    def total(self) -> int:
-        return sum(self.records.values())
-
-
-_MODE_NAMES = {"train": "training", "val": "held-out (val)"}
-
-
-async def _export(
-    store: Any,
-    run_id: str,
-    fmt: ExportFormat,
-    write: Callable[[bytes], object],
-    min_reward: float | None = None,
-    mode: ExportMode = ExportMode.train,
-) -> ExportCounts:
-    """Write the transitions (jsonl, sft-jsonl) or spans (OTLP JSON, one request per line) of the
-    run's finished rollouts of ``mode`` (training rollouts by default: held-out ones are never
-    trained on and must not leak into training data)."""
-    from ..runs.views import lightningrl_for
-    from ..store.server.otlp_json import spans_to_otlp_json
-
-    run = await store.get_run(run_id)
-    counts = ExportCounts()
-    rollouts: list[t.Rollout] = []
-    offset = 0
-    while True:
-        page = await store.search_rollouts(RolloutSearch(run_id=run_id, limit=1000, offset=offset))
-        for r in page.items:
-            if not r.status.is_final:
-                continue
-            if mode is ExportMode.all or r.mode.value == mode.value:
-                rollouts.append(r)
-                counts.rollouts[r.mode.value] += 1
-            else:
-                counts.left_out[r.mode.value] += 1
-        offset += len(page.items)
-        if not page.items or offset >= page.total:
-            break
-    rollouts.reverse()  # enqueue order
-    mode_of = {r.rollout_id: r.mode.value for r in rollouts}
-    groups: dict[str, list[t.Rollout]] = {}
-    for r in rollouts:
-        groups.setdefault(r.group_id or r.rollout_id, []).append(r)
-    lrl = lightningrl_for(run)
-    batch: list[t.Rollout] = []
-    for members in [*groups.values(), []]:
-        batch.extend(members)
-        if len(batch) < 200 and members:
-            continue
-        if not batch:
-            break
-        spans = await store.query_spans([r.rollout_id for r in batch], latest_attempt_only=True)
-        if fmt is ExportFormat.otlp:
-            flat = [s for r in batch for s in spans[r.rollout_id]]
-            if flat:
-                write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
-                for s in flat:
-                    counts.records[mode_of[s.rollout_id or ""]] += 1
-        elif fmt is ExportFormat.sft_jsonl:
-            from ..runs.export import sft_records
-
-            for record in sft_records(lrl.process(batch, spans).transitions, spans, min_reward=min_reward):
-                write(orjson.dumps(record) + b"\n")
-                counts.records[mode_of[record["rollout_id"]]] += 1
-        else:
-            for x in lrl.process(batch, spans).transitions:
-                write(x.model_dump_json().encode() + b"\n")
-                counts.records[mode_of[x.rollout_id]] += 1
-        batch = []
-    return counts
-
-
-def export(
-    run: Annotated[str, typer.Option("--run", help="The run to export.")],
-    store: StoreOption,
-    fmt: Annotated[
-        ExportFormat,
-        typer.Option(
-            "--format",
-            help="jsonl: one transition per line (token ids, logprobs, reward, advantage), for SFT or another "
-            "trainer; otlp: the spans as OTLP/JSON, one ExportTraceServiceRequest per line; sft-jsonl: one "
-            "transition per line in TRL's conversational format (messages) with input_ids/labels/masks.",
-        ),
-    ] = ExportFormat.jsonl,
-    mode: Annotated[
-        ExportMode,
-        typer.Option(
-            "--mode",
-            help="Which rollouts: train (default: held-out rollouts never leak into training data), val (the "
-            "held-out ones) or all.",
-        ),
-    ] = ExportMode.train,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
-    store_token: TokenOption = None,
-    min_reward: Annotated[
-        float | None,
-        typer.Option("--min-reward", help="sft-jsonl: only transitions whose reward is at least this."),
-    ] = None,
-) -> None:
-    """Export a run's transitions (made by LightningRL with the run's settings) or its spans, of
-    its training rollouts unless --mode says otherwise."""
-    out = output.open("wb") if output is not None else sys.stdout.buffer
-    try:
-        counts = run_in_store(store, store_token, lambda s: _export(s, run, fmt, out.write, min_reward, mode))
-    finally:
-        if output is not None:
-            out.close()
-        else:
-            out.flush()
-    what = "spans" if fmt is ExportFormat.otlp else "transitions"
-    parts = [
-        f"{counts.records[m]} from {counts.rollouts[m]} {_MODE_NAMES[m]} rollouts"
-        for m in ("train", "val")
-        if counts.rollouts[m] or (mode.value == m)
-    ]
-    left = [f"{n} {_MODE_NAMES[m]} rollouts left out" for m, n in sorted(counts.left_out.items()) if n]
-    typer.echo(
-        f"exported {counts.total} {what} of {run}"
-        + (f" to {output}" if output else "")
-        + f": {'; '.join(parts)}"
-        + (f" ({', '.join(left)}; --mode all includes them)" if left else ""),
-        err=True,
-    )
-
-
 # -- dashboard -------------------------------------------------------------------------------------
 
 
@@ -534,6 +375,5 @@ def dashboard(
 def register(app: typer.Typer) -> None:
     """Add these commands to the ``agentbolt`` command line."""
     app.add_typer(runs_app, name="runs")
-    # rollouts (agentbolt.cli.rollouts) are added by agentbolt.cli.app
-    app.command("export")(export)
+    # rollouts (agentbolt.cli.rollouts) and export (agentbolt.cli.export) are added by agentbolt.cli.app
     app.command("dashboard")(dashboard)

@@ -17,6 +17,10 @@
   entropy collapse, identical samples, tool calls), for the doctor and the dashboard;
 - :mod:`~agentbolt.runs.findings` — the :class:`~agentbolt.runs.findings.Finding` both report;
 - :mod:`~agentbolt.runs.export` — supervised fine-tuning records from transitions;
+- :mod:`~agentbolt.runs.chat_calls` — a rollout's LLM calls as chat requests and replies (gateway
+  or instrumentation spans, so traced rollouts too): chat JSONL, the reward / best-k / source filters;
+- :mod:`~agentbolt.runs.atif_export` — rollouts as ATIF v1.8 trajectories (the ``atif`` package's
+  models), and ATIF read back as chat calls;
 - :mod:`~agentbolt.runs.evaluation` — a finished run's held-out scores read back from the store
   (before/after, standard errors) and the published run record (``docs/runs/<example>/``).
 
