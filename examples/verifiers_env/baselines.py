@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 from add_env import AddConfig, AddTaskset, parse_answer  # noqa: E402
 
-N_HELDOUT = 64
+N_HELDOUT = 48
 """The held-out questions of the default run (``train.py --val``)."""
 
 BUNDLED_DATA_MEASURES = (
