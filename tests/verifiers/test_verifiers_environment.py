@@ -47,6 +47,7 @@ def final_reward_span(run: Any, rollout_id: str) -> t.Span:
     return finals[0]
 
 
+@pytest.mark.timeout(900)  # 12 verifiers episodes, each starting a chat program; slow on a busy 2-core machine
 def test_single_turn_environment_trains_with_exact_ids_and_its_own_rewards() -> None:
     env = load_environment("arith-env", agent=NULL_HARNESS)
     items = tasks(env)
@@ -79,6 +80,7 @@ def test_single_turn_environment_trains_with_exact_ids_and_its_own_rewards() -> 
     assert rewards == {0.0, 0.25, 1.25}
 
 
+@pytest.mark.timeout(900)  # each episode also starts the environment's MCP tool server
 def test_multi_turn_tool_environment_runs_its_tool_server_through_the_gateway() -> None:
     env = load_environment("adder-tools-env", agent=NULL_HARNESS, taskset={"num_tasks": 2})
     items = tasks(env)

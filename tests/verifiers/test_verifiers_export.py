@@ -24,6 +24,7 @@ def calc_reply(request: FakeRequest) -> str:
     return str(a + b) if a != 5 else "12"  # 5 + 8 answered wrong
 
 
+@pytest.mark.timeout(900)  # vf-eval in a process of its own; slow on a busy 2-core machine
 def test_exported_agent_scores_in_vf_eval(tmp_path: Path) -> None:
     fake = FakeLLM(rules=[Rule(reply=calc_reply)])
     with FakeLLMServer(fake) as server:
