@@ -69,7 +69,7 @@ NOT_RESULTS: list[tuple[str, str]] = [
     (
         r"(?i)(?:python|torch|verl|vllm|cpython|postgresql|debian|pydantic|langchain|langgraph|autogen|transformers|"
         r"openai-agents|ray|agent-lightning|sdk|fastapi|cuda|version|v|llama-index-core|llama-index|"
-        r"openinference-instrumentation-llama-index|agentops|semconv|conventions up to)[ =]?[\d.x\u2013-]*$",
+        r"openinference-instrumentation-llama-index|agentops|semconv|verifiers|openenv|conventions up to)[ =]?[\d.x\u2013-]*$",
         "a version number",
     ),
     (r"(?i)arxiv [\d.]*$", "an arXiv id"),

@@ -93,7 +93,9 @@ class Trainer:
 
     Args:
         agent: the agent: a function ``(task, resources) -> float | None`` (sync or async), an
-            object with such a ``rollout`` method, or ``"module:attr"``.
+            object with such a ``rollout`` method, or ``"module:attr"``; or an environment of
+            another framework that a plugin registers (:mod:`agentbolt.environments`: a verifiers
+            ``Env`` object, ``"verifiers://NAME"`` for an installed one, with agentbolt-verifiers).
         algorithm: an :class:`~agentbolt.algorithm.Algorithm`, or the name of a registered one.
         algorithm_config: keyword arguments for a named algorithm.
         lightningrl: the transitions → loss choices (credit, advantage, ``agent_match``,

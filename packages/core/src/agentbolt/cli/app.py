@@ -300,7 +300,11 @@ def _call_log_dir(option: str, store: str) -> str | None:
 @app.command()
 def runner(
     agent: Annotated[
-        str, typer.Argument(help="The agent as 'package.module:function' (or :Class with a rollout method).")
+        str,
+        typer.Argument(
+            help="The agent as 'package.module:function' (or :Class with a rollout method), or an environment "
+            "package as 'KIND://NAME' (e.g. 'verifiers://add-env' with agentbolt-verifiers)."
+        ),
     ],
     store: Annotated[str, store_option("Store URL: http://HOST:PORT for a store server.")],
     processes: Annotated[int, typer.Option("--processes", "-n", help="Runner processes.")] = 1,

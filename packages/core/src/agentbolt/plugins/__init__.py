@@ -1,6 +1,6 @@
 """Plugins (pluggy): the registration hooks, the plugin manager and agentbolt's built-ins.
 
-- :mod:`~agentbolt.plugins.hookspecs` — the four ``agentbolt_register_*`` hooks,
+- :mod:`~agentbolt.plugins.hookspecs` — the five ``agentbolt_register_*`` hooks,
   :data:`hookimpl` (also ``from agentbolt import hookimpl``) and :class:`Register`;
 - :mod:`~agentbolt.plugins.registry` — the plugin manager (:func:`default_plugins`,
   :class:`Plugins`): entry-point discovery, isolation of broken plugins, the registries.

@@ -1,4 +1,4 @@
-"""The four registration hooks plugins implement.
+"""The five registration hooks plugins implement.
 
 Each hook hands the plugin a ``register`` callable; behaviour lives on the registered
 classes, so the hooks stay stable as plugins evolve. Implement them with
@@ -61,4 +61,16 @@ def agentbolt_register_credit(register: Register) -> None:
     """Register credit assigners and advantage estimators: ``register("air", implementation)``.
 
     The kind (credit assigner or advantage estimator) is taken from the implementation's type.
+    """
+
+
+@hookspec
+def agentbolt_register_environments(register: Register) -> None:
+    """Register kinds of environment an agent can be given as: ``register("verifiers", kind)``.
+
+    ``kind`` has ``accepts(obj) -> bool`` (whether ``obj``, say an environment object of the
+    plugin's framework, is one of its environments) and ``agent(obj_or_name) -> agent`` (the
+    agentbolt agent that runs it: a function or an object with ``rollout``). A string
+    ``"verifiers://NAME"`` given as the agent (``Trainer``, ``agentbolt runner``) is handed to the
+    kind registered as ``verifiers`` with ``NAME``. See :mod:`agentbolt.environments`.
     """

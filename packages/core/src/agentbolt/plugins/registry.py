@@ -61,6 +61,7 @@ _HOOKS = {
     "agentbolt_register_algorithms": "algorithms",
     "agentbolt_register_adapters": "adapters",
     "agentbolt_register_credit": "credit",
+    "agentbolt_register_environments": "environments",
 }
 
 
@@ -72,6 +73,7 @@ FIRST_PARTY = {
     ("adapter", "langchain"): "agentbolt-langchain",
     ("adapter", "autogen"): "agentbolt-autogen",
     ("adapter", "openai-agents"): "agentbolt-openai-agents",
+    ("environment kind", "verifiers"): "agentbolt-verifiers",
 }
 
 
@@ -289,6 +291,7 @@ class Plugins:
             "adapters": Registry("adapter"),
             "credit": Registry("credit assigner"),
             "advantage": Registry("advantage estimator"),
+            "environments": Registry("environment kind"),
         }
         impls: dict[str, list[tuple[str, Any]]] = {}
         for hook_name, reg_name in _HOOKS.items():
@@ -362,6 +365,11 @@ class Plugins:
     def advantage_estimators(self) -> Registry[Any]:
         """Advantage estimators by name."""
         return self._regs()["advantage"]
+
+    @property
+    def environments(self) -> Registry[Any]:
+        """Kinds of environment an agent can be given as (verifiers environments, ...), by name."""
+        return self._regs()["environments"]
 
     def infos(self) -> list[PluginInfo]:
         """Every plugin seen, loaded or failed, with what it registered."""

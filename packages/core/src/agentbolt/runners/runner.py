@@ -43,6 +43,7 @@ from .. import types as t
 from ..capture.adapters import capture_span, instrument_adapters
 from ..capture.emit import emit_exception, emit_reward
 from ..capture.tracing import RolloutContext, install_otel, rollout_context
+from ..environments import environment_agent, is_environment_reference
 from ..errors import StaleAttemptError, StoreUnavailableError, UserError
 from ..reward_validation import RewardRefused, reward_number
 from ..store.base import Store
@@ -87,8 +88,14 @@ def import_reference(reference: str, what: str = "agent") -> Any:
 
 
 def load_agent(agent: AgentLike | str) -> Callable[[Any, t.Resources], Any]:
-    """Resolve an agent reference to its callable (``rollout`` method or the function)."""
-    if isinstance(agent, str):
+    """Resolve an agent reference to its callable (``rollout`` method or the function).
+
+    An environment of another framework (an object a registered environment kind accepts, or a
+    ``"KIND://NAME"`` string; see :mod:`agentbolt.environments`) resolves to the agent that runs it.
+    """
+    if is_environment_reference(agent):
+        agent = environment_agent(agent)
+    elif isinstance(agent, str):
         agent = import_reference(agent)
     if inspect.isclass(agent):
         agent = agent()  # a class with a no-argument constructor: use an instance
@@ -97,6 +104,9 @@ def load_agent(agent: AgentLike | str) -> Callable[[Any, t.Resources], Any]:
         return method
     if callable(agent):
         return agent
+    env_agent = environment_agent(agent)
+    if env_agent is not None:
+        return load_agent(env_agent)
     raise UserError(
         f"an agent must be a function (task, resources) -> float | None or have such a rollout method; got {agent!r}"
     )
