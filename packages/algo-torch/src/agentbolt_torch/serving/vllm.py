@@ -7,9 +7,9 @@ and holds calls while the weights change. What it does, step by step:
 
 - **start**: the policy's weights, config and tokenizer (with its chat template) are written to
   ``work_dir/model`` (:mod:`.vllm_weights`) and served under the policy's name; with LoRA the
-  frozen base is served and each adapter is loaded at run time under its name (one adapter:
-  the policy's name, the base as ``<name>-base``; per-role adapters: the role names, the base
-  as the policy's name). The server log is ``work_dir/vllm.log``.
+  frozen base is served as ``<name>-base`` and each adapter is loaded at run time under its name
+  (one adapter: the policy's name; per-role adapters: the role names, and the policy's name is an
+  adapter of zero weights, i.e. the base model: see ``_zero_base``). The server log is ``work_dir/vllm.log``.
 - **sampling** means what it means on agentbolt's engine: ``temperature`` (0: greedy),
   ``top_p``, ``top_k`` (0: off), ``max_tokens``, ``stop``, ``seed``, ``n`` are vLLM's own
   parameters with the same meaning; the logprobs are of the unmodified policy (vLLM's
@@ -119,7 +119,11 @@ class VLLMGenerator:
             tuple(policy.adapters) if policy.adapters else ((str(policy.name),) if policy.is_lora else ())
         )
         """The LoRA adapters served (model name = adapter name)."""
-        self._base_name = f"{policy.name}-base" if policy.is_lora and not policy.adapters else str(policy.name)
+        self._base_name = f"{policy.name}-base" if policy.is_lora else str(policy.name)
+        self._zero_base = bool(policy.adapters)
+        """Per-role adapters: the base model is served under the policy's name as an adapter of
+        zero weights, so every call runs with an adapter: vLLM 0.32's CPU build gave base-model rows
+        batched with LoRA rows wrong logprobs (off by up to 7 nats, tests/torch/test_vllm_roles.py)."""
         self.dtype = dtype or _dtype_name(policy.autocast_dtype)
         self.startup_timeout_s = startup_timeout_s
         args = [
@@ -134,7 +138,7 @@ class VLLMGenerator:
         if self.adapter_names:
             args += [
                 "--enable-lora",
-                "--max-loras", str(len(self.adapter_names)),
+                "--max-loras", str(len(self.adapter_names) + (1 if policy.adapters else 0)),
                 "--max-lora-rank", str(_lora_rank(self._adapter_rank())),
             ]  # fmt: skip
         self.process = VLLMProcess(
@@ -176,6 +180,11 @@ class VLLMGenerator:
         try:
             for name in self.adapter_names:
                 self._load_adapter(name, inplace=False)
+            if self._zero_base:
+                folder = write_adapter(
+                    self.policy, self.policy.adapters[0], self.work_dir / "adapters" / "_base", zero=True
+                )
+                self._post("/v1/load_lora_adapter", json={"lora_name": str(self.policy.name), "lora_path": str(folder)})
             self._synced = self._wanted()
             self.gate.resume(*self._stamps())
             self.front.upstream = self.process.url

@@ -45,11 +45,17 @@ VLLM_PYTHON_ENV = "AGENTBOLT_VLLM_PYTHON"
 # (a pipe from the trainer) closes: if the trainer dies without stop() (killed, crashed), vLLM and its
 # engine processes go with it instead of holding gigabytes and a port.
 _SUPERVISOR = """
-import os, signal, subprocess, sys, threading, time
+import os, signal, subprocess, sys, threading
 server = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM is for the server; this waits for it
 def orphaned():
     sys.stdin.read()
     os.killpg(0, signal.SIGTERM)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(0, signal.SIGKILL)
 threading.Thread(target=orphaned, daemon=True).start()
 sys.exit(server.wait())
 """

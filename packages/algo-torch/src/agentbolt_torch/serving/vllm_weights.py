@@ -90,15 +90,18 @@ def export_base(policy: Policy, model_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def write_adapter(policy: Policy, adapter: str, out_dir: str | os.PathLike[str]) -> Path:
+def write_adapter(policy: Policy, adapter: str, out_dir: str | os.PathLike[str], *, zero: bool = False) -> Path:
     """Write LoRA adapter ``adapter`` of ``policy`` (peft's ``adapter_config.json`` and
-    ``adapter_model.safetensors``) to ``out_dir``; returns the folder."""
+    ``adapter_model.safetensors``) to ``out_dir``; returns the folder. ``zero=True`` writes its
+    shape with zero weights: an adapter that leaves the base model unchanged."""
     from ..adapters import adapter_state
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with policy.lock:
         weights = {k: v.detach().contiguous().clone() for k, v in adapter_state(policy.model, adapter).items()}
+    if zero:
+        weights = {k: v.zero_() for k, v in weights.items()}
         config = policy.model.peft_config[adapter].to_dict()
     config["base_model_name_or_path"] = None
     for key in ("target_modules", "modules_to_save"):
