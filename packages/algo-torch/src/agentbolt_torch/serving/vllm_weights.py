@@ -100,9 +100,9 @@ def write_adapter(policy: Policy, adapter: str, out_dir: str | os.PathLike[str],
     out.mkdir(parents=True, exist_ok=True)
     with policy.lock:
         weights = {k: v.detach().contiguous().clone() for k, v in adapter_state(policy.model, adapter).items()}
+        config = policy.model.peft_config[adapter].to_dict()
     if zero:
         weights = {k: v.zero_() for k, v in weights.items()}
-        config = policy.model.peft_config[adapter].to_dict()
     config["base_model_name_or_path"] = None
     for key in ("target_modules", "modules_to_save"):
         if isinstance(config.get(key), set):
