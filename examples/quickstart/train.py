@@ -108,6 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "about 1.8 GB less memory on SmolLM2 for a 10-20%% slower update; --no-gradient-checkpointing keeps them "
         "(see docs/benchmarks.md 'Allocator')",
     )
+    p.add_argument(
+        "--generator",
+        choices=["own", "vllm"],
+        default="own",
+        help="what generates: agentbolt's engine (default) or a vLLM server the run starts (./dev setup --vllm "
+        "first; docs/generators.md compares them)",
+    )
     add_async_argument(p)
     p.add_argument("--autocast", default="auto", help="auto (bf16 where fast, else fp32), bfloat16 or none")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
@@ -227,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         | ({"gradient_checkpointing": True} if args.gradient_checkpointing else {}),
         "policy": {"autocast": None if args.autocast == "none" else args.autocast},
         "output": {"out_dir": args.out, "checkpoint_every": args.steps or None},
+        "generation": {"generator": args.generator},
         "seed": args.seed,
     }
     if args.algorithm == "torch-sft":

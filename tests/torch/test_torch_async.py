@@ -273,7 +273,16 @@ class _Recording(TorchGRPO):
 @pytest.mark.parametrize("swap", ["inplace", "drain"])
 def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp_path: Path, swap: str) -> None:
     """max_staleness=1 with a straggler whose rollout spans two weight swaps, for both swaps
-    (the drained one with token TIS and sequence MIS, whose weights the update reports).
+    (the drained one with token TIS and sequence MIS, whose weights the update reports):
+    :func:`check_async_ledger` on agentbolt's own generator."""
+    check_async_ledger(tmp_path, swap)
+
+
+def check_async_ledger(
+    tmp_path: Path, swap: str, *, model: str = "tiny", generation: dict[str, Any] | None = None
+) -> _Recording:
+    """max_staleness=1 with a straggler whose rollout spans two weight swaps on ``model`` served
+    by the generator ``generation`` chooses (tests/torch/test_vllm_training.py: vLLM).
 
     The first rollout to start makes its first call at version 0, then waits until version 2 is
     served and makes its second call; rollouts of batches >= 3 wait until it has finished, so the
@@ -313,14 +322,14 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
         return float(len(text + (second.choices[0].message.content or "")) % 2)
 
     algorithm = _Recording(
-        "tiny",
+        model,
         steps=6,
         batch_size=2,
         group_size=2,
         sampling={"max_tokens": 8},
         evaluation={"every": None},
         policy={"autocast": None},
-        generation={"engine": {"batch_window_s": 0.01}, "swap": swap},
+        generation={"engine": {"batch_window_s": 0.01}, "swap": swap, **(generation or {})},
         output={"out_dir": tmp_path / "out", "plot": False},
         update={"lr": 1e-2},
         lightningrl=LightningRLConfig(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=10.0)
@@ -364,3 +373,4 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
         _, response_ids, logprobs, _, _ = calls[(prefix, i)]
         assert len(response_ids) == len(logprobs) > 0
         assert text in tokenizer.decode(response_ids, skip_special_tokens=True)
+    return algorithm

@@ -179,6 +179,8 @@ class TorchGRPO(Algorithm):
         self.resume = Path(output.resume) if output.resume else None
         self.autocast = policy.autocast
         self.swap = generation.swap
+        self.generator_kind = generation.generator
+        self.vllm_options = dict(generation.vllm)
         self.device = policy.device
         self.seed = seed
         self.plot = output.plot
@@ -520,7 +522,13 @@ class TorchGRPO(Algorithm):
             lrl = RoleLightningRL(by_policy, policy)
         if self.resume is not None:
             updater.load_checkpoint(self.resume)
-        self._generator = LocalGenerator(policy, seed=self.seed, **self.engine_options)
+        if self.generator_kind == "vllm":
+            from ..serving.vllm import VLLMGenerator
+
+            options = {"work_dir": self.out_dir / "vllm", "seed": self.seed, **self.vllm_options}
+            self._generator = VLLMGenerator(policy, **options)
+        else:
+            self._generator = LocalGenerator(policy, seed=self.seed, **self.engine_options)
         if self.lightningrl.max_staleness is not None:
             self._generator.serve_copy()  # asynchronous: the updater trains the policy while the copy serves
         self._generator.start()

@@ -81,6 +81,14 @@ class PolicyOptions(_Group):
 class GenerationOptions(_Group):
     """The generator that serves the policy (:mod:`agentbolt_torch.generation`)."""
 
+    generator: Literal["own", "vllm"] = "own"
+    """``"own"``: agentbolt's engine in this process
+    (:class:`~agentbolt_torch.serving.local.LocalGenerator`); ``"vllm"``: a vLLM server the run
+    starts and owns (:class:`~agentbolt_torch.serving.vllm.VLLMGenerator`; vLLM installed in its
+    own environment, see the package README); docs/generators.md compares them."""
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of :class:`~agentbolt_torch.serving.vllm.VLLMGenerator` (``work_dir``
+    defaults to ``out_dir/vllm``, where the server log ``vllm.log`` goes)."""
     engine: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of :class:`~agentbolt_torch.generation.engine.GenerationEngine`
     (``max_batch_size`` defaults to ``max(batch_size * group_size, 8)``)."""

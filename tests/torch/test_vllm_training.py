@@ -1,0 +1,32 @@
+"""``torch-grpo`` with vLLM as the generator, end to end on a tiny model (Trainer -> store ->
+runner -> agent -> gateway -> vLLM -> LightningRL -> update -> weights reloaded into vLLM), in the
+asynchronous mode: vLLM serves while the policy trains, the weights are swapped into it after each
+update, and the staleness bound holds (the ledger of tests/torch/test_torch_async.py, the same
+checks as on agentbolt's own generator). Marked ``vllm``: run with ``./dev vllm``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from vllm_support import vllm_python_or_skip, vllm_tiny
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a cold vLLM start: minutes on a loaded CPU
+PYTHON = vllm_python_or_skip()
+
+from test_torch_async import check_async_ledger  # noqa: E402
+
+
+def test_async_training_on_vllm_keeps_the_bound_and_records_every_version(tmp_path: Path) -> None:
+    model, tokenizer = vllm_tiny(seed=0)
+    model_dir = tmp_path / "tiny32"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    vllm = {"python": PYTHON, "dtype": "float32", "max_model_len": 512, "work_dir": tmp_path / "vllm"}
+    check_async_ledger(tmp_path, "inplace", model=str(model_dir), generation={"generator": "vllm", "vllm": vllm})
+    log = (tmp_path / "vllm" / "vllm.log").read_text()
+    assert "Application startup complete" in log and "Traceback" not in log  # the run's server log, no error

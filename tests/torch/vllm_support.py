@@ -1,0 +1,29 @@
+"""Shared by the tests that start a real vLLM server (marked ``vllm``): the skip when vLLM's
+environment is missing, and a tiny model vLLM's CPU attention can run (head size 32; the default
+tiny model's 16 is below the sizes vLLM's CPU backend supports: 32, 64, 80, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentbolt.errors import UserError
+
+
+def vllm_python_or_skip() -> str:
+    """The interpreter with vLLM, or skip the module saying how to get one."""
+    from agentbolt_torch.serving.vllm_process import find_vllm_python
+
+    try:
+        return find_vllm_python()
+    except UserError as exc:
+        pytest.skip(f"no vLLM: {exc}", allow_module_level=True)
+        raise  # unreachable
+
+
+def vllm_tiny(seed: int = 0) -> tuple[Any, Any]:
+    """The tiny random Llama with a head size vLLM's CPU backend supports (32)."""
+    from agentbolt_torch.models import tiny_model
+
+    return tiny_model(seed=seed, hidden_size=64, num_heads=2, num_kv_heads=1)
