@@ -1,7 +1,7 @@
 """Trivial policies on the example's held-out episodes: what its accuracy means only beside these.
 
 The held-out episodes are ``reset(seed=i, split="test")`` for i < 32 (two questions each, from the
-problems the ``train`` split never asks, ``arith_env.is_heldout``). Each policy answers every
+problems the ``train`` split never asks, ``openenv_arith.is_heldout``). Each policy answers every
 question without computing; the score is the example's accuracy: the share of episodes with both
 questions answered right (episode return 1.0):
 
@@ -27,7 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arith_env import answer_of, episode_problems  # noqa: E402
+from openenv_arith import answer_of, episode_problems  # noqa: E402
 
 N_HELDOUT = 32
 """Held-out episodes of the default run (``train.py --val``), two questions each."""

@@ -3,7 +3,7 @@
     uv run python examples/openenv_env/train.py                  # the defaults below
     uv run python examples/openenv_env/train.py --model tiny --steps 1 --val 4   # a smoke run
 
-What runs: the arithmetic environment of ``arith_env.py`` served by OpenEnv (its Python server
+What runs: the arithmetic environment of ``openenv_arith.py`` served by OpenEnv (its Python server
 mode, a subprocess on 127.0.0.1; ``--env-url`` uses a server you started), a SQLite store, the
 gateway, one runner process running :func:`agent.arith_agent` (agentbolt-openenv's ReAct loop:
 one OpenEnv session per rollout, two questions per episode, the model called through the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # agent.py and arith_env.py, also in the runner processes
+sys.path.insert(0, str(HERE))  # agent.py and openenv_arith.py, also in the runner processes
 
 # A runner process (spawned) imports this module again to unpickle the agent: only what the agent
 # needs is imported here; torch, the trainer and the environment (OpenEnv) load in main().
@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=0, help="evaluate every N steps (default 0: before and after)")
     p.add_argument("--max-tokens", type=int, default=24, help="tokens per reply (default 24)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
-    p.add_argument("--env-url", help="an OpenEnv server already running (default: start arith_env.py here)")
+    p.add_argument("--env-url", help="an OpenEnv server already running (default: start openenv_arith.py here)")
     p.add_argument("--runners", type=int, default=1, help="runner processes (default 1)")
     p.add_argument("--store", default="sqlite:///runs/openenv_env.db", help="store URL")
     p.add_argument("--out", default="runs/openenv_env", help="metrics, curve and checkpoint directory")
@@ -67,13 +67,13 @@ def _free_port() -> int:
 
 @contextmanager
 def environment_server(url: str | None, sessions: int, timeout_s: float = 300.0) -> Any:
-    """The URL of the OpenEnv server: ``url`` as given, or ``arith_env.py`` started here (and stopped after)."""
+    """The URL of the OpenEnv server: ``url`` as given, or ``openenv_arith.py`` started here (and stopped after)."""
     if url is not None:
         check_server(url)
         yield url
         return
     port = _free_port()
-    cmd = [sys.executable, str(HERE / "arith_env.py"), "--port", str(port), "--max-concurrent-envs", str(sessions)]
+    cmd = [sys.executable, str(HERE / "openenv_arith.py"), "--port", str(port), "--max-concurrent-envs", str(sessions)]
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -130,7 +130,7 @@ def run_record(args: argparse.Namespace, origin: dict[str, str], result: Any, wa
         heldout={"heldout": set_score("accuracy", solved[tags[0]], solved[tags[-1]], **stages)},
         headline="heldout/accuracy",
         extra={
-            "environment": "OpenEnv server (examples/openenv_env/arith_env.py), agentbolt-openenv ReActLoop",
+            "environment": "OpenEnv server (examples/openenv_env/openenv_arith.py), agentbolt-openenv ReActLoop",
             "reward_rule": "sum",
             "questions_per_episode": 2,
             "heldout_mean_return": {

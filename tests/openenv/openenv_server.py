@@ -1,6 +1,6 @@
 """An OpenEnv environment server, started in the test session on 127.0.0.1 (the ``openenv_server`` fixture).
 
-The environment is the worked example's (``examples/openenv_env/arith_env.py``: arithmetic
+The environment is the worked example's (``examples/openenv_env/openenv_arith.py``: arithmetic
 questions, one per step, written with OpenEnv's ``Environment``/``Action``/``Observation``),
 served by OpenEnv's own ``HTTPEnvServer`` under uvicorn in a thread. Its factory records every
 environment instance (one per session) and every step the server answered, so tests compare
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_arith_env() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("arith_env", REPO / "examples/openenv_env/arith_env.py")
+    spec = importlib.util.spec_from_file_location("openenv_arith", REPO / "examples/openenv_env/openenv_arith.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -34,7 +34,7 @@ def _load_arith_env() -> ModuleType:
     return module
 
 
-arith_env = sys.modules.get("arith_env") or _load_arith_env()
+openenv_arith = sys.modules.get("openenv_arith") or _load_arith_env()
 
 
 def free_port() -> int:
@@ -60,7 +60,7 @@ class ServerLog:
 
 
 def recording_env(log: ServerLog) -> Any:
-    class RecordingArith(arith_env.ArithEnvironment):  # type: ignore[misc,name-defined]
+    class RecordingArith(openenv_arith.ArithEnvironment):  # type: ignore[misc,name-defined]
         """The example's environment, recording each step it answered and its own close."""
 
         def __init__(self) -> None:
@@ -111,11 +111,11 @@ def openenv_server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
     env_cls = recording_env(log)
     http_server = HTTPEnvServer(
         env_cls,
-        arith_env.ArithAction,
-        arith_env.ArithObservation,
+        openenv_arith.ArithAction,
+        openenv_arith.ArithObservation,
         max_concurrent_envs=getattr(request, "param", 16),
         env_name="arith",
-        state_cls=arith_env.ArithState,
+        state_cls=openenv_arith.ArithState,
     )
     app = FastAPI()
     http_server.register_routes(app)

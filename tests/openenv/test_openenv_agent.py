@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openenv_server import RunningServer, arith_env, free_port
+from openenv_server import RunningServer, free_port, openenv_arith
 
 from agentbolt import semconv
 from agentbolt import types as t
@@ -90,8 +90,8 @@ def test_rewards_are_the_servers_and_ids_exact(openenv_server: RunningServer) ->
     rollouts, spans = rollouts_and_spans(store)
     for rollout in rollouts:
         server_steps = openenv_server.log.steps_of(episode_id(rollout, spans[rollout.rollout_id]))
-        questions = [q for q in arith_env.episode_problems(int(rollout.input["seed"]), "train", 3)]
-        assert [s["question"] for s in server_steps] == [arith_env.question_of(p) for p in questions]
+        questions = [q for q in openenv_arith.episode_problems(int(rollout.input["seed"]), "train", 3)]
+        assert [s["question"] for s in server_steps] == [openenv_arith.question_of(p) for p in questions]
         assert [s["answer"] for s in server_steps] == [scripted_answer(s["question"]) for s in server_steps]
         assert [s["done"] for s in server_steps] == [False, False, True]
         # the terminal step's reward is the final reward; the others are intermediate, in order
@@ -142,7 +142,9 @@ def test_concurrent_rollouts_have_sessions_of_their_own(openenv_server: RunningS
     for rollout in rollouts:
         steps = log.steps_of(episode_id(rollout, spans[rollout.rollout_id]))
         # the session saw its own episode's questions and the answers to them, nothing of the others
-        expected = [arith_env.question_of(p) for p in arith_env.episode_problems(int(rollout.input["seed"]), "test")]
+        expected = [
+            openenv_arith.question_of(p) for p in openenv_arith.episode_problems(int(rollout.input["seed"]), "test")
+        ]
         assert [s["question"] for s in steps] == expected
         assert [s["answer"] for s in steps] == [scripted_answer(q) for q in expected]
         assert rollout.final_reward == steps[-1]["reward"]
@@ -218,7 +220,7 @@ def test_tasks_from_the_servers_task_api(openenv_server: RunningServer) -> None:
         steps = openenv_server.log.steps_of(episode_id(rollout, spans[rollout.rollout_id]))
         index = int(rollout.input["index"])
         assert [s["question"] for s in steps] == [
-            arith_env.question_of(p) for p in arith_env.episode_problems(index, "test")
+            openenv_arith.question_of(p) for p in openenv_arith.episode_problems(index, "test")
         ]
 
 
@@ -274,7 +276,7 @@ def test_a_server_that_stops_mid_episode_fails_the_rollout_clearly(tmp_path: Pat
     second question: the rollout fails naming the URL, and no new session is opened silently."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    script = Path(arith_env.__file__)
+    script = Path(openenv_arith.__file__)
     proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
@@ -316,7 +318,7 @@ def test_a_session_driven_directly(openenv_server: RunningServer) -> None:
             with pytest.raises(UserError, match="before reset"):
                 await env.step({"answer": 1})
             await env.reset(seed=4, split="test")
-            gold = [arith_env.answer_of(p) for p in arith_env.episode_problems(4, "test")]
+            gold = [openenv_arith.answer_of(p) for p in openenv_arith.episode_problems(4, "test")]
             with pytest.raises(OpenEnvActionError, match="action schema"):
                 await env.step({"answer": "not a number"})
             assert env.steps == [] and env.refused_actions == 1

@@ -8,8 +8,8 @@ the ``train`` split never asks. Sessions are independent (``SUPPORTS_CONCURRENT_
 
 Run the server (OpenEnv's Python server mode, no Docker)::
 
-    uv run python examples/openenv_env/arith_env.py --port 8011
-    # or: cd examples/openenv_env && uv run uvicorn arith_env:app --host 127.0.0.1 --port 8011
+    uv run python examples/openenv_env/openenv_arith.py --port 8011
+    # or: cd examples/openenv_env && uv run uvicorn openenv_arith:app --host 127.0.0.1 --port 8011
 """
 
 from __future__ import annotations
