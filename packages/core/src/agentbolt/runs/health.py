@@ -61,6 +61,7 @@ __all__ = [
     "COLLAPSE_SHARE",
     "COLLAPSE_SURPRISAL",
     "DUPLICATE_SHARE",
+    "MIN_TOKENS",
     "NEAR_CERTAIN_P",
     "HeldOut",
     "RunHealth",
