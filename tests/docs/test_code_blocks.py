@@ -220,6 +220,9 @@ def _clone(target: Path) -> Path:
     return target
 
 
+# a loaded machine gets the block's own limit (BLOCK_TIMEOUT_S), not pytest-timeout's shorter default,
+# which interrupts the test and leaves the block's processes running
+@pytest.mark.timeout(BLOCK_TIMEOUT_S + 60)
 @pytest.mark.parametrize(("path", "block"), [p for p in BLOCKS if p.values[1].syntax not in NOT_CODE])
 def test_code_block(
     path: Path,
