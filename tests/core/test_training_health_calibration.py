@@ -81,9 +81,9 @@ def test_a_collapsed_run_warns_beside_solved_groups() -> None:
     assert identical.count == 1 and "(1 of 2 such groups are all alike, 2 solved groups aside)" in identical.message
 
 
-def test_identical_samples_at_one_reward_everywhere_are_not_solved() -> None:
-    """A reward that tells nothing apart solves nothing: one reply repeated everywhere warns."""
-    health = run([[(0, 0.1)] * 4] * 4)
+def test_identical_samples_below_full_reward_are_not_solved() -> None:
+    """A group is solved only at full reward: one reply repeated everywhere for a partial reward warns."""
+    health = run([[(0, 0.5)] * 4] * 3 + [[(1, 0.1)] * 4])  # 0.5: the best the run earns, not a solve
     assert health.last is not None and health.last.solved_groups == 0
     assert codes(health) == {"entropy_collapse": "warning", "identical_samples": "warning"}
 

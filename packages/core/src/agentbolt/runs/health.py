@@ -15,10 +15,11 @@ error is the spread of the per-task differences over the square root of their nu
   without getting better at the task: it may exploit the reward function or memorise tasks.
   ``heldout_inconclusive`` (info): the same, except that the held-out set is too small to tell the
   two gains apart. ``no_heldout`` (info): the reward rose and nothing was held out to check it.
-- A group is **solved** when every one of its samples earned the window's top reward and some
-  sample of the window earned less (a reward that tells answers apart). Samples of a solved group
-  agreeing is what learning aims at, not a collapse; the sampling checks below count the groups
-  still to learn ("open" groups).
+- A group is **solved** when every one of its samples earned full reward (at least
+  :data:`SOLVED_REWARD`, 1.0: a task done right, as the examples' rewards and accuracy count it).
+  Samples of a solved group agreeing is what learning aims at, not a collapse; the sampling checks
+  below count the groups still to learn ("open" groups). A reward on another scale never counts a
+  group solved, so every group stays open, as before.
 - ``identical_samples`` (warning): at least half of the samples of the last steps' open groups
   repeat, token for token, an earlier sample of their group; such groups have zero advantage.
 - ``entropy_collapse`` (warning): in the last steps the sampled response tokens had a mean
@@ -63,6 +64,7 @@ __all__ = [
     "DUPLICATE_SHARE",
     "MIN_TOKENS",
     "NEAR_CERTAIN_P",
+    "SOLVED_REWARD",
     "HeldOut",
     "RunHealth",
     "Window",
@@ -83,6 +85,8 @@ COLLAPSE_SURPRISAL = 0.1
 DUPLICATE_SHARE = 0.5
 """``identical_samples`` fires when at least this share of the last steps' samples of open (not
 solved) groups repeats one of its group."""
+SOLVED_REWARD = 1.0
+"""A group whose samples all earned at least this reward is solved: its samples may agree."""
 MIN_TOKENS = 50
 """Fewer sampled tokens (with logprobs) than this in a window: no entropy finding."""
 
@@ -195,7 +199,7 @@ class Window:
     duplicate_share: float | None
     """Share of the samples of multi-sample groups that repeat an earlier sample of their group."""
     solved_groups: int
-    """Multi-sample groups whose samples all earned the window's top reward (above its lowest)."""
+    """Multi-sample groups whose samples all earned at least :data:`SOLVED_REWARD`."""
     open_identical_groups: int
     """Multi-sample groups not solved whose samples are all the same."""
     open_duplicate_share: float | None
@@ -221,9 +225,7 @@ def _window(samples: Sequence[_Sample]) -> Window:
     multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
-    rewards = [s.reward for s in samples]
-    top = max(rewards, default=0.0)
-    solved = [g for g in multi if top > min(rewards) and all(x.reward == top for x in g)]
+    solved = [g for g in multi if all(x.reward >= SOLVED_REWARD for x in g)]
     unsolved = [g for g in multi if g not in solved]
     in_open = sum(len(g) for g in unsolved)
     open_duplicates = sum(len(g) - len({x.response for x in g}) for g in unsolved)
