@@ -77,7 +77,7 @@ DOCS = doc_files(ROOT)
 RUNNABLE = {"python", "bash", "sh", "toml"}
 NOT_CODE = {"", "text", "console", "output", "markdown"}
 BLOCK_TIMEOUT_S = 600  # generous: a loaded or AVX2-only CI machine runs each CLI start slowly
-FLOOR = 0.45
+FLOOR = 0.79
 """The share of runnable blocks that must execute (skipped ones never count)."""
 RUN_PYTHON_BLOCK = """
 import ast, asyncio, inspect, sys
@@ -220,6 +220,9 @@ def _clone(target: Path) -> Path:
     return target
 
 
+# a loaded machine gets the block's own limit (BLOCK_TIMEOUT_S), not pytest-timeout's shorter default,
+# which interrupts the test and leaves the block's processes running
+@pytest.mark.timeout(BLOCK_TIMEOUT_S + 60)
 @pytest.mark.parametrize(("path", "block"), [p for p in BLOCKS if p.values[1].syntax not in NOT_CODE])
 def test_code_block(
     path: Path,

@@ -15,14 +15,23 @@ error is the spread of the per-task differences over the square root of their nu
   without getting better at the task: it may exploit the reward function or memorise tasks.
   ``heldout_inconclusive`` (info): the same, except that the held-out set is too small to tell the
   two gains apart. ``no_heldout`` (info): the reward rose and nothing was held out to check it.
+- A group is **solved** when every one of its samples earned full reward (at least
+  :data:`SOLVED_REWARD`, 1.0: a task done right, as the examples' rewards and accuracy count it).
+  Samples of a solved group agreeing is what learning aims at, not a collapse; the sampling checks
+  below count the groups still to learn ("open" groups). A reward on another scale never counts a
+  group solved, so every group stays open, as before.
+- ``identical_samples`` (warning): at least half of the samples of the last steps' open groups
+  repeat, token for token, an earlier sample of their group; such groups have zero advantage.
 - ``entropy_collapse`` (warning): in the last steps the sampled response tokens had a mean
   -log p of at most 0.1 nats, or at least 95 % of them had probability >= 0.99, under the policy
   (the logprobs the gateway recorded: vLLM and agentbolt-torch report the policy's own
-  distribution, at temperature 1, so at T = 1 the mean -log p estimates the policy's entropy).
-  The policy has become nearly deterministic: its samples stop differing, group advantages
-  vanish, learning stops.
-- ``identical_samples`` (warning): at least half of the last steps' samples repeat, token for
-  token, an earlier sample of their group; such groups have zero advantage.
+  distribution, at temperature 1, so at T = 1 the mean -log p estimates the policy's entropy),
+  **and** the samples of open groups stopped differing (the ``identical_samples`` share; without
+  groups of several samples, the tokens alone decide). The policy has become nearly
+  deterministic: group advantages vanish, learning stops. ``low_entropy`` (info): the tokens are
+  as certain, but open groups' samples still differ: short replies in a fixed wording
+  (``12 + 5 = 17. <answer>17</answer>``: one uncertain number in about 19 tokens) have a low mean
+  -log p per token while their samples still disagree where it matters.
 - ``tools_never_called`` (warning): the agent offered tools in the first and last steps and no
   rollout called one. ``tool_calls_dropped`` (warning): the share of rollouts that call a tool
   fell by more than two standard errors.
@@ -53,7 +62,9 @@ __all__ = [
     "COLLAPSE_SHARE",
     "COLLAPSE_SURPRISAL",
     "DUPLICATE_SHARE",
+    "MIN_TOKENS",
     "NEAR_CERTAIN_P",
+    "SOLVED_REWARD",
     "HeldOut",
     "RunHealth",
     "Window",
@@ -72,7 +83,10 @@ COLLAPSE_SHARE = 0.95
 COLLAPSE_SURPRISAL = 0.1
 """... or when their mean -log p (nats per token) is at most this."""
 DUPLICATE_SHARE = 0.5
-"""``identical_samples`` fires when at least this share of the last steps' samples repeats one of its group."""
+"""``identical_samples`` fires when at least this share of the last steps' samples of open (not
+solved) groups repeats one of its group."""
+SOLVED_REWARD = 1.0
+"""A group whose samples all earned at least this reward is solved: its samples may agree."""
 MIN_TOKENS = 50
 """Fewer sampled tokens (with logprobs) than this in a window: no entropy finding."""
 
@@ -184,6 +198,12 @@ class Window:
     """Of those, groups whose samples are all the same."""
     duplicate_share: float | None
     """Share of the samples of multi-sample groups that repeat an earlier sample of their group."""
+    solved_groups: int
+    """Multi-sample groups whose samples all earned at least :data:`SOLVED_REWARD`."""
+    open_identical_groups: int
+    """Multi-sample groups not solved whose samples are all the same."""
+    open_duplicate_share: float | None
+    """:attr:`duplicate_share` over the groups not solved (``None``: no such group)."""
     tool_rollouts: int
     """Rollouts that offered the model tools."""
     tool_call_rate: float | None
@@ -205,6 +225,10 @@ def _window(samples: Sequence[_Sample]) -> Window:
     multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
+    solved = [g for g in multi if all(x.reward >= SOLVED_REWARD for x in g)]
+    unsolved = [g for g in multi if g not in solved]
+    in_open = sum(len(g) for g in unsolved)
+    open_duplicates = sum(len(g) - len({x.response for x in g}) for g in unsolved)
     tool_groups = [[x for x in g if x.offered_tools] for g in groups.values()]
     tool_groups = [g for g in tool_groups if g]
     rate, rate_se = _mean_se([statistics.fmean(float(x.called_tools) for x in g) for g in tool_groups])
@@ -221,6 +245,9 @@ def _window(samples: Sequence[_Sample]) -> Window:
         multi_groups=len(multi),
         identical_groups=sum(1 for g in multi if len({x.response for x in g}) == 1),
         duplicate_share=duplicates / in_multi if in_multi else None,
+        solved_groups=len(solved),
+        open_identical_groups=sum(1 for g in unsolved if len({x.response for x in g}) == 1),
+        open_duplicate_share=open_duplicates / in_open if in_open else None,
         tool_rollouts=sum(len(g) for g in tool_groups),
         tool_call_rate=rate,
         tool_call_rate_se=rate_se,
@@ -336,7 +363,11 @@ class RunHealth:
                 else ""
             )
         )
-        out.append(f"  samples repeating one of their group: {_pct(f.duplicate_share)} -> {_pct(last.duplicate_share)}")
+        out.append(
+            f"  samples repeating one of their group: {_pct(f.duplicate_share)} -> {_pct(last.duplicate_share)}"
+            f" (in groups not solved: {_pct(f.open_duplicate_share)} -> {_pct(last.open_duplicate_share)};"
+            f" solved groups {f.solved_groups} -> {last.solved_groups})"
+        )
         if f.tool_rollouts or last.tool_rollouts:
             out.append(f"  rollouts calling a tool: {_pct(f.tool_call_rate)} -> {_pct(last.tool_call_rate)}")
         return out
@@ -409,39 +440,63 @@ def _check_reward(run_id: str, first: Window, last: Window, held: HeldOut | None
 
 def _check_sampling(run_id: str, first: Window, last: Window) -> list[Finding]:
     out: list[Finding] = []
-    share, surprisal = last.near_certain_share, last.surprisal
+    share, surprisal, repeats = last.near_certain_share, last.surprisal, last.open_duplicate_share
+    stuck = repeats is not None and repeats >= DUPLICATE_SHARE
+    solved = f", {last.solved_groups} solved groups aside" if last.solved_groups else ""
     if (
         share is not None
         and surprisal is not None
         and last.tokens >= MIN_TOKENS
         and (share >= COLLAPSE_SHARE or surprisal <= COLLAPSE_SURPRISAL)
+        and (last.multi_groups == 0 or last.solved_groups < last.multi_groups)  # not everything solved
     ):
         before = (
             f"; steps {first.steps}: {_pct(first.near_certain_share)}, {first.surprisal:.3f} nats"
             if first is not last and first.surprisal is not None
             else ""
         )
-        out.append(
-            Finding(
-                "entropy_collapse",
-                "warning",
-                round(share * last.tokens),
-                f"in steps {last.steps}, {share:.1%} of {last.tokens:,} sampled response tokens had p >= "
-                f"{NEAR_CERTAIN_P} under the policy (mean -log p {last.surprisal:.3f} nats per token{before}): "
-                "the policy samples almost deterministically, so its samples stop differing and learning stalls",
-                "lower the learning rate, add a KL penalty to the reference (agentbolt-torch: update={'kl_coef': ...}) "
-                "or an entropy bonus (entropy_coef); use the checkpoint from before the collapse",
-                run_id,
-            )
+        certain = (
+            f"in steps {last.steps}, {share:.1%} of {last.tokens:,} sampled response tokens had p >= "
+            f"{NEAR_CERTAIN_P} under the policy (mean -log p {surprisal:.3f} nats per token{before})"
         )
-    if last.duplicate_share is not None and last.duplicate_share >= DUPLICATE_SHARE:
+        if stuck or repeats is None:
+            differ = "" if repeats is None else f" and {repeats:.0%} of the samples repeat one of their group{solved}"
+            out.append(
+                Finding(
+                    "entropy_collapse",
+                    "warning",
+                    round(share * last.tokens),
+                    f"{certain}{differ}: the policy samples almost deterministically, so its samples stop differing "
+                    "and learning stalls",
+                    "lower the learning rate, add a KL penalty to the reference (agentbolt-torch: "
+                    "update={'kl_coef': ...}) or an entropy bonus (entropy_coef); use the checkpoint from before "
+                    "the collapse",
+                    run_id,
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "low_entropy",
+                    "info",
+                    round(share * last.tokens),
+                    f"{certain}, yet only {repeats:.0%} of the samples of groups not solved repeat one of their group"
+                    f"{solved}: the certain tokens are the replies' fixed wording, the samples still differ",
+                    "nothing to do while the held-out score holds; if the share of repeated samples climbs, see "
+                    "entropy_collapse",
+                    run_id,
+                )
+            )
+    if stuck:
+        assert repeats is not None
         out.append(
             Finding(
                 "identical_samples",
                 "warning",
-                last.identical_groups,
-                f"in steps {last.steps}, {last.duplicate_share:.0%} of the samples repeat an earlier sample of their "
-                f"group token for token ({last.identical_groups} of {last.multi_groups} groups are all alike): "
+                last.open_identical_groups,
+                f"in steps {last.steps}, {repeats:.0%} of the samples of groups not solved repeat an earlier sample of "
+                f"their group token for token ({last.open_identical_groups} of "
+                f"{last.multi_groups - last.solved_groups} such groups are all alike{solved}): "
                 "a group of identical samples has zero advantage and teaches nothing",
                 "restore diversity: a higher sampling temperature, a smaller learning rate, a KL penalty "
                 "(see entropy_collapse)",
