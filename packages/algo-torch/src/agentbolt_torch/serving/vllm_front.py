@@ -54,6 +54,12 @@ class AdmissionGate:
     stats: EngineStats = field(default_factory=EngineStats)
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
+    @property
+    def by_model(self) -> bool:
+        """Whether a call's version depends on its ``model`` (per-model versions or adapters);
+        otherwise every call gets :attr:`default_version` and the relay need not parse the body."""
+        return bool(self.versions or self.adapters)
+
     def try_admit(self, model: str | None) -> tuple[int, str | None] | None:
         """Admit a call for ``model`` unless paused: its version and adapter name (or ``None``)."""
         with self._cond:
@@ -106,6 +112,16 @@ class AdmissionGate:
             self.stats.cached_prompt_tokens += int(details.get("cached_tokens") or 0)
 
 
+def _model_of(raw: bytes) -> str | None:
+    """The ``model`` of a request body (``None`` if it has none or is not JSON)."""
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
 class VLLMFront:
     """Relays ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` to the vLLM
     server at ``upstream`` (``http://host:port``), through ``gate``; listens on ``host:port``."""
@@ -138,11 +154,7 @@ class VLLMFront:
 
         async def relay(request: Request) -> Response:
             raw = await request.body()
-            try:
-                body = json.loads(raw) if raw else {}
-            except ValueError:
-                body = {}
-            model = body.get("model") if isinstance(body, dict) else None
+            model = _model_of(raw) if self.gate.by_model else None  # parse the body only when it matters
             admitted = self.gate.try_admit(model)
             if admitted is None:  # paused: the call waits (an update or a swap is running)
                 self.gate.note_waiting(1)
