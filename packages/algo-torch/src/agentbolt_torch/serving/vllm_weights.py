@@ -10,12 +10,12 @@
   ``adapter_model.safetensors``, peft's format) to its own folder, what
   ``/v1/load_lora_adapter`` loads under the adapter's name.
 
-Each write goes to a temporary file renamed into place, so vLLM never reads half a file.
+Each weights file goes to a temporary file renamed into place, so vLLM never reads half a file
+(vLLM reads an adapter folder only when it is asked to load it, after the write).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -100,16 +100,8 @@ def write_adapter(policy: Policy, adapter: str, out_dir: str | os.PathLike[str],
     out.mkdir(parents=True, exist_ok=True)
     with policy.lock:
         weights = {k: v.detach().contiguous().clone() for k, v in adapter_state(policy.model, adapter).items()}
-        config = policy.model.peft_config[adapter].to_dict()
     if zero:
         weights = {k: v.zero_() for k, v in weights.items()}
-    config["base_model_name_or_path"] = None
-    for key in ("target_modules", "modules_to_save"):
-        if isinstance(config.get(key), set):
-            config[key] = sorted(config[key])
-    config = {k: (v.value if hasattr(v, "value") else v) for k, v in config.items()}
-    tmp = out / ".adapter_config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2, default=str))
-    os.replace(tmp, out / "adapter_config.json")
+    policy.model.peft_config[adapter].save_pretrained(str(out))  # peft's own adapter_config.json
     _save_atomic(weights, out / "adapter_model.safetensors")
     return out
