@@ -229,11 +229,7 @@ class VLLMGenerator:
         self.pause(drain=drain, timeout=timeout)
         carried = self.gate.inflight
         paused = time.monotonic()
-        try:
-            self._sync()
-        finally:
-            self._post("/resume")
-            self.gate.resume(*self._stamps())
+        self.resume()
         return SwapResult(
             version=self.gate.default_version,
             previous_version=previous,
