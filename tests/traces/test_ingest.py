@@ -289,6 +289,28 @@ async def test_session_grouping_holds_spans_until_their_trace_names_its_session(
     assert json.loads(json.dumps(ing.status()))  # JSON-ready
 
 
+async def test_spans_held_for_a_session_name_are_stored_when_the_ingestor_stops() -> None:
+    clock = Clock()
+    store = open_store("memory://")
+    options = IngestOptions(group_by="session.id", quiet_s=0, max_open_s=50)
+    ing = ingestor(store, clock, options=options)
+    await ing.start(keeper=False)
+    _, tool, llm = trace_spans(T1)
+    await ing.ingest([tool, llm])  # accepted, held in memory: no span names the session yet
+    assert ing.groups == {}
+    await ing.stop()
+    rollout_id = f"prod:trace:{T1}"
+    stored = (await store.query_spans([rollout_id])).get(rollout_id, [])
+    assert {s.span_id for s in stored} == {tool.span_id, llm.span_id}
+    second = ingestor(store, clock, options=options)  # a restart: the exporter's retry lands in the same rollout
+    await second.start(keeper=False)
+    await second.ingest([llm])
+    await second.stop()
+    state = second.groups[rollout_id]
+    assert (len(state.span_ids), state.duplicates) == (2, 1)
+    assert len((await store.query_spans([rollout_id]))[rollout_id]) == 2
+
+
 class FailingFinish:
     """A store whose first ``finish_attempt`` fails as an unreachable store's does."""
 

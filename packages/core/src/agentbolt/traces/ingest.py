@@ -136,10 +136,15 @@ class TraceIngestor:
             self._task = asyncio.get_running_loop().create_task(self._keep(), name="agentbolt-ingest")
 
     async def stop(self) -> None:
-        """Stop the keeper; open traces stay open in the store (a restart resumes them)."""
+        """Stop the keeper; open traces stay open in the store (a restart resumes them). Spans
+        still held for their trace's session name (memory only) are stored first, as rollouts of
+        their own traces, as ``max_open_s`` would: a stopped process loses none of what it accepted."""
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        async with self._lock:
+            for (kind, key), spans in self.grouping.release_held().items():
+                await self._store(kind, key, spans, self.clock())
 
     async def _keep(self) -> None:
         while True:
