@@ -203,6 +203,28 @@ async def test_a_restarted_ingestor_resumes_each_trace_from_the_store() -> None:
     assert len(await store.get_attempts(done.rollout_id)) == 1
 
 
+class CountingTranslation(SpanTranslation):
+    def __init__(self) -> None:
+        super().__init__(TOK)
+        self.translated = 0
+
+    def translate(self, span: t.Span) -> t.Span:
+        self.translated += 1
+        return super().translate(span)
+
+
+async def test_a_resent_batch_is_counted_without_being_translated_again() -> None:
+    clock = Clock()
+    translation = CountingTranslation()
+    ing = TraceIngestor(open_store("memory://"), "prod", translation=translation, clock=clock)
+    await ing.start(keeper=False)
+    spans = trace_spans()
+    await ing.ingest(spans[1:])
+    await ing.ingest(spans)  # an exporter's retry of the first batch, with the root
+    (state,) = ing.groups.values()
+    assert (translation.translated, len(state.span_ids), state.duplicates, state.llm_calls) == (3, 3, 2, 1)
+
+
 async def test_feedback_by_trace_id_wins_over_the_scorer_whatever_the_order() -> None:
     clock = Clock()
     calls: list[TracedRollout] = []

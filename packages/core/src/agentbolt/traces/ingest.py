@@ -168,13 +168,25 @@ class TraceIngestor:
                 kept.append(span)
             else:
                 rejected.append(why)
-        translated = [self.translation.translate(s) for s in kept]
         async with self._lock:
             now = self.clock()
+            fresh = [s for s in kept if not self._counted_retry(s)]  # a retry is not translated again
+            translated = [self.translation.translate(s) for s in fresh]
             for (kind, key), group_spans in self.grouping.assign(translated, now).items():
                 await self._store(kind, key, group_spans, now)
         self.rejected += len(rejected)
         return rejected
+
+    def _counted_retry(self, span: t.Span) -> bool:
+        """Whether the span was stored before in its trace's known group (then counted as a duplicate)."""
+        group = (
+            ("trace", span.trace_id) if self.grouping.group_by is None else self.grouping.trace_group.get(span.trace_id)
+        )
+        state = None if group is None else self.groups.get(self.grouping.rollout_id(*group))
+        if state is None or span.span_id not in state.span_ids:
+            return False
+        state.duplicates += 1
+        return True
 
     async def _store(self, kind: str, key: str, spans: list[t.Span], now: float) -> None:
         state = await self._group(kind, key, now)
