@@ -19,6 +19,7 @@ from agentbolt.testing.fake_llm import FakeLLMServer, FakeTokenizer
 from agentbolt.testing.scripted_judge import ScriptedJudge
 from agentbolt.traces import (
     IngestOptions,
+    IngestThread,
     SpanTranslation,
     TracedRollout,
     TraceFeedback,
@@ -389,3 +390,13 @@ async def test_a_failed_call_is_counted_as_lightningrl_counts_it() -> None:
         rollouts, spans
     )
     assert batch.report.excluded == {"failed_call": 1}
+
+
+def test_an_ingest_thread_that_fails_to_start_leaves_no_thread_behind() -> None:
+    def make(store: Any) -> TraceIngestor:
+        raise RuntimeError("no ingestor today")
+
+    thread = IngestThread("memory://", make, grpc_port=None, timeout_s=120)
+    with pytest.raises(RuntimeError, match="no ingestor today"):
+        thread.__enter__()
+    assert thread._thread is not None and not thread._thread.is_alive()

@@ -196,10 +196,13 @@ class IngestThread:
         *,
         http_port: int = 0,
         grpc_port: int | None = 0,
+        timeout_s: float = 300.0,
     ) -> None:
         self.store_url = store_url
         self.make = make
         self._ports = (http_port, grpc_port)
+        self.timeout_s = timeout_s
+        """How long starting (opening the store, binding the ports) and stopping may take."""
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self.server: IngestServer | None = None
@@ -207,7 +210,16 @@ class IngestThread:
     def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentbolt-ingest", daemon=True)
         self._thread.start()
-        self._submit(self._start()).result(300)
+        started = self._submit(self._start())
+        try:
+            started.result(self.timeout_s)
+        except BaseException:  # a failed or stuck start leaves no thread, loop or port behind
+            started.cancel()
+            try:
+                self.__exit__(None, None, None)
+            except Exception:
+                log.exception("cleaning up after the failed start of the ingest thread failed")
+            raise
         return self
 
     async def _start(self) -> None:
@@ -224,7 +236,7 @@ class IngestThread:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         try:
-            self._submit(self._stop()).result(300)
+            self._submit(self._stop()).result(self.timeout_s)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
