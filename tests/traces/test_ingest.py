@@ -19,6 +19,7 @@ from agentbolt.testing.fake_llm import FakeLLMServer, FakeTokenizer
 from agentbolt.testing.scripted_judge import ScriptedJudge
 from agentbolt.traces import (
     IngestOptions,
+    IngestThread,
     SpanTranslation,
     TracedRollout,
     TraceFeedback,
@@ -203,6 +204,28 @@ async def test_a_restarted_ingestor_resumes_each_trace_from_the_store() -> None:
     assert len(await store.get_attempts(done.rollout_id)) == 1
 
 
+class CountingTranslation(SpanTranslation):
+    def __init__(self) -> None:
+        super().__init__(TOK)
+        self.translated = 0
+
+    def translate(self, span: t.Span) -> t.Span:
+        self.translated += 1
+        return super().translate(span)
+
+
+async def test_a_resent_batch_is_counted_without_being_translated_again() -> None:
+    clock = Clock()
+    translation = CountingTranslation()
+    ing = TraceIngestor(open_store("memory://"), "prod", translation=translation, clock=clock)
+    await ing.start(keeper=False)
+    spans = trace_spans()
+    await ing.ingest(spans[1:])
+    await ing.ingest(spans)  # an exporter's retry of the first batch, with the root
+    (state,) = ing.groups.values()
+    assert (translation.translated, len(state.span_ids), state.duplicates, state.llm_calls) == (3, 3, 2, 1)
+
+
 async def test_feedback_by_trace_id_wins_over_the_scorer_whatever_the_order() -> None:
     clock = Clock()
     calls: list[TracedRollout] = []
@@ -289,6 +312,28 @@ async def test_session_grouping_holds_spans_until_their_trace_names_its_session(
     assert json.loads(json.dumps(ing.status()))  # JSON-ready
 
 
+async def test_spans_held_for_a_session_name_are_stored_when_the_ingestor_stops() -> None:
+    clock = Clock()
+    store = open_store("memory://")
+    options = IngestOptions(group_by="session.id", quiet_s=0, max_open_s=50)
+    ing = ingestor(store, clock, options=options)
+    await ing.start(keeper=False)
+    _, tool, llm = trace_spans(T1)
+    await ing.ingest([tool, llm])  # accepted, held in memory: no span names the session yet
+    assert ing.groups == {}
+    await ing.stop()
+    rollout_id = f"prod:trace:{T1}"
+    stored = (await store.query_spans([rollout_id])).get(rollout_id, [])
+    assert {s.span_id for s in stored} == {tool.span_id, llm.span_id}
+    second = ingestor(store, clock, options=options)  # a restart: the exporter's retry lands in the same rollout
+    await second.start(keeper=False)
+    await second.ingest([llm])
+    await second.stop()
+    state = second.groups[rollout_id]
+    assert (len(state.span_ids), state.duplicates) == (2, 1)
+    assert len((await store.query_spans([rollout_id]))[rollout_id]) == 2
+
+
 class FailingFinish:
     """A store whose first ``finish_attempt`` fails as an unreachable store's does."""
 
@@ -345,3 +390,13 @@ async def test_a_failed_call_is_counted_as_lightningrl_counts_it() -> None:
         rollouts, spans
     )
     assert batch.report.excluded == {"failed_call": 1}
+
+
+def test_an_ingest_thread_that_fails_to_start_leaves_no_thread_behind() -> None:
+    def make(store: Any) -> TraceIngestor:
+        raise RuntimeError("no ingestor today")
+
+    thread = IngestThread("memory://", make, grpc_port=None, timeout_s=120)
+    with pytest.raises(RuntimeError, match="no ingestor today"):
+        thread.__enter__()
+    assert thread._thread is not None and not thread._thread.is_alive()

@@ -22,7 +22,9 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
 
 from . import semconv
 from .errors import UserError
@@ -32,6 +34,8 @@ __all__ = [
     "OutOfRange",
     "RefusalReason",
     "RewardBounds",
+    "RewardDimensionsField",
+    "RewardField",
     "RewardRefused",
     "reward_number",
     "reward_span_problem",
@@ -88,6 +92,22 @@ def reward_number(value: object, what: str = "reward") -> float:
             f"{what} must be at most 1e15 in magnitude, got {number:g}: rescale the rewards",
         )
     return number
+
+
+def _field_number(value: Any) -> float:
+    try:
+        return reward_number(value, "the value")
+    except RewardRefused as exc:  # pydantic turns a ValueError into a 422 naming the field
+        raise ValueError(str(exc)) from None
+
+
+RewardField = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD), BeforeValidator(_field_number)]
+"""A reward in a request body (pydantic): a finite number (no bool, string or container) of
+magnitude at most 1e15; anything else is a validation error (a 422 over HTTP)."""
+RewardDimensionsField = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=128)], RewardField], Field(max_length=64)
+]
+"""Named further scores in a request body: at most 64, each a :data:`RewardField`."""
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .. import semconv
 from .. import types as t
-from ..reward_validation import MAX_ABS_REWARD, RewardBounds, RewardRefused, reward_number
+from ..reward_validation import RewardBounds, RewardDimensionsField, RewardField, RewardRefused
 from ..store.base import Store
 from .sessions import FeedbackUse, Session, SessionBook
 
@@ -57,17 +57,6 @@ _BODY = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, use_attribu
 _Id = Annotated[str, Field(min_length=1, max_length=256)]
 
 
-def _number(value: Any) -> float:
-    try:
-        return reward_number(value, "the value")
-    except RewardRefused as exc:  # pydantic turns a ValueError into a 422 naming the field
-        raise ValueError(str(exc)) from None
-
-
-_Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD), BeforeValidator(_number)]
-"""A reward: a finite number (no bool, string or container) of magnitude at most 1e15."""
-
-
 class Feedback(BaseModel):
     """``POST /v1/feedback``: a reward for a session or for one response."""
 
@@ -80,12 +69,10 @@ class Feedback(BaseModel):
     response_id: _Id | None = None
     """The ``id`` of one response (Chat Completions ``chatcmpl-...``, Responses ``resp_...``,
     Messages ``msg_...``)."""
-    reward: _Reward
+    reward: RewardField
     """The reward: a finite number of magnitude at most 1e15 (no ``true``, no ``"1"``), within the
     serve config's ``reward_range`` when one is declared; the scale is yours, keep it consistent."""
-    dimensions: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], _Reward], Field(max_length=64)] = (
-        Field(default_factory=dict)
-    )
+    dimensions: RewardDimensionsField = Field(default_factory=dict)
     """Further named scores (finite), kept with the reward for analysis."""
     final: bool | None = None
     """Whether this is the episode's return: always for a session; for a response, ``true``

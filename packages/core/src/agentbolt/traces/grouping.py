@@ -7,7 +7,7 @@ trace whose spans carry that attribute (on a span or on its resource) joins the 
 value, so a multi-turn conversation traced as several traces is one rollout. A trace is assigned
 as soon as one of its spans names the session; its spans that arrived before are held (in memory)
 until then, and a trace that never names one becomes a rollout of its own when its root span
-arrives.
+arrives. Held spans are stored when the ingestor stops, but a process killed outright loses them.
 
 **Ids.** A group's rollout id is derived from the run and the key alone
 (``{run}:trace:{trace id}``, ``{run}:session:{value}``): a retried export, a restarted ingest

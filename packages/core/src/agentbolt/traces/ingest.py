@@ -136,10 +136,15 @@ class TraceIngestor:
             self._task = asyncio.get_running_loop().create_task(self._keep(), name="agentbolt-ingest")
 
     async def stop(self) -> None:
-        """Stop the keeper; open traces stay open in the store (a restart resumes them)."""
+        """Stop the keeper; open traces stay open in the store (a restart resumes them). Spans
+        still held for their trace's session name (memory only) are stored first, as rollouts of
+        their own traces, as ``max_open_s`` would: a stopped process loses none of what it accepted."""
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        async with self._lock:
+            for (kind, key), spans in self.grouping.release_held().items():
+                await self._store(kind, key, spans, self.clock())
 
     async def _keep(self) -> None:
         while True:
@@ -163,13 +168,25 @@ class TraceIngestor:
                 kept.append(span)
             else:
                 rejected.append(why)
-        translated = [self.translation.translate(s) for s in kept]
         async with self._lock:
             now = self.clock()
+            fresh = [s for s in kept if not self._counted_retry(s)]  # a retry is not translated again
+            translated = [self.translation.translate(s) for s in fresh]
             for (kind, key), group_spans in self.grouping.assign(translated, now).items():
                 await self._store(kind, key, group_spans, now)
         self.rejected += len(rejected)
         return rejected
+
+    def _counted_retry(self, span: t.Span) -> bool:
+        """Whether the span was stored before in its trace's known group (then counted as a duplicate)."""
+        group = (
+            ("trace", span.trace_id) if self.grouping.group_by is None else self.grouping.trace_group.get(span.trace_id)
+        )
+        state = None if group is None else self.groups.get(self.grouping.rollout_id(*group))
+        if state is None or span.span_id not in state.span_ids:
+            return False
+        state.duplicates += 1
+        return True
 
     async def _store(self, kind: str, key: str, spans: list[t.Span], now: float) -> None:
         state = await self._group(kind, key, now)

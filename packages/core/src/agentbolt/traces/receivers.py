@@ -29,10 +29,10 @@ from typing import Any, Self, TypeVar
 from fastapi import FastAPI, HTTPException, Request
 from starlette.responses import Response
 
-from ..errors import MissingDependencyError, SchemaError, StoreUnavailableError
+from ..errors import MissingDependencyError, StoreUnavailableError
 from ..store.base import Store
 from ..store.server import otlp
-from ..store.server.otlp_route import OTLP_DOCS, otlp_error
+from ..store.server.otlp_route import OTLP_DOCS, decode_export, otlp_error, summarize_rejections
 from .ingest import TraceIngestor, UnknownTrace, status_row
 from .rewards import TraceFeedback
 
@@ -55,22 +55,15 @@ def create_ingest_app(ingestor: TraceIngestor, *, max_request_bytes: int = MAX_R
 
     @app.post("/v1/traces", openapi_extra=OTLP_DOCS)
     async def traces(request: Request) -> Response:
-        try:
-            fmt = otlp.request_format(request.headers.get("content-type"))
-        except otlp.OtlpRequestError as exc:
-            return otlp_error(otlp.JSON, exc.status, str(exc))
-        try:
-            body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_request_bytes)
-            spans, rejected = otlp.decode_spans(body, fmt)
-        except otlp.OtlpRequestError as exc:
-            return otlp_error(fmt, exc.status, str(exc))
-        except SchemaError as exc:  # the body as a whole is malformed
-            return otlp_error(fmt, 400, str(exc))
+        decoded = await decode_export(request, max_request_bytes)
+        if isinstance(decoded, Response):
+            return decoded
+        fmt, spans, rejected = decoded
         try:
             rejected.extend(await ingestor.ingest(spans))
         except StoreUnavailableError as exc:
             return otlp_error(fmt, 503, str(exc))
-        return Response(otlp.encode_response(fmt, len(rejected), _summary(rejected)), media_type=fmt)
+        return Response(otlp.encode_response(fmt, len(rejected), summarize_rejections(rejected)), media_type=fmt)
 
     @app.post("/v1/feedback")
     async def feedback(body: TraceFeedback) -> dict[str, Any]:
@@ -89,13 +82,6 @@ def create_ingest_app(ingestor: TraceIngestor, *, max_request_bytes: int = MAX_R
         return {"status": "ok"}
 
     return app
-
-
-def _summary(reasons: list[str], limit: int = 5) -> str:
-    counts: dict[str, int] = {}
-    for reason in reasons:
-        counts[reason] = counts.get(reason, 0) + 1
-    return "; ".join(f"{n} x {r}" if n > 1 else r for r, n in list(counts.items())[:limit])
 
 
 def _grpc_servicer(ingestor: TraceIngestor) -> Any:
@@ -119,7 +105,7 @@ def _grpc_servicer(ingestor: TraceIngestor) -> Any:
             response = ExportTraceServiceResponse()
             if rejected:
                 response.partial_success.rejected_spans = len(rejected)
-                response.partial_success.error_message = _summary(rejected)
+                response.partial_success.error_message = summarize_rejections(rejected)
             return response
 
     return Servicer(), trace_service_pb2_grpc.add_TraceServiceServicer_to_server
@@ -210,10 +196,13 @@ class IngestThread:
         *,
         http_port: int = 0,
         grpc_port: int | None = 0,
+        timeout_s: float = 300.0,
     ) -> None:
         self.store_url = store_url
         self.make = make
         self._ports = (http_port, grpc_port)
+        self.timeout_s = timeout_s
+        """How long starting (opening the store, binding the ports) and stopping may take."""
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self.server: IngestServer | None = None
@@ -221,7 +210,16 @@ class IngestThread:
     def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentbolt-ingest", daemon=True)
         self._thread.start()
-        self._submit(self._start()).result(300)
+        started = self._submit(self._start())
+        try:
+            started.result(self.timeout_s)
+        except BaseException:  # a failed or stuck start leaves no thread, loop or port behind
+            started.cancel()
+            try:
+                self.__exit__(None, None, None)
+            except Exception:
+                log.exception("cleaning up after the failed start of the ingest thread failed")
+            raise
         return self
 
     async def _start(self) -> None:
@@ -238,7 +236,7 @@ class IngestThread:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         try:
-            self._submit(self._stop()).result(300)
+            self._submit(self._stop()).result(self.timeout_s)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:

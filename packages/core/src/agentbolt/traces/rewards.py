@@ -26,25 +26,17 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .. import semconv
 from .. import types as t
 from ..reward_precedence import reward_source, winning_final
-from ..reward_validation import MAX_ABS_REWARD, RewardRefused, reward_number
+from ..reward_validation import RewardDimensionsField, RewardField, reward_number
 from ..rewards.trajectory import Trajectory, trajectory_from_spans
 
 __all__ = ["Scorer", "TraceFeedback", "TracedRollout", "reward_span", "rewards_of", "run_scorer"]
 
 
-def _number(value: Any) -> float:
-    try:
-        return reward_number(value, "the value")
-    except RewardRefused as exc:
-        raise ValueError(str(exc)) from None
-
-
-_Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD), BeforeValidator(_number)]
 _Id = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -59,14 +51,12 @@ class TraceFeedback(BaseModel):
     """The OpenTelemetry trace id (32 hex digits) of the traced run. Give this or ``session_id``."""
     session_id: _Id | None = None
     """The session attribute's value, when the ingest groups by session."""
-    reward: _Reward
+    reward: RewardField
     """A finite number of magnitude at most 1e15 (no ``true``, no ``"1"``)."""
     final: bool = True
     """The episode's return (default). ``false``: an intermediate reward, kept for analysis and
     for credit assigners that read them (attached after the rollout's last call)."""
-    dimensions: Annotated[dict[Annotated[str, Field(min_length=1, max_length=128)], _Reward], Field(max_length=64)] = (
-        Field(default_factory=dict)
-    )
+    dimensions: RewardDimensionsField = Field(default_factory=dict)
     """Further named scores, kept with the reward."""
     comment: Annotated[str, Field(max_length=4000)] | None = None
     """Free text kept with the reward."""

@@ -22,7 +22,7 @@ from .. import wire as w
 from ..base import Store
 from . import otlp
 
-__all__ = ["OTLP_DOCS", "export_traces", "otlp_error"]
+__all__ = ["OTLP_DOCS", "decode_export", "export_traces", "otlp_error", "summarize_rejections"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ OTLP_DOCS: dict[str, Any] = {
 }
 
 
-async def export_traces(request: Request, store: Store, max_bytes: int) -> Response:
-    """Store the spans of an OTLP/HTTP export; answer in the request's format, with the spans
-    that could not be stored counted (and their reasons summarized) in ``partial_success``."""
+async def decode_export(request: Request, max_bytes: int) -> tuple[str, list[t.Span], list[str]] | Response:
+    """An OTLP/HTTP export's format, spans and one reason per span already rejected; or the error
+    response (in the request's format) for a body that cannot be read as a whole."""
     try:
         fmt = otlp.request_format(request.headers.get("content-type"))
     except otlp.OtlpRequestError as exc:
@@ -55,8 +55,18 @@ async def export_traces(request: Request, store: Store, max_bytes: int) -> Respo
         spans, rejected = otlp.decode_spans(body, fmt)
     except otlp.OtlpRequestError as exc:
         return otlp_error(fmt, exc.status, str(exc))
-    except SchemaError as exc:
+    except SchemaError as exc:  # the body as a whole is malformed
         return otlp_error(fmt, 400, str(exc))
+    return fmt, spans, rejected
+
+
+async def export_traces(request: Request, store: Store, max_bytes: int) -> Response:
+    """Store the spans of an OTLP/HTTP export; answer in the request's format, with the spans
+    that could not be stored counted (and their reasons summarized) in ``partial_success``."""
+    decoded = await decode_export(request, max_bytes)
+    if isinstance(decoded, Response):
+        return decoded
+    fmt, spans, rejected = decoded
     spans = otlp.fill_ids(spans, request.headers.get(w.ROLLOUT_HEADER), request.headers.get(w.ATTEMPT_HEADER))
     refused = [(s, why) for s in spans if (why := reward_span_problem(s.name, s.attributes)) is not None]
     if refused:  # a reward that is not a finite number within 1e15 never reaches the store
@@ -76,7 +86,7 @@ async def export_traces(request: Request, store: Store, max_bytes: int) -> Respo
         rejected.extend(await _store_spans(store, [s for s in spans if s.rollout_id]))
     except StoreUnavailableError as exc:
         return otlp_error(fmt, 503, str(exc))
-    message = _summarize(rejected)
+    message = summarize_rejections(rejected)
     if rejected:
         log.info("OTLP export: %d spans rejected: %s", len(rejected), message)
     return Response(otlp.encode_response(fmt, len(rejected), message), media_type=fmt)
@@ -104,7 +114,8 @@ async def _store_spans(store: Store, spans: list[t.Span]) -> list[str]:
     return rejected
 
 
-def _summarize(reasons: list[str], limit: int = 5) -> str:
+def summarize_rejections(reasons: list[str], limit: int = 5) -> str:
+    """``partial_success.error_message``: the distinct reasons with their counts, the first ``limit``."""
     counts: dict[str, int] = {}
     for reason in reasons:
         counts[reason] = counts.get(reason, 0) + 1
