@@ -132,7 +132,7 @@ def _reply(message: Mapping[str, Any]) -> dict[str, Any]:
 def _call_of(call: LLMCall, step_reward: float) -> ChatCall | None:
     spans = [s for s in (call.gateway_span, *call.framework_spans) if s is not None]
     messages: list[dict[str, Any]] = []
-    outputs: list[Mapping[str, Any]] = []
+    outputs: Sequence[Mapping[str, Any]] = []
     for span in spans:  # the gateway's span first: it recorded the request and reply as sent
         # an instrumentation's span: GenAI messages, or AgentOps' / older OpenLLMetry's flattened ones
         if not messages:
