@@ -77,6 +77,11 @@ def production_questions(n: int) -> list[dict[str, Any]]:
     return make_tasks(n, seed=1, prefix="prod-", heldout=False)
 
 
+def heldout_questions(n: int) -> list[dict[str, Any]]:
+    """The held-out questions: problems production never asks (``math_tasks.is_heldout``)."""
+    return make_tasks(n, seed=2, prefix="val-", heldout=True)
+
+
 def make_scorer(questions: list[dict[str, Any]]) -> Any:
     """The team's scoring function over a finished trace: the quickstart's reward of the agent's
     last reply against the known answer of the question it was asked (1.0 right, 0.1 a
@@ -203,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     store_url = f"sqlite:///{out / 'traces.db'}"
     questions = production_questions(args.traces)
-    val = make_tasks(args.val, seed=2, prefix="val-", heldout=True)
+    val = heldout_questions(args.val)
     started = time.time()
 
     deployed = deploy_and_ingest(args, store_url, questions)

@@ -206,11 +206,68 @@ def test_source_filter_tells_gateway_rollouts_from_traced_ones(gateway_store: tu
 # --- traced rollouts: instrumentation spans only ------------------------------------------------
 
 
+def _parts(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat message in the OpenTelemetry GenAI ``parts`` form (OpenLLMetry 0.50+)."""
+    if message["role"] == "tool":
+        part = {"type": "tool_call_response", "id": message["tool_call_id"], "response": message["content"]}
+        return {"role": "tool", "parts": [part]}
+    parts: list[dict[str, Any]] = []
+    if message.get("content") is not None:
+        parts.append({"type": "text", "content": message["content"]})
+    for call in message.get("tool_calls") or []:
+        fn = call["function"]
+        parts.append(
+            {"type": "tool_call", "id": call["id"], "name": fn["name"], "arguments": json.loads(fn["arguments"])}
+        )
+    return {"role": message["role"], "parts": parts}
+
+
+def _flat(messages: list[dict[str, Any]], which: str) -> dict[str, Any]:
+    """OpenAI chat messages flattened into ``gen_ai.{prompt,completion}.{i}.*`` (AgentOps, OpenLLMetry
+    before the GenAI message attributes)."""
+    attrs: dict[str, Any] = {}
+    for i, message in enumerate(messages):
+        for key in ("role", "content", "tool_call_id"):
+            if message.get(key) is not None:
+                attrs[f"gen_ai.{which}.{i}.{key}"] = message[key]
+        for j, call in enumerate(message.get("tool_calls") or []):
+            for key, value in (("id", call["id"]), *call["function"].items()):
+                attrs[f"gen_ai.{which}.{i}.tool_calls.{j}.{key}"] = value
+    return attrs
+
+
+def _recorded(messages: list[dict[str, Any]], reply: dict[str, Any], shape: str) -> dict[str, Any]:
+    """A call's messages and the tools it offered (:data:`TOOLS`) as an instrumentation records them."""
+    if shape == "openai":  # OpenInference through its adapter
+        schemas = {f"llm.tools.{i}.tool.json_schema": json.dumps(tool) for i, tool in enumerate(TOOLS)}
+        return {
+            semconv.GEN_AI_INPUT_MESSAGES: json.dumps(messages),
+            semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([reply]),
+            **schemas,
+        }
+    if shape == "parts":
+        return {
+            semconv.GEN_AI_INPUT_MESSAGES: json.dumps([_parts(m) for m in messages]),
+            semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([_parts(reply)]),
+            "gen_ai.tool.definitions": json.dumps([{"type": "function", **tool["function"]} for tool in TOOLS]),
+        }
+    functions = {
+        f"llm.request.functions.{i}.{key}": value if isinstance(value, str) else json.dumps(value)
+        for i, tool in enumerate(TOOLS)
+        for key, value in tool["function"].items()
+    }
+    return {**_flat(messages, "prompt"), **_flat([reply], "completion"), **functions}
+
+
 def traced_rollout(
-    turns: list[tuple[list[dict[str, Any]], dict[str, Any]]], reward: float | None = 1.0, rollout_id: str = "r1"
+    turns: list[tuple[list[dict[str, Any]], dict[str, Any]]],
+    reward: float | None = 1.0,
+    rollout_id: str = "r1",
+    shape: str | None = None,
 ) -> tuple[t.Rollout, list[t.Span]]:
     """A rollout as ingestion stores a trace: OpenInference-style LLM spans translated to GenAI
-    attributes (messages, model, usage), no token ids, no logprobs."""
+    attributes (messages, model, usage), no token ids, no logprobs. With ``shape`` (``openai``,
+    ``parts``, ``flat``) the messages and :data:`TOOLS` are recorded as that instrumentation does."""
     rollout = t.Rollout(
         rollout_id=rollout_id,
         task_id="task",
@@ -233,8 +290,14 @@ def traced_rollout(
                 attributes={
                     semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
                     semconv.GEN_AI_REQUEST_MODEL: "prod-model",
-                    semconv.GEN_AI_INPUT_MESSAGES: json.dumps(messages),
-                    semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([reply]),
+                    **(
+                        _recorded(messages, reply, shape)
+                        if shape is not None
+                        else {
+                            semconv.GEN_AI_INPUT_MESSAGES: json.dumps(messages),
+                            semconv.GEN_AI_OUTPUT_MESSAGES: json.dumps([reply]),
+                        }
+                    ),
                     semconv.GEN_AI_USAGE_INPUT_TOKENS: 10 + i,
                     semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 3,
                 },
@@ -332,6 +395,26 @@ def test_any_conversation_round_trips_through_atif(turns: list[Any], reward: flo
         assert [normalize_message(m) for m in g.messages] == [normalize_message(m) for m in messages]
         assert normalize_message(g.reply) == normalize_message(reply)
     assert trajectory_reward(loaded) == reward
+
+
+@settings(max_examples=40, deadline=None)
+@given(turns=conversations(), shape=st.sampled_from(["openai", "parts", "flat"]))
+def test_every_instrumentation_shape_reads_as_the_same_calls(turns: list[Any], shape: str) -> None:
+    """Invariant: whether the instrumentation recorded OpenAI messages (OpenInference), GenAI
+    ``parts`` (OpenLLMetry 0.50+) or flattened ``gen_ai.prompt.{i}.*`` attributes (AgentOps), every
+    call reads back as the request it sent (in OpenAI's shape), its reply and the tools it offered,
+    and exports to ATIF and back the same."""
+    rollout, spans = traced_rollout(turns, shape=shape)
+    calls = rollout_chat_calls(rollout, spans)
+    assert len(calls) == len(turns)
+    for call, (messages, reply) in zip(calls, turns, strict=True):
+        assert all("parts" not in m for m in [*call.messages, call.reply])
+        assert [normalize_message(m) for m in call.messages] == [normalize_message(m) for m in messages]
+        assert normalize_message(call.reply) == normalize_message(reply) and call.tools == TOOLS
+    got = trajectory_calls(
+        atif.Trajectory.model_validate_json(json.dumps(rollout_trajectory(rollout, spans).to_json_dict()))
+    )
+    assert [(normalize_message(g.reply), g.tools) for g in got] == [(normalize_message(r), TOOLS) for _, r in turns]
 
 
 def test_select_rollouts_keeps_the_best_per_task() -> None:

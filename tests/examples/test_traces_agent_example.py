@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -75,6 +76,27 @@ def test_tiny_run_collects_scores_exports_and_trains(tmp_path: Path) -> None:
         assert (call.reply.get("content") or "") == (chat["messages"][-1].get("content") or "")
         assert trajectory_reward(trajectory) == chat["reward"] is not None
         assert call.logprobs is None  # a traced call: the deployment's server reported none
+
+
+def test_heldout_questions_are_never_production_questions() -> None:
+    """The held-out accuracy measures problems no trace (so no SFT demonstration) asked: every
+    held-out problem against many more production questions than any run asks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("traces_agent_improve", EXAMPLE / "improve.py")
+    assert spec is not None and spec.loader is not None
+    improve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(improve)
+    from math_tasks import N_HELDOUT_PROBLEMS  # on the path improve.py set: the quickstart's tasks
+
+    production = {q["question"] for q in improve.production_questions(4000)}
+    heldout = {q["question"] for q in improve.heldout_questions(N_HELDOUT_PROBLEMS)}
+    assert len(heldout) == N_HELDOUT_PROBLEMS and len(production) > 900
+    assert not production & heldout
+    score = improve.make_scorer(improve.production_questions(64))
+    for question in sorted(heldout)[:8]:  # the scoring function knows no held-out answer
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": "<answer>0</answer>"}]
+        assert score(SimpleNamespace(trajectory=SimpleNamespace(messages=messages))) is None
 
 
 def test_the_published_record_agrees_with_itself() -> None:

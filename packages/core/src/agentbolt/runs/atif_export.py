@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import types as t
 from ..errors import UserError
+from ..lightningrl import spans as sp
 from .chat_calls import ChatCall, normalize_message, rollout_chat_calls
 
 if TYPE_CHECKING:
@@ -79,14 +80,9 @@ def _atif() -> Any:
 
 
 def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text") if p.get("text") is not None else p.get("content", ""))
-            for p in content
-            if isinstance(p, Mapping) and p.get("type", "text") == "text"
-        )
+    text = sp._content_text(content)  # a string, or the text of content parts
+    if text is not None:
+        return text
     return "" if content is None else json.dumps(content)
 
 

@@ -4,7 +4,9 @@ Token ids are not needed here: each call is the chat request the agent sent (Ope
 ``messages``, ``tools``, ``tool_choice``) and the assistant message it got back, read from the
 call's spans -- the gateway's LLM-call span when the call went through agentbolt's gateway, else
 the instrumentation's LLM span (an OpenInference / OpenLLMetry / AgentOps span translated by its
-adapter, e.g. a trace ingested over OTLP). So a traced rollout, whose ids were rebuilt by
+adapter, e.g. a trace ingested over OTLP: its GenAI ``parts`` or flattened ``gen_ai.prompt.{i}.*``
+messages and its tool definitions read as retokenization reads them, by
+:mod:`agentbolt.traces.messages`). So a traced rollout, whose ids were rebuilt by
 retokenization or are missing, exports and trains like any other; the token data the call has is
 carried along (:attr:`ChatCall.prompt_ids`, ...), with its :attr:`ChatCall.token_source`.
 
@@ -31,6 +33,7 @@ from .. import types as t
 from ..lightningrl import spans as sp
 from ..lightningrl.episode import LLMCall
 from ..lightningrl.extraction import extract_episode
+from ..traces.messages import flat_messages, openai_message, tool_definitions
 
 __all__ = [
     "ChatCall",
@@ -106,28 +109,19 @@ def _floats(value: Any, n: int | None) -> list[float] | None:
     return None
 
 
+def _message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded input message in OpenAI's shape (GenAI ``parts`` messages converted)."""
+    if "parts" in message and "content" not in message:
+        return {k: v for k, v in openai_message(message).items() if k != "finish_reason"}
+    return dict(message)
+
+
 def _reply(message: Mapping[str, Any]) -> dict[str, Any]:
     """An output message in OpenAI's shape (GenAI ``parts`` messages converted)."""
     if "parts" in message and "content" not in message:
-        parts = message.get("parts") or []
-        text = "".join(str(p.get("content", "")) for p in parts if isinstance(p, Mapping) and p.get("type") == "text")
-        calls = [
-            {
-                "id": str(p.get("id") or ""),
-                "type": "function",
-                "function": {
-                    "name": str(p.get("name") or ""),
-                    "arguments": p["arguments"]
-                    if isinstance(p.get("arguments"), str)
-                    else json.dumps(p.get("arguments") or {}),
-                },
-            }
-            for p in parts
-            if isinstance(p, Mapping) and p.get("type") == "tool_call"
-        ]
-        out: dict[str, Any] = {"role": "assistant", "content": text or None}
-        if calls:
-            out["tool_calls"] = calls
+        out = _message(message)
+        out["content"] = out.get("content") or None
+        out["role"] = "assistant"
         return out
     keep = ("role", "content", "tool_calls", "reasoning_content")
     out = {k: message[k] for k in keep if k in message}
@@ -138,12 +132,13 @@ def _reply(message: Mapping[str, Any]) -> dict[str, Any]:
 def _call_of(call: LLMCall, step_reward: float) -> ChatCall | None:
     spans = [s for s in (call.gateway_span, *call.framework_spans) if s is not None]
     messages: list[dict[str, Any]] = []
-    outputs: list[Mapping[str, Any]] = []
+    outputs: Sequence[Mapping[str, Any]] = []
     for span in spans:  # the gateway's span first: it recorded the request and reply as sent
+        # an instrumentation's span: GenAI messages, or AgentOps' / older OpenLLMetry's flattened ones
         if not messages:
-            messages = [dict(m) for m in sp.input_messages(span)]
+            messages = [_message(m) for m in sp.input_messages(span) or flat_messages(span.attributes, "prompt")]
         if not outputs:
-            outputs = sp.output_messages(span)
+            outputs = sp.output_messages(span) or flat_messages(span.attributes, "completion")
     if not messages or not outputs:
         return None
     request: Mapping[str, Any] = {}
@@ -152,6 +147,10 @@ def _call_of(call: LLMCall, step_reward: float) -> ChatCall | None:
         if isinstance(body, Mapping):
             request = body
             break
+    if not request.get("tools"):  # a traced call: the tools its instrumentation recorded
+        tools = next((found for s in spans if (found := tool_definitions(s))), None)
+        if tools:
+            request = {**request, "tools": tools}
     first = spans[0]
     model = None
     for key in (semconv.GEN_AI_RESPONSE_MODEL, semconv.GEN_AI_REQUEST_MODEL):

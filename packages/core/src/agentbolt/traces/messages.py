@@ -14,6 +14,7 @@ drift check run on it exactly as the gateway runs them on a live call.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,7 +39,10 @@ def _arguments(value: Any) -> str:
     """Tool-call arguments as the JSON text a provider sends (compact, as OpenAI-style APIs emit)."""
     if isinstance(value, str):
         return value
-    return orjson.dumps(value).decode()
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # what orjson cannot write (an integer beyond 64 bits): the standard library can
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _tool_call(part: Mapping[str, Any]) -> dict[str, Any]:
