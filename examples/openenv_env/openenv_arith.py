@@ -15,7 +15,10 @@ Run the server (OpenEnv's Python server mode, no Docker)::
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import random
+import signal
 import zlib
 from typing import Any
 from uuid import uuid4
@@ -179,6 +182,18 @@ def make_app(max_concurrent_envs: int = 64) -> Any:
 app = make_app()
 
 
+def exit_with_parent(parent_pid: int) -> None:
+    """Linux: get SIGTERM when the process ``parent_pid`` (this one's parent) dies, even by SIGKILL,
+    so a server started by ``train.py`` does not outlive it. Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: train.py's own shutdown stops the server
+        return
+    if os.getppid() != parent_pid:  # the parent died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -186,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--max-concurrent-envs", type=int, default=64)
+    parser.add_argument("--parent-pid", type=int, help="exit when this process, the server's parent, dies (Linux)")
     args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
     uvicorn.run(make_app(args.max_concurrent_envs), host=args.host, port=args.port, log_level="warning")
 
 

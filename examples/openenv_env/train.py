@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def environment_server(url: str | None, sessions: int, timeout_s: float = 300.0)
         return
     port = _free_port()
     cmd = [sys.executable, str(HERE / "openenv_arith.py"), "--port", str(port), "--max-concurrent-envs", str(sessions)]
+    cmd += ["--parent-pid", str(os.getpid())]  # the server dies with this process, even at kill -9
     proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,13 +24,15 @@ from agentbolt import semconv
 from agentbolt import types as t
 from agentbolt.runs.evaluation import RunRecord
 from agentbolt.store import open_store
+from agentbolt_openenv import OpenEnvServerError, check_server
 
 REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "openenv_env"
+
 
 # starts the OpenEnv server and the torch trainer: minutes on 2 shared cores, past the suite's 300 s default
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-
-
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_train_py_runs_on_the_tiny_model(tmp_path: Path) -> None:
     pytest.importorskip("agentbolt_torch")
     store = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -83,3 +88,57 @@ def test_train_py_runs_on_the_tiny_model(tmp_path: Path) -> None:
         assert 0 in steps
         if len(steps) == 1:  # no step: the episode was cut, reward truncated_reward
             assert rollout.final_reward == 0.0
+
+
+def test_heldout_and_train_episodes_share_no_problem() -> None:
+    """The ``test`` split's episodes (the held-out set) never ask a problem a ``train`` episode
+    asks, whatever the seed: the splits partition the problems, and episodes draw only from theirs."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(EXAMPLE)!r})
+        from openenv_arith import PROBLEMS, SPLITS, episode_problems
+        train, test = set(SPLITS["train"]), set(SPLITS["test"])
+        assert not train & test and train | test == set(PROBLEMS) and len(PROBLEMS) == len(set(PROBLEMS))
+        asked_train = {{p for seed in range(4000) for p in episode_problems(seed, "train")}}
+        asked_test = {{p for seed in range(200) for p in episode_problems(seed, "test")}}
+        assert asked_train <= train and asked_test <= test and not asked_train & asked_test
+        print(len(train), len(test), len(asked_test))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n_train, n_test, asked_test = map(int, proc.stdout.split())
+    assert n_train + n_test == 1160 and n_test > 0 and asked_test > 0
+
+
+def test_the_server_train_py_starts_dies_with_it_at_kill_9(tmp_path: Path) -> None:
+    """train.py's OpenEnv server subprocess does not outlive a train.py killed with SIGKILL."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(EXAMPLE)!r})
+        from train import environment_server
+        with environment_server(None, sessions=2) as url:
+            print(url, flush=True)
+            time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        check_server(url)  # up
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        for _ in range(120):  # the server gets SIGTERM from the kernel and shuts down
+            try:
+                check_server(url, timeout_s=1.0)
+            except OpenEnvServerError:
+                return
+            time.sleep(0.5)
+        pytest.fail(f"the environment server at {url} is still up after its parent was killed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

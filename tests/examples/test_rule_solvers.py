@@ -26,7 +26,7 @@ EXAMPLES = sorted(p.parent.name for p in (REPO / "examples").glob("*/baselines.p
 
 
 def test_every_example_with_trivial_policies_has_rule_solvers() -> None:
-    assert set(EXAMPLES) >= {"quickstart", "sql_agent", "rag_agent", "calc_agent"}
+    assert set(EXAMPLES) >= {"quickstart", "sql_agent", "rag_agent", "calc_agent", "openenv_env", "verifiers_env"}
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

@@ -38,7 +38,7 @@ EXAMPLES = sorted(p.parent.name for p in (REPO / "examples").glob("*/baselines.p
 
 
 def test_the_examples_with_baselines_are_found() -> None:
-    assert {"quickstart", "rag_agent", "sql_agent"} <= set(EXAMPLES)
+    assert {"quickstart", "rag_agent", "sql_agent", "openenv_env", "verifiers_env"} <= set(EXAMPLES)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

@@ -100,6 +100,16 @@ def test_rewards_are_the_servers_and_ids_exact(openenv_server: RunningServer) ->
         assert rollout.final_reward == server_steps[-1]["reward"]
         # each environment reward counts once
         assert sum(intermediate) + rollout.final_reward == pytest.approx(sum(s["reward"] for s in server_steps))
+        # each intermediate reward names the call that chose its step's action, by the span id the
+        # gateway sent in its response header (step k's action came from the rollout's k-th call)
+        mine = sorted(spans[rollout.rollout_id], key=lambda s: s.start_time_ns)
+        calls = [s.span_id for s in mine if s.name == semconv.SPAN_LLM_CALL]
+        targets = [
+            s.attributes.get(semconv.REWARD_TARGET_SPAN_ID)
+            for s in mine
+            if s.name == semconv.SPAN_REWARD and not s.attributes[semconv.REWARD_IS_FINAL]
+        ]
+        assert len(calls) == 3 and targets == calls[: len(targets)] and len(targets) == 2
 
     # LightningRL attaches each step's reward to the call that chose its action
     batch = LightningRL(credit="intermediate").process(rollouts, spans)
