@@ -228,8 +228,9 @@ def _window(samples: Sequence[_Sample], *, solvable: bool = True) -> Window:
     multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
-    solved = [g for g in multi if solvable and all(x.reward >= SOLVED_REWARD for x in g)]
-    unsolved = [g for g in multi if g not in solved]
+    solved, unsolved = [], []
+    for g in multi:
+        (solved if solvable and all(x.reward >= SOLVED_REWARD for x in g) else unsolved).append(g)
     in_open = sum(len(g) for g in unsolved)
     open_duplicates = sum(len(g) - len({x.response for x in g}) for g in unsolved)
     tool_groups = [[x for x in g if x.offered_tools] for g in groups.values()]
