@@ -228,7 +228,8 @@ def _window(samples: Sequence[_Sample], *, solvable: bool = True) -> Window:
     multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
-    solved, unsolved = [], []
+    solved: list[list[_Sample]] = []
+    unsolved: list[list[_Sample]] = []
     for g in multi:
         (solved if solvable and all(x.reward >= SOLVED_REWARD for x in g) else unsolved).append(g)
     in_open = sum(len(g) for g in unsolved)
