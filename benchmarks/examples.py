@@ -561,18 +561,9 @@ def record_figure(record: RunRecord, metrics: Path | None) -> Any:
     fig = Figure(figsize=(11, 4.2))
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
-    rewards = []
-    if metrics is not None and metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line) if line.strip() else {}
-            if isinstance(row.get("train/reward"), int | float):
-                rewards.append((row["step"], row["train/reward"]))
-    if rewards:
-        steps, values = zip(*rewards, strict=True)
-        left.plot(steps, values, "o-", alpha=0.5, label="per step")
-        window = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
-        left.plot(steps, window, lw=2, label="moving average (5)")
-        left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)  # below: hides no point
+    from agentbolt_torch.training.metrics import plot_reward, read_metrics
+
+    plot_reward(left, read_metrics(metrics) if metrics is not None and metrics.is_file() else [])
     left.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     left.set(title="training reward", xlabel="step", ylabel="mean reward of the step's rollouts")
     for name, score in record.heldout.items():

@@ -88,6 +88,13 @@ def test_identical_samples_below_full_reward_are_not_solved() -> None:
     assert codes(health) == {"entropy_collapse": "warning", "identical_samples": "warning"}
 
 
+def test_identical_samples_on_another_reward_scale_are_not_solved() -> None:
+    """On a 0-10 grade, a reward of 3 is not full reward: one reply repeated in every group warns."""
+    health = run([[(0, 3.0)] * 4] * 3 + [[(1, 10.0), (2, 0.0), (3, 5.0), (4, 10.0)]])
+    assert health.last is not None and health.last.solved_groups == 0
+    assert codes(health) == {"entropy_collapse": "warning", "identical_samples": "warning"}
+
+
 def test_without_groups_the_tokens_alone_decide() -> None:
     health = run([[(g, 0.1 if g % 2 else 1.0)] for g in range(4)], grouped=False)
     assert health.last is not None and health.last.multi_groups == 0 and health.last.open_duplicate_share is None
@@ -105,26 +112,35 @@ def test_every_group_solved_is_no_collapse() -> None:
     assert codes(health) == {}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(
-        st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0.0, 0.1, 1.0])), min_size=1, max_size=4),
+        st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0.0, 0.1, 1.0, 5.0])), min_size=1, max_size=4),
         min_size=1,
         max_size=5,
-    )
+    ),
+    st.sampled_from([CERTAIN, -0.5]),
 )
-def test_findings_follow_the_open_groups(groups: list[list[tuple[int, float]]]) -> None:
-    """Whatever the groups: solved groups are among the multi-sample ones, and a sampling warning
-    is raised exactly when the open groups' samples repeat at least ``DUPLICATE_SHARE`` (or, with
-    no group of several samples, when the certain tokens are enough to judge)."""
-    health = run(groups)
+def test_findings_follow_the_open_groups(groups: list[list[tuple[int, float]]], logprob: float) -> None:
+    """Whatever the groups, rewards (on a 0-1 scale or above it) and token certainty: a sampling
+    warning is raised exactly when the open groups' samples repeat at least ``DUPLICATE_SHARE`` (or,
+    with no group of several samples, when the certain tokens are enough to judge). The expected
+    counts are worked out here from the groups, not read back from the window."""
+    health = run(groups, logprob=logprob)
     last = health.last
     assert last is not None
-    assert 0 <= last.solved_groups + last.open_identical_groups <= last.multi_groups
+    multi = [g for g in groups if len(g) >= 2]
+    on_scale = all(reward <= 1.0 for g in groups for _, reward in g)
+    open_groups = [g for g in multi if not (on_scale and all(reward >= 1.0 for _, reward in g))]
+    in_open = sum(len(g) for g in open_groups)
+    repeats = sum(len(g) - len({reply for reply, _ in g}) for g in open_groups)
+    assert (last.multi_groups, last.solved_groups) == (len(multi), len(multi) - len(open_groups))
+    assert last.open_duplicate_share == (repeats / in_open if in_open else None)
     found = codes(health)
-    stuck = last.open_duplicate_share is not None and last.open_duplicate_share >= DUPLICATE_SHARE
+    stuck = in_open > 0 and repeats / in_open >= DUPLICATE_SHARE
     assert ("identical_samples" in found) == stuck
-    judged = last.tokens >= MIN_TOKENS and not (last.multi_groups > 0 and last.solved_groups == last.multi_groups)
-    expect_warning = judged and (stuck or last.multi_groups == 0)
+    tokens = REPLY * sum(len(g) for g in groups)
+    judged = logprob == CERTAIN and tokens >= MIN_TOKENS and not (multi and not open_groups)
+    expect_warning = judged and (stuck or not multi)
     assert ("entropy_collapse" in found) == expect_warning
     assert ("low_entropy" in found) == (judged and not expect_warning)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -147,3 +149,16 @@ def test_failed_episode_fails_the_rollout_with_its_errors() -> None:
     (rollout,) = run.rollouts
     assert rollout.status is t.RolloutStatus.FAILED
     assert "verifiers episode failed" in rollout.error.message
+
+
+def test_loading_the_plugin_imports_no_verifiers() -> None:
+    """Every store, runner and CLI command loads the plugins: the entry module (which imports the
+    package) must leave verifiers, and what it pulls in (sympy), unimported until a name is used."""
+    code = (
+        "import sys, agentbolt_verifiers.plugin, agentbolt_verifiers as p\n"
+        "heavy = sorted(m for m in ('verifiers', 'sympy') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "p.export_environment\n"
+        "assert 'verifiers' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

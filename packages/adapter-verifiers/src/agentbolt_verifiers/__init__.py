@@ -6,22 +6,14 @@
 - :mod:`.export`: an agentbolt agent and its tasks as a verifiers environment (a taskset, a
   harness that runs the agent, and the env that pairs them), for ``vf-eval`` and other trainers.
 
-Importing this package imports verifiers; the plugin entry module (:mod:`.plugin`) does not.
+Importing this package is cheap (the plugin entry module, :mod:`.plugin`, imports it); verifiers
+loads when a name below is first used.
 """
 
 from __future__ import annotations
 
+from agentbolt._lazy import lazy_exports
 from agentbolt.plugins import distribution_version
-
-from .environment import (
-    VerifiersAgent,
-    VerifiersEpisodeError,
-    episode_reward,
-    load_environment,
-    parse_reference,
-    tasks,
-)
-from .export import export_environment
 
 __version__ = distribution_version("agentbolt-verifiers")
 
@@ -35,3 +27,17 @@ __all__ = [
     "parse_reference",
     "tasks",
 ]
+
+_LAZY = {
+    "VerifiersAgent": "environment",
+    "VerifiersEpisodeError": "environment",
+    "episode_reward": "environment",
+    "load_environment": "environment",
+    "parse_reference": "environment",
+    "tasks": "environment",
+    "export_environment": "export",
+}
+"""Imported when first used: the plugin entry module (:mod:`.plugin`) imports this package, and every
+store, runner and CLI command loads the plugins, so importing verifiers here would cost them all."""
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

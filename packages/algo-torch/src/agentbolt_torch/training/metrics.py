@@ -36,6 +36,7 @@ __all__ = [
     "format_metrics",
     "per_rollout",
     "plot_curves",
+    "plot_reward",
     "read_metrics",
     "step_means",
 ]
@@ -344,6 +345,21 @@ def plot_curves(
     return out
 
 
+def plot_reward(
+    ax: Any, records: Sequence[Mapping[str, Any]], *, reward_key: str = REWARD_KEY, window: int = 5
+) -> None:
+    """Draw the training reward per step and its moving average on the matplotlib axes ``ax``,
+    the legend below the axes (it hides no point). :func:`curve_figure` and the published
+    examples' curves (``benchmarks/examples.py``) draw their reward panel with it."""
+    xs, ys = _series(records, reward_key)
+    if not xs:
+        return
+    ax.plot(xs, ys, color="tab:blue", alpha=0.35, marker=".", linewidth=1, label="per step")
+    if len(ys) > 1:
+        ax.plot(xs, _moving_average(ys, window), color="tab:blue", linewidth=2, label=f"moving avg ({window})")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # below: hides no point
+
+
 def curve_figure(
     records: Sequence[Mapping[str, Any]],
     *,
@@ -371,10 +387,7 @@ def curve_figure(
         if not xs:
             ax.text(0.5, 0.5, f"no '{key}' values logged", ha="center", va="center", transform=ax.transAxes)
         elif key == reward_key:
-            ax.plot(xs, ys, color="tab:blue", alpha=0.35, marker=".", linewidth=1, label="per step")
-            if len(ys) > 1:
-                ax.plot(xs, _moving_average(ys, window), color="tab:blue", linewidth=2, label=f"moving avg ({window})")
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # below: hides no point
+            plot_reward(ax, records, reward_key=reward_key, window=window)
         else:
             ns = [counts.get(x) for x in xs]
             # a share of n held-out questions: its standard error is sqrt(p (1 - p) / n)

@@ -19,7 +19,8 @@ error is the spread of the per-task differences over the square root of their nu
   :data:`SOLVED_REWARD`, 1.0: a task done right, as the examples' rewards and accuracy count it).
   Samples of a solved group agreeing is what learning aims at, not a collapse; the sampling checks
   below count the groups still to learn ("open" groups). A reward on another scale never counts a
-  group solved, so every group stays open, as before.
+  group solved (a run whose training rewards go above 1.0 counts none solved), so every group stays
+  open, as before.
 - ``identical_samples`` (warning): at least half of the samples of the last steps' open groups
   repeat, token for token, an earlier sample of their group; such groups have zero advantage.
 - ``entropy_collapse`` (warning): in the last steps the sampled response tokens had a mean
@@ -215,7 +216,9 @@ class Window:
         return str(self.first_step) if self.first_step == self.last_step else f"{self.first_step}-{self.last_step}"
 
 
-def _window(samples: Sequence[_Sample]) -> Window:
+def _window(samples: Sequence[_Sample], *, solvable: bool = True) -> Window:
+    """The checks' numbers over ``samples``; with ``solvable`` false (a run whose rewards go above
+    :data:`SOLVED_REWARD`, on another scale) no group counts solved."""
     groups: dict[str, list[_Sample]] = {}
     for s in samples:
         groups.setdefault(s.group, []).append(s)
@@ -225,8 +228,10 @@ def _window(samples: Sequence[_Sample]) -> Window:
     multi = [g for g in answered if len(g) >= 2]
     duplicates = sum(len(g) - len({x.response for x in g}) for g in multi)
     in_multi = sum(len(g) for g in multi)
-    solved = [g for g in multi if all(x.reward >= SOLVED_REWARD for x in g)]
-    unsolved = [g for g in multi if g not in solved]
+    solved: list[list[_Sample]] = []
+    unsolved: list[list[_Sample]] = []
+    for g in multi:
+        (solved if solvable and all(x.reward >= SOLVED_REWARD for x in g) else unsolved).append(g)
     in_open = sum(len(g) for g in unsolved)
     open_duplicates = sum(len(g) - len({x.response for x in g}) for g in unsolved)
     tool_groups = [[x for x in g if x.offered_tools] for g in groups.values()]
@@ -553,7 +558,9 @@ def diagnose_run(run_id: str, rollouts: Sequence[t.Rollout], spans: Mapping[str,
     if not train:
         return health
     first_samples, last_samples = _windows(train)
-    first, last = _window(first_samples), _window(last_samples)
+    # on another reward scale (a 0-10 grade, a count of tests passed) full reward is not 1.0: no group counts solved
+    solvable = all(s.reward <= SOLVED_REWARD for s in train)
+    first, last = _window(first_samples, solvable=solvable), _window(last_samples, solvable=solvable)
     if first.first_step == last.first_step:
         first = last  # one step: nothing to compare over time
     health.first, health.last = first, last
