@@ -38,6 +38,15 @@ def die(log: CallLog) -> None:
     log._current = None
 
 
+async def crash(gateway: Gateway) -> None:
+    """kill -9 of a gateway: its log's files are left as they are, nothing flushed or cleaned up."""
+    assert gateway.call_log is not None
+    die(gateway.call_log)
+    assert gateway._spans._task is not None
+    await cancel_and_wait(gateway._spans._task)
+    await gateway._server.stop()
+
+
 def a_span(number: int, attempt_id: str = "a") -> t.Span:
     return t.Span(
         rollout_id="r", attempt_id=attempt_id, trace_id="0" * 32, span_id=f"{number:016x}", name="x", start_time_ns=1
@@ -78,11 +87,7 @@ async def test_answered_calls_survive_a_crash_while_the_store_has_none_of_them(t
             # the client has the answer: the log has the call, the store none yet
             assert [s.attributes[semconv.GEN_AI_RESPONSE_ID] for s in logged(calls)] == ids
         assert await llm_calls(store, "r") == []
-        assert gateway.call_log is not None
-        die(gateway.call_log)  # kill -9: nothing flushed, nothing cleaned up
-        assert gateway._spans._task is not None
-        await cancel_and_wait(gateway._spans._task)
-        await gateway._server.stop()
+        await crash(gateway)
     await store.close()
 
     store = open_store(url)  # the gateway restarted on the same database and directory
@@ -132,11 +137,7 @@ async def test_calls_dropped_from_a_full_span_buffer_stay_in_the_log_until_a_res
         stats = gateway.stats()
         assert stats["spans_dropped"] == 6 and stats["spans_written"] == 3
         assert len(await llm_calls(store, "r")) == 3
-        assert gateway.call_log is not None
-        die(gateway.call_log)
-        assert gateway._spans._task is not None
-        await cancel_and_wait(gateway._spans._task)
-        await gateway._server.stop()
+        await crash(gateway)
     await store.close()
 
     store = open_store(url)
