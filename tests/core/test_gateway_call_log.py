@@ -8,6 +8,7 @@ tests/core/online/test_serve_crash.py."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,15 @@ def die(log: CallLog) -> None:
         os.close(segment.fd)
     log._closed.clear()
     log._current = None
+
+
+async def crash(gateway: Gateway) -> None:
+    """kill -9 of a gateway: its log's files are left as they are, nothing flushed or cleaned up."""
+    assert gateway.call_log is not None
+    die(gateway.call_log)
+    assert gateway._spans._task is not None
+    await cancel_and_wait(gateway._spans._task)
+    await gateway._server.stop()
 
 
 def a_span(number: int, attempt_id: str = "a") -> t.Span:
@@ -77,11 +87,7 @@ async def test_answered_calls_survive_a_crash_while_the_store_has_none_of_them(t
             # the client has the answer: the log has the call, the store none yet
             assert [s.attributes[semconv.GEN_AI_RESPONSE_ID] for s in logged(calls)] == ids
         assert await llm_calls(store, "r") == []
-        assert gateway.call_log is not None
-        die(gateway.call_log)  # kill -9: nothing flushed, nothing cleaned up
-        assert gateway._spans._task is not None
-        await cancel_and_wait(gateway._spans._task)
-        await gateway._server.stop()
+        await crash(gateway)
     await store.close()
 
     store = open_store(url)  # the gateway restarted on the same database and directory
@@ -96,6 +102,53 @@ async def test_answered_calls_survive_a_crash_while_the_store_has_none_of_them(t
         await restarted.stop()
         await store.close()
     assert list(calls.iterdir()) == []  # a clean stop leaves nothing behind
+
+
+async def test_calls_dropped_from_a_full_span_buffer_stay_in_the_log_until_a_restart_stores_them(
+    tmp_path: Path,
+) -> None:
+    """The store fails while more calls come than the buffer holds, then recovers: the gateway
+    drops the oldest spans from memory, but not from the log; a restart stores every call."""
+    url, calls = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "calls"
+    store = open_store(url)
+    await store.enqueue([t.RolloutSpec(rollout_id="r")])
+    (claim,) = await store.dequeue("w")
+    add_spans, failing = store._add_spans, asyncio.Event()
+    failing.set()
+
+    async def flaky(spans: Sequence[t.Span]) -> int:
+        if failing.is_set():
+            raise OSError("the store is unreachable")
+        return await add_spans(spans)
+
+    store._add_spans = flaky  # type: ignore[method-assign]
+    async with FakeLLMServer(FakeLLM(default_reply="The answer is 42.")) as server:
+        gateway = Gateway(store, [server.base_url], call_log=calls, max_buffered_spans=3)
+        await gateway.start()
+        client = openai.AsyncOpenAI(
+            base_url=gateway.base_url_for("r", claim.attempt.attempt_id), api_key="k", max_retries=0
+        )
+        ids = []
+        for i in range(9):
+            messages: list[Any] = [{"role": "user", "content": f"question {i}"}]
+            ids.append((await client.chat.completions.create(model="m", messages=messages)).id)
+        failing.clear()
+        await gateway.flush()
+        stats = gateway.stats()
+        assert stats["spans_dropped"] == 6 and stats["spans_written"] == 3
+        assert len(await llm_calls(store, "r")) == 3
+        await crash(gateway)
+    await store.close()
+
+    store = open_store(url)
+    restarted = Gateway(store, [], call_log=calls)
+    await restarted.start()
+    try:
+        stored = await llm_calls(store, "r")
+        assert sorted(s.attributes[semconv.GEN_AI_RESPONSE_ID] for s in stored) == sorted(ids)
+    finally:
+        await restarted.stop()
+        await store.close()
 
 
 async def _never(spans: Sequence[t.Span]) -> int:
@@ -166,3 +219,46 @@ def test_no_unreleased_span_is_ever_missing_from_disk(
     assert logged(directory) == []
     log.close()
     assert list(directory.iterdir()) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.just("append"), st.just("drop"), st.integers(min_value=0, max_value=6)), max_size=60))
+def test_a_dropped_span_stays_on_disk_for_the_next_recover(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[str | int]
+) -> None:
+    """Any order of appends, releases and drops (``drop``: the writer's full buffer lets go of its
+    oldest span, which counts as done): a dropped span is never released from disk, and once the
+    rest of its segment is released the segment is unlocked, for a recover to take."""
+    directory = tmp_path_factory.mktemp("log")
+    log = CallLog(directory, segment_bytes=600)
+    log.open()
+    appended = done = 0
+    kept: set[int] = set()
+    for step in steps:
+        if step == "append":
+            appended += 1
+            log.append(a_span(appended), appended)
+        elif step == "drop":
+            if done < appended:
+                done += 1
+                kept.add(done)
+                log.keep(done, done)
+                log.release(done)
+        else:
+            done = max(done, appended - int(step))
+            log.release(done)
+        on_disk = {int(s.span_id, 16) for s in logged(directory)}
+        assert set(range(done + 1, appended + 1)) | kept <= on_disk
+    log.release(appended)
+    assert kept <= {int(s.span_id, 16) for s in logged(directory)}
+    if not kept:
+        assert logged(directory) == []
+    for path in directory.glob("calls-*.log"):  # no live gateway holds a kept one: a recover takes it
+        if path.stat().st_size == 0:  # the live current segment
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    log.close()

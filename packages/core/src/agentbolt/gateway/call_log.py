@@ -12,7 +12,9 @@ the SQLite store's last commits with ``synchronous=NORMAL`` (the default).
 The log is kept in segments. Each belongs to one live gateway, which holds an exclusive
 ``flock`` on it until every span in it is in the store (then the segment is emptied, or
 deleted once full); a segment whose lock can be taken belongs to a gateway that died, and is
-what :meth:`CallLog.recover` replays. Several gateways can therefore share one directory.
+what :meth:`CallLog.recover` replays. A segment holding a span the gateway dropped from its full
+span buffer (the store was unreachable for long) is kept, and unlocked once the rest of its spans
+are stored: the next recover adds the dropped ones. Several gateways can therefore share one directory.
 Segments are created under a temporary name, locked, then renamed, so a recovering gateway never
 takes a segment another has just made.
 
@@ -52,8 +54,12 @@ class _Segment:
     path: Path
     fd: int
     size: int = 0
+    first: int = 0
+    """Number (the span writer's count) of the first span appended since it was last emptied."""
     last: int = 0
-    """Number (the span writer's count) of the last span appended."""
+    """Number of the last span appended."""
+    kept: bool = False
+    """It holds a span the writer dropped: it stays on disk for the next :meth:`CallLog.recover`."""
 
 
 class CallLog:
@@ -145,6 +151,8 @@ class CallLog:
             if more <= 0:
                 raise OSError(f"could not append to the call log {segment.path}")
             written += more
+        if segment.size == 0:
+            segment.first = number
         segment.size += len(line)
         segment.last = number
         self.appended += 1
@@ -157,12 +165,32 @@ class CallLog:
         closed segments they cover and empty the current one if it holds nothing newer."""
         while self._closed and self._closed[0].last <= done:
             segment = self._closed.pop(0)
-            segment.path.unlink(missing_ok=True)
-            os.close(segment.fd)
+            if not segment.kept:
+                segment.path.unlink(missing_ok=True)
+            os.close(segment.fd)  # a kept one is left unlocked: the next recover() stores its spans
         current = self._current
         if current is not None and current.size and current.last <= done:
             os.ftruncate(current.fd, 0)  # O_APPEND: the next line starts at offset 0
             current.size = 0
+
+    def keep(self, first: int, last: int) -> None:
+        """Spans ``first`` .. ``last`` will not reach the store from memory (the writer's buffer
+        was full): keep the segments holding them on disk, past :meth:`release`, for the next
+        :meth:`recover` on the directory to add them (the current one is closed for that)."""
+        for segment in self._closed:
+            if segment.size and segment.first <= last and first <= segment.last:
+                segment.kept = True
+        current = self._current
+        if current is not None and current.size and current.first <= last and first <= current.last:
+            current.kept = True
+            self._closed.append(current)
+            self._current = self._new_segment()
+            log.error(
+                "call log %s: calls dropped from the full span buffer stay in %s; the next gateway "
+                "started on the directory adds them to the store",
+                self.directory,
+                current.path.name,
+            )
 
     def _new_segment(self) -> _Segment:
         name = secrets.token_hex(8)

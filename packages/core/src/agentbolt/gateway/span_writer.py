@@ -67,6 +67,8 @@ class SpanWriter:
         """(span number, future) of :meth:`write` calls, in span order."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._in_flight = 0
+        """Spans at the head of :attr:`buffered` in the store write in progress."""
 
     def start(self) -> None:
         """Start the background writer on the running loop."""
@@ -143,14 +145,27 @@ class SpanWriter:
 
     def _queue(self, span: t.Span) -> None:
         if len(self.buffered) >= self.max_buffered:
+            first = self.added - len(self.buffered) + 1  # the number of the oldest buffered span
             self.buffered.pop(0)
-            self.dropped += 1
+            if self._in_flight:  # it is in the write in progress: dropped only if that write fails
+                self._in_flight -= 1
+            else:
+                self._drop(first, 1)
             log.error(
                 "gateway span buffer full (%d): dropping the oldest span; is the store reachable?", self.max_buffered
             )
         self.buffered.append(span)
         self.added += 1
         self._wakeup.set()
+
+    def _drop(self, first: int, count: int) -> None:
+        """Count spans ``first`` .. ``first + count - 1`` as dropped from the full buffer; with a
+        call log their entries stay on disk, for the next gateway started on it to store."""
+        if count <= 0:
+            return
+        self.dropped += count
+        if self.call_log is not None:
+            self.call_log.keep(first, first + count - 1)
 
     def _settle(self) -> None:
         """Release the :meth:`write` calls whose spans are written (or dropped)."""
@@ -185,6 +200,8 @@ class SpanWriter:
                     await asyncio.wait_for(self._urgent.wait(), self.interval_s)
             while self.buffered:
                 batch = self.buffered[: self.batch]
+                first = self.added - len(self.buffered) + 1
+                self._in_flight = len(batch)
                 try:
                     await self.store.add_spans(batch)
                 except NotFoundError as exc:  # rollouts purged meanwhile: those spans have no home
@@ -192,13 +209,16 @@ class SpanWriter:
                     self.dropped += len(batch)
                 except Exception as exc:
                     log.warning("writing %d gateway spans failed (%s); retrying in %.1f s", len(batch), exc, backoff)
+                    self._drop(first, len(batch) - self._in_flight)  # the ones a full buffer let go meanwhile
+                    self._in_flight = 0
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
                     continue
                 else:
                     self.written += len(batch)
                     backoff = 0.5
-                del self.buffered[: len(batch)]
+                del self.buffered[: self._in_flight]  # less the ones a full buffer let go meanwhile
+                self._in_flight = 0
                 self._settle()
                 self._written.set()
                 await asyncio.sleep(0)  # small batches, a pause between: calls never wait long on a write
