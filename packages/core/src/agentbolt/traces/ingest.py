@@ -32,7 +32,7 @@ from .. import semconv
 from .. import types as t
 from .._tasks import cancel_and_wait
 from ..errors import InvalidTransitionError, NotFoundError, UserError
-from ..reward_validation import RewardRefused, reward_span_problem
+from ..reward_validation import reward_span_problem
 from ..store.base import Store
 from ..store.run_records import RunSpec
 from .grouping import GroupState, TraceGrouping
@@ -291,7 +291,7 @@ class TraceIngestor:
         if self.scorer is not None:
             try:
                 reward = await run_scorer(self.scorer, traced)
-            except (RewardRefused, Exception) as exc:
+            except Exception as exc:  # the scorer raised, or its value was refused (RewardRefused)
                 log.warning("scoring %s failed: %s; it gets no reward from the scorer", state.rollout_id, exc)
                 state.completion_note = f"scorer failed: {exc}"[:300]
             if reward is not None:
