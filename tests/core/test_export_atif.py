@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,17 @@ def test_the_trace_marker_is_the_ingestions() -> None:
     assert TRACE_SOURCE_KEY == META_SOURCE
     marked = t.Rollout(rollout_id="r", metadata={META_SOURCE: "trace"})
     assert rollout_source(marked, []) is RolloutSource.traces
+
+
+def test_the_exports_read_the_trace_marker_without_the_ingestor() -> None:
+    """The marker has one definition (agentbolt.traces.metadata): reading it costs no ingestor,
+    store or receivers."""
+    code = (
+        "import sys, agentbolt.runs.chat_calls\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('agentbolt.traces.', 'agentbolt.store'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['agentbolt.traces.messages', 'agentbolt.traces.metadata']"
 
 
 def test_source_filter_tells_gateway_rollouts_from_traced_ones(gateway_store: tuple[str, str], tmp_path: Path) -> None:

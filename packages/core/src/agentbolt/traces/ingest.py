@@ -36,6 +36,7 @@ from ..reward_validation import reward_span_problem
 from ..store.base import Store
 from ..store.run_records import RunSpec
 from .grouping import GroupState, TraceGrouping
+from .metadata import META_GROUP, META_KEY, META_SOURCE, SOURCE_TRACE
 from .rewards import Scorer, TracedRollout, TraceFeedback, reward_span, rewards_of, run_scorer
 from .translation import SpanTranslation
 
@@ -43,12 +44,6 @@ __all__ = ["META_KEY", "META_SOURCE", "IngestOptions", "TraceIngestor", "Unknown
 
 log = logging.getLogger(__name__)
 
-META_SOURCE = "agentbolt.source"
-"""Rollout metadata: ``"trace"`` on every rollout built from traces."""
-META_KEY = "agentbolt.trace.key"
-"""Rollout metadata: the trace id (or session value) the rollout was built from."""
-META_GROUP = "agentbolt.trace.group"
-"""Rollout metadata: ``trace`` or ``session``."""
 WORKER_ID = "agentbolt-ingest"
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _LEASE_S = 3600.0
@@ -210,7 +205,7 @@ class TraceIngestor:
             run_id=self.run_id,
             input={f"{kind}_id": key},
             max_attempts=1,
-            metadata={META_SOURCE: "trace", META_GROUP: kind, META_KEY: key},
+            metadata={META_SOURCE: SOURCE_TRACE, META_GROUP: kind, META_KEY: key},
         )
         (rollout,) = await self.store.enqueue([spec])
         if rollout.status == t.RolloutStatus.QUEUED:
