@@ -34,7 +34,7 @@ from .._tasks import cancel_and_wait
 from ..errors import InvalidTransitionError, NotFoundError, UserError
 from ..reward_validation import reward_span_problem
 from ..store.base import Store
-from ..store.run_records import RunSpec
+from ..store.run_records import RolloutSearch, RunSpec
 from .grouping import GroupState, TraceGrouping
 from .metadata import META_GROUP, META_KEY, META_SOURCE, SOURCE_TRACE
 from .rewards import Scorer, TracedRollout, TraceFeedback, reward_span, rewards_of, run_scorer
@@ -127,8 +127,46 @@ class TraceIngestor:
                 "tokenizer": self.translation.retokenizer is not None,
             }
             await self.store.start_run(RunSpec(run_id=self.run_id, name=self.run_id, algorithm="ingest", config=config))
+        else:
+            await self._rebuild_trace_groups()
         if keeper:
             self._task = asyncio.get_running_loop().create_task(self._keep(), name="agentbolt-ingest")
+
+    async def _rebuild_trace_groups(self) -> None:
+        """Session grouping on a resumed run: which group each trace already stored joined, read
+        from the store (the traced rollouts' metadata, the trace ids of their spans). Without it a
+        resent span of a trace that named its session, itself naming none, would become a rollout
+        of its own trace: stored twice."""
+        if self.grouping.group_by is None:
+            return
+        sessions: dict[str, str] = {}
+        """Rollout id -> session value."""
+        traces: list[str] = []
+        offset = 0
+        while True:
+            page = await self.store.search_rollouts(RolloutSearch(run_id=self.run_id, limit=1000, offset=offset))
+            for rollout in page.items:
+                meta = rollout.metadata
+                if meta.get(META_SOURCE) != SOURCE_TRACE or not isinstance(key := meta.get(META_KEY), str):
+                    continue
+                if meta.get(META_GROUP) == "session":
+                    sessions[rollout.rollout_id] = key
+                elif meta.get(META_GROUP) == "trace":
+                    traces.append(key)
+            offset += len(page.items)
+            if not page.items or offset >= page.total:
+                break
+        known = self.grouping.trace_group
+        ids = sorted(sessions)
+        for i in range(0, len(ids), 200):
+            for rollout_id, spans in (await self.store.query_spans(ids[i : i + 200])).items():
+                for span in spans:
+                    if not _own_reward(span):
+                        known.setdefault(span.trace_id, ("session", sessions[rollout_id]))
+        for trace_id in traces:
+            known.setdefault(trace_id, ("trace", trace_id))
+        if known:
+            log.info("run %s resumed: %d traces of %d sessions known", self.run_id, len(known), len(sessions))
 
     async def stop(self) -> None:
         """Stop the keeper; open traces stay open in the store (a restart resumes them). Spans
