@@ -205,9 +205,8 @@ def main() -> None:
     arms = {name: Arm(name, args.model, args.seed) for name in ARMS}  # both up: rounds alternate
     rounds = []
     try:
-        for _ in range(1):  # warm-up, not recorded: first-call compilation and allocation
-            for arm in arms.values():
-                asyncio.run(one_round(arm, 2, 1, 8))
+        for arm in arms.values():  # warm-up, not recorded: first-call compilation and allocation
+            asyncio.run(one_round(arm, 2, 1, 8))
         for i in range(args.rounds):
             for name in ARMS:
                 result = asyncio.run(one_round(arms[name], args.requests, args.n, args.max_tokens))

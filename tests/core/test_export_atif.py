@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,17 @@ def test_the_trace_marker_is_the_ingestions() -> None:
     assert rollout_source(marked, []) is RolloutSource.traces
 
 
+def test_the_exports_read_the_trace_marker_without_the_ingestor() -> None:
+    """The marker has one definition (agentbolt.traces.metadata): reading it costs no ingestor,
+    store or receivers."""
+    code = (
+        "import sys, agentbolt.runs.chat_calls\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('agentbolt.traces.', 'agentbolt.store'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['agentbolt.traces.messages', 'agentbolt.traces.metadata']"
+
+
 def test_source_filter_tells_gateway_rollouts_from_traced_ones(gateway_store: tuple[str, str], tmp_path: Path) -> None:
     url, run_id = gateway_store
     out = tmp_path / "traces.jsonl"
@@ -201,6 +214,44 @@ def test_source_filter_tells_gateway_rollouts_from_traced_ones(gateway_store: tu
     assert out.read_text() == "" and "6 rollouts not from traces" in err
     err = _export(url, run_id, out, "--format", "atif", "--mode", "all", "--source", "gateway")
     assert len(out.read_text().splitlines()) == 6
+
+
+BIG = 2**70 + 1
+"""An integer beyond 64 bits (orjson cannot write it) in a tool call's arguments."""
+
+
+def _big_reply(req: FakeRequest) -> Any:
+    messages = req.messages or []
+    if messages[-1]["role"] == "tool":
+        return f"The answer is <answer>{messages[-1]['content']}</answer>."
+    return ToolCalls([ToolCall("calc", f'{{"expression": "3 + 5", "seed": {BIG}}}')])
+
+
+def test_every_format_exports_an_integer_beyond_64_bits(tmp_path: Path) -> None:
+    """A tool call whose arguments hold an integer beyond 64 bits exports in every format (the
+    trajectory and the chat calls keep it exactly)."""
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    with FakeLLMServer(FakeLLM(rules=[Rule(reply=_big_reply)])) as server:
+        Trainer(tool_agent, store=url, runners=RunnerOptions(n=0), progress=False).dev(TASKS[:1], llm=server.base_url)
+
+    async def run_id() -> str:
+        store = open_store(url)
+        try:
+            return (await store.list_runs(limit=1))[0].run_id
+        finally:
+            await store.close()
+
+    rid = asyncio.run(run_id())
+    for fmt in ("jsonl", "otlp", "sft-jsonl", "chat-jsonl", "atif"):
+        out = tmp_path / f"big.{fmt}"
+        _export(url, rid, out, "--format", fmt, "--mode", "all")
+        lines = out.read_text().splitlines()
+        assert lines and all(json.loads(line) for line in lines), fmt
+        if fmt != "jsonl":  # transitions carry token ids, not the messages
+            assert str(BIG) in out.read_text(), fmt
+    (trajectory,) = read_atif(tmp_path / "big.atif")
+    (call, _answer) = trajectory_calls(trajectory)
+    assert json.loads(call.reply["tool_calls"][0]["function"]["arguments"]) == {"expression": "3 + 5", "seed": BIG}
 
 
 # --- traced rollouts: instrumentation spans only ------------------------------------------------

@@ -329,7 +329,7 @@ def check_async_ledger(
         sampling={"max_tokens": 8},
         evaluation={"every": None},
         policy={"autocast": None},
-        generation={"engine": {"batch_window_s": 0.01}, "swap": swap, **(generation or {})},
+        generation={"swap": swap, **(generation or {"engine": {"batch_window_s": 0.01}})},
         output={"out_dir": tmp_path / "out", "plot": False},
         update={"lr": 1e-2},
         lightningrl=LightningRLConfig(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=10.0)

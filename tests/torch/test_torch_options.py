@@ -88,3 +88,20 @@ def test_defaults() -> None:
 def test_a_wrong_option_says_what_is_valid(options: dict[str, object], message: str) -> None:
     with pytest.raises((UserError, TypeError), match=message):
         TorchGRPO("tiny", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("generation", "message"),
+    [
+        ({"generator": "vllm", "engine": {"max_batch_size": 4}}, r"max_batch_size -> generation\.vllm max_num_seqs"),
+        ({"generator": "vllm", "engine": {"prompt_cache_mb": 0}}, r"does not start; got prompt_cache_mb: drop them"),
+        ({"vllm": {"kv_cache_gb": 2}}, r"set generator='vllm' to use vLLM, or drop generation\.vllm"),
+    ],
+)
+def test_options_of_the_generator_not_started_are_refused(generation: dict[str, object], message: str) -> None:
+    """The own engine's options with vLLM (or vLLM's with the own engine) would configure nothing:
+    refused when TorchGRPO is built, before any vLLM server starts (no vLLM needed here)."""
+    with pytest.raises(UserError, match=message):
+        TorchGRPO("tiny", generation=generation)
+    options = GenerationOptions(generator="vllm", vllm={"max_num_seqs": 4}, swap="drain")  # each its own: fine
+    assert TorchGRPO("tiny", generation=options).vllm_options == {"max_num_seqs": 4}

@@ -14,7 +14,7 @@ from agentbolt import types as t
 from agentbolt.errors import StoreUnavailableError
 from agentbolt.lightningrl import LightningRL
 from agentbolt.rewards import LLMJudge
-from agentbolt.store import open_store
+from agentbolt.store import RolloutSearch, open_store
 from agentbolt.testing.fake_llm import FakeLLMServer, FakeTokenizer
 from agentbolt.testing.scripted_judge import ScriptedJudge
 from agentbolt.traces import (
@@ -332,6 +332,29 @@ async def test_spans_held_for_a_session_name_are_stored_when_the_ingestor_stops(
     state = second.groups[rollout_id]
     assert (len(state.span_ids), state.duplicates) == (2, 1)
     assert len((await store.query_spans([rollout_id]))[rollout_id]) == 2
+
+
+async def test_a_restarted_ingestor_knows_which_session_each_stored_trace_joined() -> None:
+    """After a restart, a resent child span of a trace that named its session (the child names
+    none) joins that session again: stored once, no rollout of its own trace."""
+    clock = Clock()
+    store = open_store("memory://")
+    options = IngestOptions(group_by="session.id", quiet_s=0, max_open_s=50)
+    first = ingestor(store, clock, options=options)
+    await first.start(keeper=False)
+    root, tool, llm = trace_spans(T1)
+    await first.ingest([root.model_copy(update={"attributes": {**root.attributes, "session.id": "chat-1"}}), tool])
+    await first.ingest([llm])
+    await first.stop()
+    second = ingestor(store, clock, options=options)  # a new process: nothing in memory
+    await second.start(keeper=False)
+    await second.ingest([llm])  # an exporter's retry of a child span: it names no session
+    await second.stop()
+    session_id = "prod:session:chat-1"
+    assert list(second.groups) == [session_id] and second.grouping.held == {}
+    assert (await store.search_rollouts(RolloutSearch(run_id="prod"))).total == 1  # no prod:trace:{T1}
+    assert len((await store.query_spans([session_id]))[session_id]) == 3
+    assert (len(second.groups[session_id].span_ids), second.groups[session_id].duplicates) == (3, 1)
 
 
 class FailingFinish:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from agentbolt import semconv
 from agentbolt import types as t
@@ -137,3 +138,28 @@ async def test_sessions_and_feedback_survive_a_restart(tmp_path: Path) -> None:
             assert rollout.status is t.RolloutStatus.RUNNING and rollout.attempt_count == 1
         finally:
             await again.stop()
+
+
+def test_served_and_traced_feedback_record_the_same_reward() -> None:
+    """A served session's feedback and a traced rollout's record one reward span shape (one
+    builder, agentbolt.reward_spans): the same attributes for the same content; only the span id
+    namespaces differ, each stable across retries."""
+    from agentbolt.online.feedback import reward_span as served_span
+    from agentbolt.online.feedback import span_id_for
+    from agentbolt.online.sessions import Session
+    from agentbolt.traces.rewards import reward_span as traced_span
+
+    for final, dims in ((True, None), (False, {"helpful": 0.0, "reward": 9.0})):
+        content: dict[str, Any] = {
+            "reward": -1.5,
+            "source": "client",
+            "final": final,
+            "dimensions": dims,
+            "comment": "meh",
+        }
+        served = served_span(Session("k", "r1", "a1", 0), feedback_id="fb-1", fingerprint="f", **content)
+        traced = traced_span("r1", "a1", reward_id="fb-1", fingerprint="f", **content)
+        assert served.attributes == traced.attributes and served.name == traced.name == semconv.SPAN_REWARD
+        assert json.loads(served.attributes[semconv.REWARD_DIMENSIONS]) == {**(dims or {}), "reward": -1.5}
+        assert served.span_id == span_id_for("fb-1") != traced.span_id
+        assert traced.span_id == traced_span("r1", "a1", reward_id="fb-1", **content).span_id

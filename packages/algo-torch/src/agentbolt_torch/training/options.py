@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentbolt.options import OptionGroup
 
@@ -88,15 +88,44 @@ class GenerationOptions(_Group):
     own environment, see the package README); docs/generators.md compares them."""
     vllm: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of :class:`~agentbolt_torch.serving.vllm.VLLMGenerator` (``work_dir``
-    defaults to ``out_dir/vllm``, where the server log ``vllm.log`` goes)."""
+    defaults to ``out_dir/vllm``, where the server log ``vllm.log`` goes); ``generator="vllm"``
+    only."""
     engine: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of :class:`~agentbolt_torch.generation.engine.GenerationEngine`
-    (``max_batch_size`` defaults to ``max(batch_size * group_size, 8)``)."""
+    (``max_batch_size`` defaults to ``max(batch_size * group_size, 8)``); ``generator="own"``
+    only: with ``"vllm"`` they would configure an engine that never runs, so they are refused."""
     swap: Literal["inplace", "drain"] = "inplace"
     """Asynchronous training (``lightningrl.max_staleness`` set): how new weights reach the policy
     server after an update, ``"inplace"`` (between two decode steps; calls in flight go on with the
     new weights and keep the version they started with) or ``"drain"`` (the gateway and the server
     let calls in flight finish first); see :mod:`agentbolt_torch.training.asynchronous`."""
+
+    @model_validator(mode="after")
+    def _options_of_the_generator_used(self) -> Self:
+        """Options of the generator the run does not start are an error, not silently ignored."""
+        if self.generator == "vllm" and self.engine:
+            hints = [f"{k} -> {_VLLM_EQUIVALENT[k]}" for k in sorted(self.engine) if k in _VLLM_EQUIVALENT]
+            raise ValueError(
+                f"engine configures agentbolt's own engine, which generator='vllm' does not start; "
+                f"got {', '.join(sorted(self.engine))}: drop them, and set the vLLM server's options in "
+                "generation.vllm (VLLMGenerator's keywords: max_num_seqs, max_model_len, kv_cache_gb, "
+                "logprobs_mode, dtype, extra_args for any other vLLM flag)"
+                + (f"; equivalents: {', '.join(hints)}" if hints else "")
+            )
+        if self.generator == "own" and self.vllm:
+            raise ValueError(
+                f"vllm configures the vLLM generator, which generator='own' does not start; got "
+                f"{', '.join(sorted(self.vllm))}: set generator='vllm' to use vLLM, or drop generation.vllm"
+            )
+        return self
+
+
+_VLLM_EQUIVALENT = {
+    "max_batch_size": "generation.vllm max_num_seqs",
+    "logprobs_mode": "generation.vllm logprobs_mode",
+    "seed": "TorchGRPO(seed=...), which seeds vLLM too",
+}
+"""What an own-engine option is called where a vLLM run takes it."""
 
 
 class OutputOptions(_Group):

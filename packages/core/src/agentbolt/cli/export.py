@@ -21,10 +21,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import orjson
 import typer
 
 from .. import types as t
+from ..json_text import json_bytes
 from ..store.run_records import RolloutSearch
 from .options import ReadStoreOption, StoreTokenOption
 from .runs import run_in_store
@@ -156,7 +156,7 @@ async def export_run(
         if fmt is ExportFormat.otlp:
             flat = [s for r in batch for s in spans[r.rollout_id]]
             if flat:
-                write(orjson.dumps(spans_to_otlp_json(flat)) + b"\n")
+                write(json_bytes(spans_to_otlp_json(flat)) + b"\n")
                 for s in flat:
                     counts.records[mode_of[s.rollout_id or ""]] += 1
         elif fmt is ExportFormat.sft_jsonl:
@@ -164,7 +164,7 @@ async def export_run(
 
             if batch:
                 for record in sft_records(lrl.process(batch, spans).transitions, spans, min_reward=min_reward):
-                    write(orjson.dumps(record) + b"\n")
+                    write(json_bytes(record) + b"\n")
                     counts.records[mode_of[record["rollout_id"]]] += 1
         elif fmt is ExportFormat.chat_jsonl:
             from ..runs.chat_calls import chat_record
@@ -173,7 +173,7 @@ async def export_run(
                 if not calls[r.rollout_id]:
                     counts.filtered["no LLM call with recorded messages"] += 1
                 for call in calls[r.rollout_id]:
-                    write(orjson.dumps(chat_record(r, call)) + b"\n")
+                    write(json_bytes(chat_record(r, call)) + b"\n")
                     counts.records[r.mode.value] += 1
         elif fmt is ExportFormat.atif:
             from ..runs.atif_export import rollout_trajectory
@@ -183,7 +183,7 @@ async def export_run(
                     counts.filtered["no LLM call with recorded messages"] += 1
                     continue
                 trajectory = rollout_trajectory(r, spans[r.rollout_id], run_id=run_id, calls=calls[r.rollout_id])
-                write(orjson.dumps(trajectory.to_json_dict()) + b"\n")
+                write(json_bytes(trajectory.to_json_dict()) + b"\n")
                 counts.records[r.mode.value] += 1
         elif batch:
             for x in lrl.process(batch, spans).transitions:

@@ -31,13 +31,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .. import semconv
 from .. import types as t
+from ..reward_spans import feedback_reward_span
 from ..reward_validation import RewardBounds, RewardDimensionsField, RewardField, RewardRefused
 from ..store.base import Store
 from .sessions import FeedbackUse, Session, SessionBook
@@ -140,32 +141,20 @@ def reward_span(
     comment: str | None = None,
     fingerprint: str | None = None,
 ) -> t.Span:
-    """The reward span recording one feedback (or judge score) on one session segment."""
-    dims = {"reward": float(reward), **{k: float(v) for k, v in (dimensions or {}).items() if k != "reward"}}
-    attrs: dict[str, Any] = {
-        semconv.SPAN_KIND_ATTR: semconv.KIND_REWARD,
-        semconv.REWARD_VALUE: float(reward),
-        semconv.REWARD_PRIMARY: "reward",
-        semconv.REWARD_DIMENSIONS: orjson.dumps(dims).decode(),
-        semconv.REWARD_IS_FINAL: final,
-        semconv.FEEDBACK_ID: feedback_id,
-        semconv.FEEDBACK_SOURCE: source,
-    }
-    if response_id is not None and not final:
-        attrs[semconv.REWARD_TARGET_RESPONSE_ID] = response_id
-    if comment:
-        attrs[semconv.FEEDBACK_COMMENT] = comment
-    if fingerprint:
-        attrs[semconv.FEEDBACK_FINGERPRINT] = fingerprint
-    now = time.time_ns()
-    return t.Span.create(
-        semconv.SPAN_REWARD,
-        rollout_id=session.rollout_id,
-        attempt_id=session.attempt_id,
+    """The reward span recording one feedback (or judge score) on one session segment
+    (:func:`~agentbolt.reward_spans.feedback_reward_span`; span id :func:`span_id_for`)."""
+    return feedback_reward_span(
+        session.rollout_id,
+        session.attempt_id,
         span_id=span_id_for(feedback_id),
-        start_time_ns=now,
-        end_time_ns=now,
-        attributes=attrs,
+        feedback_id=feedback_id,
+        reward=reward,
+        source=source,
+        final=final,
+        dimensions=dimensions,
+        response_id=response_id,
+        comment=comment,
+        fingerprint=fingerprint,
     )
 
 

@@ -34,6 +34,8 @@ from ..lightningrl import spans as sp
 from ..lightningrl.episode import LLMCall
 from ..lightningrl.extraction import extract_episode
 from ..traces.messages import flat_messages, openai_message, tool_definitions
+from ..traces.metadata import META_SOURCE as TRACE_SOURCE_KEY
+from ..traces.metadata import SOURCE_TRACE
 
 __all__ = [
     "ChatCall",
@@ -196,14 +198,10 @@ def rollout_chat_calls(rollout: t.Rollout, spans: Sequence[t.Span]) -> list[Chat
     return out
 
 
-TRACE_SOURCE_KEY = "agentbolt.source"
-"""Rollout metadata key that trace ingestion (:mod:`agentbolt.traces`) sets to ``"trace"``."""
-
-
 def rollout_source(rollout: t.Rollout, calls: Sequence[ChatCall]) -> RolloutSource:
     """``traces`` for a rollout ingested from traces (its metadata says so) or whose calls carry
     no exact token ids; else ``gateway``."""
-    if rollout.metadata.get(TRACE_SOURCE_KEY) == "trace":
+    if rollout.metadata.get(TRACE_SOURCE_KEY) == SOURCE_TRACE:
         return RolloutSource.traces
     return (
         RolloutSource.gateway

@@ -27,7 +27,8 @@ from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .grouping import GroupState, group_rollout_id
-    from .ingest import META_KEY, META_SOURCE, IngestOptions, TraceIngestor, UnknownTrace
+    from .ingest import IngestOptions, TraceIngestor, UnknownTrace
+    from .metadata import META_KEY, META_SOURCE
     from .receivers import IngestServer, IngestThread, create_ingest_app
     from .rewards import Scorer, TracedRollout, TraceFeedback
     from .translation import SpanTranslation
@@ -55,8 +56,8 @@ __getattr__, __dir__ = lazy_exports(
     {
         "GroupState": "grouping",
         "group_rollout_id": "grouping",
-        "META_KEY": "ingest",
-        "META_SOURCE": "ingest",
+        "META_KEY": "metadata",
+        "META_SOURCE": "metadata",
         "IngestOptions": "ingest",
         "TraceIngestor": "ingest",
         "UnknownTrace": "ingest",

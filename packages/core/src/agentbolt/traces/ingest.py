@@ -32,10 +32,11 @@ from .. import semconv
 from .. import types as t
 from .._tasks import cancel_and_wait
 from ..errors import InvalidTransitionError, NotFoundError, UserError
-from ..reward_validation import RewardRefused, reward_span_problem
+from ..reward_validation import reward_span_problem
 from ..store.base import Store
-from ..store.run_records import RunSpec
+from ..store.run_records import RolloutSearch, RunSpec
 from .grouping import GroupState, TraceGrouping
+from .metadata import META_GROUP, META_KEY, META_SOURCE, SOURCE_TRACE
 from .rewards import Scorer, TracedRollout, TraceFeedback, reward_span, rewards_of, run_scorer
 from .translation import SpanTranslation
 
@@ -43,12 +44,6 @@ __all__ = ["META_KEY", "META_SOURCE", "IngestOptions", "TraceIngestor", "Unknown
 
 log = logging.getLogger(__name__)
 
-META_SOURCE = "agentbolt.source"
-"""Rollout metadata: ``"trace"`` on every rollout built from traces."""
-META_KEY = "agentbolt.trace.key"
-"""Rollout metadata: the trace id (or session value) the rollout was built from."""
-META_GROUP = "agentbolt.trace.group"
-"""Rollout metadata: ``trace`` or ``session``."""
 WORKER_ID = "agentbolt-ingest"
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _LEASE_S = 3600.0
@@ -132,8 +127,46 @@ class TraceIngestor:
                 "tokenizer": self.translation.retokenizer is not None,
             }
             await self.store.start_run(RunSpec(run_id=self.run_id, name=self.run_id, algorithm="ingest", config=config))
+        else:
+            await self._rebuild_trace_groups()
         if keeper:
             self._task = asyncio.get_running_loop().create_task(self._keep(), name="agentbolt-ingest")
+
+    async def _rebuild_trace_groups(self) -> None:
+        """Session grouping on a resumed run: which group each trace already stored joined, read
+        from the store (the traced rollouts' metadata, the trace ids of their spans). Without it a
+        resent span of a trace that named its session, itself naming none, would become a rollout
+        of its own trace: stored twice."""
+        if self.grouping.group_by is None:
+            return
+        sessions: dict[str, str] = {}
+        """Rollout id -> session value."""
+        traces: list[str] = []
+        offset = 0
+        while True:
+            page = await self.store.search_rollouts(RolloutSearch(run_id=self.run_id, limit=1000, offset=offset))
+            for rollout in page.items:
+                meta = rollout.metadata
+                if meta.get(META_SOURCE) != SOURCE_TRACE or not isinstance(key := meta.get(META_KEY), str):
+                    continue
+                if meta.get(META_GROUP) == "session":
+                    sessions[rollout.rollout_id] = key
+                elif meta.get(META_GROUP) == "trace":
+                    traces.append(key)
+            offset += len(page.items)
+            if not page.items or offset >= page.total:
+                break
+        known = self.grouping.trace_group
+        ids = sorted(sessions)
+        for i in range(0, len(ids), 200):
+            for rollout_id, spans in (await self.store.query_spans(ids[i : i + 200])).items():
+                for span in spans:
+                    if not _own_reward(span):
+                        known.setdefault(span.trace_id, ("session", sessions[rollout_id]))
+        for trace_id in traces:
+            known.setdefault(trace_id, ("trace", trace_id))
+        if known:
+            log.info("run %s resumed: %d traces of %d sessions known", self.run_id, len(known), len(sessions))
 
     async def stop(self) -> None:
         """Stop the keeper; open traces stay open in the store (a restart resumes them). Spans
@@ -210,7 +243,7 @@ class TraceIngestor:
             run_id=self.run_id,
             input={f"{kind}_id": key},
             max_attempts=1,
-            metadata={META_SOURCE: "trace", META_GROUP: kind, META_KEY: key},
+            metadata={META_SOURCE: SOURCE_TRACE, META_GROUP: kind, META_KEY: key},
         )
         (rollout,) = await self.store.enqueue([spec])
         if rollout.status == t.RolloutStatus.QUEUED:
@@ -291,7 +324,7 @@ class TraceIngestor:
         if self.scorer is not None:
             try:
                 reward = await run_scorer(self.scorer, traced)
-            except (RewardRefused, Exception) as exc:
+            except Exception as exc:  # the scorer raised, or its value was refused (RewardRefused)
                 log.warning("scoring %s failed: %s; it gets no reward from the scorer", state.rollout_id, exc)
                 state.completion_note = f"scorer failed: {exc}"[:300]
             if reward is not None:

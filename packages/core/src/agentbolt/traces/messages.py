@@ -14,7 +14,6 @@ drift check run on it exactly as the gateway runs them on a live call.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ import orjson
 
 from .. import semconv
 from .. import types as t
+from ..json_text import json_str
 from ..lightningrl import spans as sp
 
 __all__ = ["call_exchange", "flat_messages", "openai_message", "tool_definitions"]
@@ -39,10 +39,7 @@ def _arguments(value: Any) -> str:
     """Tool-call arguments as the JSON text a provider sends (compact, as OpenAI-style APIs emit)."""
     if isinstance(value, str):
         return value
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # what orjson cannot write (an integer beyond 64 bits): the standard library can
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json_str(value)  # an integer beyond 64 bits too
 
 
 def _tool_call(part: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .. import semconv
 from .. import types as t
 from ..reward_precedence import reward_source, winning_final
+from ..reward_spans import feedback_reward_span
 from ..reward_validation import RewardDimensionsField, RewardField, reward_number
 from ..rewards.trajectory import Trajectory, trajectory_from_spans
 
@@ -86,31 +86,19 @@ def reward_span(
     comment: str | None = None,
     fingerprint: str | None = None,
 ) -> t.Span:
-    """A reward span of a traced rollout; its span id is derived from ``reward_id`` (a retry
-    stores nothing new)."""
-    dims = {"reward": float(reward), **{k: float(v) for k, v in (dimensions or {}).items() if k != "reward"}}
-    attrs: dict[str, Any] = {
-        semconv.SPAN_KIND_ATTR: semconv.KIND_REWARD,
-        semconv.REWARD_VALUE: float(reward),
-        semconv.REWARD_PRIMARY: "reward",
-        semconv.REWARD_DIMENSIONS: orjson.dumps(dims).decode(),
-        semconv.REWARD_IS_FINAL: final,
-        semconv.FEEDBACK_ID: reward_id,
-        semconv.FEEDBACK_SOURCE: source,
-    }
-    if comment:
-        attrs[semconv.FEEDBACK_COMMENT] = comment
-    if fingerprint:
-        attrs[semconv.FEEDBACK_FINGERPRINT] = fingerprint
-    now = time.time_ns()
-    return t.Span.create(
-        semconv.SPAN_REWARD,
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
+    """A reward span of a traced rollout (:func:`~agentbolt.reward_spans.feedback_reward_span`);
+    its span id is derived from ``reward_id`` (a retry stores nothing new)."""
+    return feedback_reward_span(
+        rollout_id,
+        attempt_id,
         span_id=hashlib.sha256(f"agentbolt-trace-reward:{reward_id}".encode()).hexdigest()[:16],
-        start_time_ns=now,
-        end_time_ns=now,
-        attributes=attrs,
+        feedback_id=reward_id,
+        reward=reward,
+        source=source,
+        final=final,
+        dimensions=dimensions,
+        comment=comment,
+        fingerprint=fingerprint,
     )
 
 
