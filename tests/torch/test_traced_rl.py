@@ -15,7 +15,6 @@ import math
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -82,7 +81,7 @@ class HostedModel(ThreadingHTTPServer):
 class _HostedHandler(BaseHTTPRequestHandler):
     server: HostedModel
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         messages, tok = request["messages"], self.server.tokenizer
         text = REPLIES[messages[-1]["content"]]
@@ -112,7 +111,7 @@ class _HostedHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def traced_store(tmp_path_factory: pytest.TempPathFactory, tiny: tuple[Any, Any]) -> Iterator[str]:
+def traced_store(tmp_path_factory: pytest.TempPathFactory, tiny: tuple[Any, Any]) -> str:
     """A sqlite store holding the run ``prod-traces``: one traced rollout per question."""
     from agentbolt.traces import IngestOptions, IngestThread, SpanTranslation, TraceIngestor
 
@@ -146,7 +145,7 @@ def traced_store(tmp_path_factory: pytest.TempPathFactory, tiny: tuple[Any, Any]
     finally:
         model.shutdown()
         model.server_close()
-    yield url
+    return url
 
 
 async def _read(url: str) -> tuple[list[t.Rollout], dict[str, list[t.Span]]]:
@@ -201,10 +200,16 @@ def test_bad_input_gets_a_clear_error(traced_store: str, tmp_path: Path) -> None
         )
     with pytest.raises(UserError, match="no run 'nope' in the store"):
         asyncio.run(_count(traced_store, "nope", allow_retokenized=True))
+    # through the Trainer: refused before any model loads
+    for traces, train, message in [("nope", [], "no run 'nope'"), (RUN, [{"question": "?"}], r"call fit\(\[\], val\)")]:
+        rl = TorchTracedRL("tiny", traces=traces, traces_store=traced_store, lightningrl={"allow_retokenized": True})
+        trainer = Trainer(held_out_agent, rl, store="memory://", runners=RunnerOptions(n=0), progress=False)
+        with pytest.raises(UserError, match=message):
+            trainer.fit(train, [])
 
     async def unrewarded_run() -> str:
         # the same traces without their rewards: a run of traced rollouts nobody scored
-        rollouts, spans = await _read(traced_store)
+        rollouts, _ = await _read(traced_store)
         url = f"sqlite:///{tmp_path / 'unscored.db'}"
         store = open_store(url)
         try:
