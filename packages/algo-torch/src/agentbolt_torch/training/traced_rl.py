@@ -79,7 +79,7 @@ class TracedRunReport:
 
     run_id: str
     rollouts: int = 0
-    """Rollouts of the run read from the store."""
+    """Training rollouts of the run read from the store (held-out ones are never read)."""
     rewarded: int = 0
     """Rollouts with a final reward (by LightningRL's precedence rule)."""
     skipped_no_reward: int = 0
@@ -143,7 +143,8 @@ def _input_key(rollout: t.Rollout, spans: Sequence[t.Span]) -> str:
 async def read_traced_run(
     store: Store, run_id: str, lrl: Any, *, group_by: GroupBy = "batch", page_size: int = PAGE_SIZE
 ) -> tuple[TracedRunReport, list[tuple[str, ...]]]:
-    """Count a stored run for RL: read its rollouts ``page_size`` at a time with their final
+    """Count a stored run for RL: read its training rollouts (held-out ones never train)
+    ``page_size`` at a time with their final
     attempts' spans, run LightningRL's per-rollout step (``lrl.collect``) over each page, and
     return the report and the training items (groups of rollout ids: one rollout each with
     ``group_by="batch"``, the rollouts sharing an input with ``"input"``).
@@ -163,7 +164,8 @@ async def read_traced_run(
     by_input: dict[str, list[str]] = {}
     offset = 0
     while True:
-        page = await store.search_rollouts(RolloutSearch(run_id=run_id, limit=page_size, offset=offset))
+        search = RolloutSearch(run_id=run_id, mode=t.RolloutMode.TRAIN, limit=page_size, offset=offset)
+        page = await store.search_rollouts(search)
         if not page.items:
             break
         offset += len(page.items)
