@@ -56,6 +56,7 @@ REPLIES = {
     "What is 9 + 0?": "The answer is 9.",
     "What is 3 + 3?": "The answer is 6.",
 }
+QUESTIONS = [*REWARDS, "What is 4 + 4?"]  # production asked one question twice: two traces, one input
 
 
 def score(traced: Any) -> float | None:
@@ -118,7 +119,7 @@ def traced_store(tmp_path_factory: pytest.TempPathFactory, tiny: tuple[Any, Any]
     out = tmp_path_factory.mktemp("traced-rl")
     url = f"sqlite:///{out / 'traces.db'}"
     questions = out / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"question": q}) + "\n" for q in REWARDS))
+    questions.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS))
     translation = SpanTranslation(tiny[1])  # retokenized with the policy's tokenizer, drift-checked
     model = HostedModel(tiny[1])
     try:
@@ -157,23 +158,24 @@ async def _read(url: str) -> tuple[list[t.Rollout], dict[str, list[t.Span]]]:
         await store.close()
 
 
-async def _count(url: str, run: str = RUN, **config: Any) -> Any:
+async def _count(url: str, run: str = RUN, group_by: Any = "batch", **config: Any) -> Any:
     store = open_store(url)
     try:
-        return await read_traced_run(store, run, LightningRL(LightningRLConfig(**config)), page_size=2)
+        lrl = LightningRL(LightningRLConfig(**config))
+        return await read_traced_run(store, run, lrl, group_by=group_by, page_size=2)
     finally:
         await store.close()
 
 
 def test_every_call_is_trained_or_excluded_with_its_reason(traced_store: str) -> None:
     rollouts, spans = asyncio.run(_read(traced_store))
-    assert len(rollouts) == len(REWARDS) and all(r.metadata.get("agentbolt.source") == "trace" for r in rollouts)
+    assert len(rollouts) == len(QUESTIONS) and all(r.metadata.get("agentbolt.source") == "trace" for r in rollouts)
     # read in pages of 2: the same counts as LightningRL over the whole run at once
     report, items = asyncio.run(_count(traced_store, allow_retokenized=True))
     whole = LightningRL(LightningRLConfig(allow_retokenized=True)).collect(rollouts, spans).report
     assert (report.calls, report.trained_calls, report.excluded) == (whole.calls, whole.trained_calls, whole.excluded)
     assert report.calls == report.trained_calls + sum(report.excluded.values())
-    assert report.rollouts == report.rewarded + report.skipped_no_reward == len(REWARDS)
+    assert report.rollouts == report.rewarded + report.skipped_no_reward == len(QUESTIONS)
     # the trace nobody scored is skipped and counted, its call excluded as missing_reward, never a 0
     assert report.skipped_no_reward == 1 and report.excluded.get("missing_reward") == 1
     unscored = next(r for r in rollouts if r.final_reward is None)
@@ -184,8 +186,13 @@ def test_every_call_is_trained_or_excluded_with_its_reason(traced_store: str) ->
     rewarded = [r for r in rollouts if r.rollout_id in kept]
     batch = LightningRL(LightningRLConfig(allow_retokenized=True)).process(rewarded, spans)
     assert len(batch.rows) == report.trained_calls > 0 and all(r.behaviour_logprobs is None for r in batch.rows)
+    # grouped by input: the two traces of one question share a group, the others are groups of one
+    by_input, groups = asyncio.run(_count(traced_store, group_by="input", allow_retokenized=True))
+    assert sorted(len(g) for g in groups) == [1, 1, 1, 1, 2] and by_input.singleton_groups == 4
+    (pair,) = (g for g in groups if len(g) == 2)
+    assert {r.final_reward for r in rollouts if r.rollout_id in pair} == {0.0}
     # without the allowance every traced call is excluded by name: nothing to train on
-    with pytest.raises(UserError, match=r"(?s)nothing to train on: LightningRL keeps no call.*6 retokenized"):
+    with pytest.raises(UserError, match=r"(?s)nothing to train on: LightningRL keeps no call.*7 retokenized"):
         asyncio.run(_count(traced_store))
 
 
@@ -225,7 +232,7 @@ def test_bad_input_gets_a_clear_error(traced_store: str, tmp_path: Path) -> None
         return url
 
     url = asyncio.run(unrewarded_run())
-    with pytest.raises(UserError, match="nothing to train on: none of its 6 rollouts has a final reward"):
+    with pytest.raises(UserError, match="nothing to train on: none of its 7 rollouts has a final reward"):
         asyncio.run(_count(url, "unscored", allow_retokenized=True))
 
 
@@ -267,7 +274,7 @@ def test_offline_rl_raises_the_rewarded_replies_over_the_others(traced_store: st
         traces=RUN,
         traces_store=traced_store,
         steps=4,
-        batch_size=5,  # every rewarded trace in each step: one batch baseline
+        batch_size=6,  # every rewarded trace in each step: one batch baseline
         lightningrl={"allow_retokenized": True},
         update={"lr": 2e-3},
         sampling={"max_tokens": 4},
@@ -280,7 +287,7 @@ def test_offline_rl_raises_the_rewarded_replies_over_the_others(traced_store: st
     result = Trainer(held_out_agent, rl, store="memory://", runners=RunnerOptions(n=0), progress=False).fit([], val)
 
     report = result.traces
-    assert report is not None and report.trainable == 5 and report.skipped_no_reward == 1
+    assert report is not None and report.trainable == 6 and report.skipped_no_reward == 1
     assert result.steps == 4 and result.trained_rows == 4 * report.trained_calls  # each step: the whole run
     assert result.accuracy_before is not None and result.accuracy_after is not None  # val measured around it
     history = [h for h in result.history if "update/ratio_mean" in h]
