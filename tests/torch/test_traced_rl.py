@@ -192,7 +192,10 @@ def test_every_call_is_trained_or_excluded_with_its_reason(traced_store: str) ->
     (pair,) = (g for g in groups if len(g) == 2)
     assert {r.final_reward for r in rollouts if r.rollout_id in pair} == {0.0}
     # without the allowance every traced call is excluded by name: nothing to train on
-    with pytest.raises(UserError, match=r"(?s)nothing to train on: LightningRL keeps no call.*7 retokenized"):
+    with pytest.raises(
+        UserError,
+        match=r"(?s)nothing to train on: LightningRL keeps no call.*7 retokenized.*pass allow_retokenized=True",
+    ):
         asyncio.run(_count(traced_store))
 
 

@@ -162,6 +162,7 @@ async def read_traced_run(
     report = TracedRunReport(run_id=run_id)
     excluded: Counter[str] = Counter()
     by_input: dict[str, list[str]] = {}
+    example = ""  # LightningRL's account of the first page with exclusions: reasons, hints, examples
     offset = 0
     while True:
         search = RolloutSearch(run_id=run_id, mode=t.RolloutMode.TRAIN, limit=page_size, offset=offset)
@@ -176,6 +177,8 @@ async def read_traced_run(
         report.calls += batch.report.calls
         report.trained_calls += batch.report.trained_calls
         excluded.update(batch.report.excluded)
+        if batch.report.excluded and not example:
+            example = f"LightningRL on rollouts {offset - len(page.items) + 1}-{offset}:\n{batch.report.summary()}\n"
         rollouts = {r.rollout_id: r for r in page.items}
         for ro in batch.report.per_rollout:
             if ro.final_reward is None:
@@ -206,7 +209,7 @@ async def read_traced_run(
             else f"LightningRL keeps no call of its {report.rewarded} rewarded rollouts"
         )
         raise UserError(
-            f"run {run_id!r} has nothing to train on: {why}.\n{report.lines()}\n"
+            f"run {run_id!r} has nothing to train on: {why}.\n{report.lines()}\n{example}"
             "Attach rewards (feedback by trace id, a judge or a scoring function: docs/traces.md) "
             "or fix what the exclusions name."
         )
