@@ -20,7 +20,14 @@ def _torch_sft(**config: Any) -> Any:
     return TorchSFT(**config)
 
 
+def _torch_traced_rl(**config: Any) -> Any:
+    from .training.traced_rl import TorchTracedRL
+
+    return TorchTracedRL(**config)
+
+
 @hookimpl
 def agentbolt_register_algorithms(register: Register) -> None:
     register("torch-grpo", _torch_grpo)
     register("torch-sft", _torch_sft)
+    register("torch-traced-rl", _torch_traced_rl)
