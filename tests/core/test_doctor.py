@@ -283,6 +283,26 @@ def test_dev_prints_the_report_and_a_summary_without_repeated_rows(capsys: Any) 
     assert any("seconds running rollouts" in line for line in err.splitlines())
 
 
+def test_the_summary_counts_only_its_own_runs_rollouts(capsys: Any) -> None:
+    """Two runs in one store: the second run's summary counts its rollouts, not the store's."""
+    store = MemoryStore()
+    succeeded = []
+    with FakeLLMServer(backend(token_ids=False)) as server:
+        for _ in range(2):
+            trainer = Trainer(
+                tool_agent(),
+                store=store,
+                runners=RunnerOptions(n=0),
+                capture=CaptureOptions(adapters=[]),
+                progress=True,
+            )
+            trainer.console.width = 200
+            trainer.dev(TASKS, llm=server.base_url, model="m", n_samples=2)
+            rows = [line.strip("│ ").split() for line in capsys.readouterr().err.splitlines() if line.startswith("│")]
+            succeeded += [int(r[-1]) for r in rows if r[:2] == ["rollouts", "succeeded"]]
+    assert succeeded == [len(TASKS) * 2] * 2
+
+
 def test_a_rollout_naming_a_run_without_a_record_is_diagnosed() -> None:
     """Rollouts enqueued by hand may name a run the store has no record of: the doctor skips
     that run's recorded metrics (NotFoundError) and still reports the rollouts."""

@@ -42,7 +42,7 @@ from .runners.pool import RunnerPool
 from .runners.runner import Runner
 from .runs.recorder import RunRecorder
 from .runs.summary import RunSummary, run_summary
-from .store import DEFAULT_STORE_URL, Store, open_store
+from .store import DEFAULT_STORE_URL, RolloutSearch, Store, open_store
 
 __all__ = ["Trainer"]
 
@@ -308,7 +308,7 @@ class Trainer:
             finally:
                 if not algo_task.done():
                     algo_task.cancel()
-            counts = await store.count_rollouts()
+            counts = await _run_rollout_counts(store, ctx.run_id)
             card = await _run_card(store, ctx.run_id)
         if self.show_progress:
             self._print_summary(algorithm, result, counts, time.monotonic() - started, carded=card is not None)
@@ -431,6 +431,15 @@ def _log_card(card: RunSummary) -> None:
             f.message,
             f.fix,
         )
+
+
+async def _run_rollout_counts(store: Store, run_id: str) -> dict[t.RolloutStatus, int]:
+    """How many of this run's rollouts are in each status (not the store's: it may hold other runs)."""
+    counts: dict[t.RolloutStatus, int] = {}
+    for status in t.RolloutStatus:
+        page = await store.search_rollouts(RolloutSearch(run_id=run_id, status=[status], limit=1))
+        counts[status] = page.total
+    return counts
 
 
 async def _run_card(store: Store, run_id: str) -> RunSummary | None:
