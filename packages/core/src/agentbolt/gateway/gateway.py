@@ -195,6 +195,7 @@ class Gateway:
         self.durable_calls = durable_calls
         self.readiness = readiness
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
+        self._hosts_checked: dict[str | None, bool] = {}
         self.agent_names = agent_names
         self.policy_router = policy_router
         self.router = router
@@ -377,7 +378,7 @@ class Gateway:
 
     async def _handle(self, request: Request, responder: Responder) -> None:
         path = request.path
-        if self.token is None and not control.host_allowed(request.headers.get("host"), self.allowed_hosts):
+        if self.token is None and not self._host_allowed(request.headers.get("host")):
             # Without a token only this machine may use the gateway: refusing other Host names
             # defeats DNS rebinding by web pages the user visits.
             return self._reply(
@@ -524,6 +525,16 @@ class Gateway:
         except Exception:  # a user's match predicate must not break the proxy
             log.exception("the policy router raised on agent %r; the call goes to the base model", agent_name)
             return None
+
+    def _host_allowed(self, host: str | None) -> bool:
+        """:func:`control.host_allowed`, remembered per ``Host`` value (parsing an IP address
+        costs more than the rest of the check, and clients send the same few values)."""
+        allowed = self._hosts_checked.get(host)
+        if allowed is None:
+            allowed = control.host_allowed(host, self.allowed_hosts)
+            if len(self._hosts_checked) < 1024:  # bounded: a client may send any Host
+                self._hosts_checked[host] = allowed
+        return allowed
 
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
