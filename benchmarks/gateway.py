@@ -271,6 +271,7 @@ def main() -> None:
                                     "gateway_cpu_ms_per_call": round(cpu_ms, 3),
                                     "repeats_added_p50_ms": [round(a, 3) for a, _ in added],
                                     "repeats_added_p99_ms": [round(b, 3) for _, b in added],
+                                    "repeats_gateway_cpu_ms_per_call": [round(r[5], 3) for r in rows[arm]],
                                 }
                             )
                 finally:
