@@ -17,7 +17,10 @@ local call log before its answer is sent (``--call-log auto``: next to the SQLit
 writes the store in background batches; ``commit`` (``--call-log none``) makes the answer wait
 for the store's commit instead (group commit, the durable path before the call log);
 ``batched`` (``--no-durable-calls``) writes records in 50 ms background batches, durable only
-once written. ``--record PATH`` writes the figures as JSON
+once written. ``--base-src DIR`` also runs every arm on another version of the gateway (the
+``packages/core/src`` of another commit, e.g. ``git archive main packages/core/src | tar -x -C
+/tmp/base``), as arm ``<arm>@base``, alternating with this one in every repeat: a before/after
+comparison under the same machine conditions. ``--record PATH`` writes the figures as JSON
 (``docs/runs/gateway_call_log.json``), including the gateway process's CPU time per call
 (from /proc: less sensitive to other load on the machine than latency is).
 
@@ -121,7 +124,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_gateway(store_url: str, upstream: str, port: int, arm: str = "durable") -> subprocess.Popen[bytes]:
+def start_gateway(
+    store_url: str, upstream: str, port: int, arm: str = "durable", base_src: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``agentbolt gateway serve`` with ``arm``'s flags (``<arm>@base``: from ``base_src``)."""
+    env = dict(os.environ)
+    if arm.endswith("@base"):
+        if base_src is None:
+            raise ValueError(f"arm {arm} needs --base-src")
+        env["PYTHONPATH"] = os.pathsep.join([str(base_src), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -135,9 +146,10 @@ def start_gateway(store_url: str, upstream: str, port: int, arm: str = "durable"
             upstream,
             "--port",
             str(port),
-            *ARMS[arm],
+            *ARMS[arm.removesuffix("@base")],
         ],
         stderr=subprocess.PIPE,
+        env=env,
     )
     assert proc.stderr is not None
     line = proc.stderr.readline().decode()
@@ -171,8 +183,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--api", nargs="+", choices=sorted(APIS), default=["chat", "responses", "messages"])
     ap.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["durable"], help="gateways to compare")
+    ap.add_argument(
+        "--base-src",
+        type=Path,
+        help="another version's packages/core/src: every arm also runs on it, as '<arm>@base'",
+    )
     ap.add_argument("--record", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
+    if args.base_src is not None:
+        if not (args.base_src / "agentbolt" / "gateway").is_dir():
+            ap.error(f"--base-src {args.base_src}: no agentbolt/gateway package there (pass a packages/core/src)")
+        args.arms = [name for arm in args.arms for name in (f"{arm}@base", arm)]
     try:
         import uvloop
 
@@ -197,7 +218,7 @@ def main() -> None:
                     for arm in args.arms:
                         store_url = f"sqlite:///{Path(tmp) / f'gateway-{arm}-{latency_ms:g}.db'}"
                         port = free_port()
-                        gateways[arm] = start_gateway(store_url, server.base_url, port, arm)
+                        gateways[arm] = start_gateway(store_url, server.base_url, port, arm, args.base_src)
                         attempts = run(prepare_attempts(store_url, 64))
                         routes[arm] = [f"http://127.0.0.1:{port}/rollouts/{r}/attempts/{a}/v1" for r, a in attempts]
                     for api, conc in [(api, conc) for conc in args.concurrency for api in args.api]:
@@ -250,6 +271,7 @@ def main() -> None:
                                     "gateway_cpu_ms_per_call": round(cpu_ms, 3),
                                     "repeats_added_p50_ms": [round(a, 3) for a, _ in added],
                                     "repeats_added_p99_ms": [round(b, 3) for _, b in added],
+                                    "repeats_gateway_cpu_ms_per_call": [round(r[5], 3) for r in rows[arm]],
                                 }
                             )
                 finally:
@@ -263,6 +285,7 @@ def main() -> None:
                 {
                     "benchmark": "benchmarks/gateway.py",
                     "argv": sys.argv[1:],
+                    "base_src": None if args.base_src is None else str(args.base_src),
                     "commit": commit,
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "cpus": os.cpu_count(),

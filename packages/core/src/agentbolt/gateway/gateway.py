@@ -28,13 +28,12 @@ which the store retries while attempts remain.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -195,6 +194,7 @@ class Gateway:
         self.durable_calls = durable_calls
         self.readiness = readiness
         self.allowed_hosts = [h.lower() for h in allowed_hosts]
+        self._hosts_checked: dict[str | None, bool] = {}
         self.agent_names = agent_names
         self.policy_router = policy_router
         self.router = router
@@ -377,7 +377,7 @@ class Gateway:
 
     async def _handle(self, request: Request, responder: Responder) -> None:
         path = request.path
-        if self.token is None and not control.host_allowed(request.headers.get("host"), self.allowed_hosts):
+        if self.token is None and not self._host_allowed(request.headers.get("host")):
             # Without a token only this machine may use the gateway: refusing other Host names
             # defeats DNS rebinding by web pages the user visits.
             return self._reply(
@@ -480,11 +480,13 @@ class Gateway:
         self._inflight += 1
         self._idle.clear()
         record: CallRecord | None = None
+        upstream = self._upstream_for(rollout_id)
         try:
-            with self._upstream_for(rollout_id) as upstream:
-                if upstream is None:
-                    self._no_upstream(responder)
-                else:
+            if upstream is None:
+                self._no_upstream(responder)
+            else:
+                self._upstream_started(upstream.base_url)
+                try:
                     record = await self._call_upstream(
                         request,
                         responder,
@@ -497,6 +499,8 @@ class Gateway:
                         upstream,
                         routed.headers if routed else [],
                     )
+                finally:
+                    self._upstream_ended(upstream.base_url)
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -524,6 +528,16 @@ class Gateway:
         except Exception:  # a user's match predicate must not break the proxy
             log.exception("the policy router raised on agent %r; the call goes to the base model", agent_name)
             return None
+
+    def _host_allowed(self, host: str | None) -> bool:
+        """:func:`control.host_allowed`, remembered per ``Host`` value (parsing an IP address
+        costs more than the rest of the check, and clients send the same few values)."""
+        allowed = self._hosts_checked.get(host)
+        if allowed is None:
+            allowed = control.host_allowed(host, self.allowed_hosts)
+            if len(self._hosts_checked) < 1024:  # bounded: a client may send any Host
+                self._hosts_checked[host] = allowed
+        return allowed
 
     def _authorized(self, request: Request) -> bool:
         assert self.token is not None
@@ -569,26 +583,25 @@ class Gateway:
         self.counters["upstream_errors"] += 1
         self._reply(responder, 503, "no inference backend is configured yet", UPSTREAM_ERROR, [("retry-after", "5")])
 
-    @contextlib.contextmanager
-    def _upstream_for(self, rollout_id: str) -> Iterator[Upstream | None]:
-        """The upstream that serves ``rollout_id`` (every call of a rollout goes to the same one),
-        counted in flight (:meth:`upstream_inflight`) while the block runs; ``None`` when no
-        upstream is configured."""
+    def _upstream_for(self, rollout_id: str) -> Upstream | None:
+        """The upstream that serves ``rollout_id`` (every call of a rollout goes to the same one);
+        ``None`` when no upstream is configured."""
         if not self._upstreams:
-            yield None
-            return
-        upstream = self._upstreams[zlib.crc32(rollout_id.encode()) % len(self._upstreams)]
-        url = upstream.base_url
+            return None
+        return self._upstreams[zlib.crc32(rollout_id.encode()) % len(self._upstreams)]
+
+    def _upstream_started(self, url: str) -> None:
+        """A call goes to upstream ``url``: counted in flight (:meth:`upstream_inflight`) until
+        :meth:`_upstream_ended`."""
         self._upstream_inflight[url] = self._upstream_inflight.get(url, 0) + 1
-        try:
-            yield upstream
-        finally:
-            left = self._upstream_inflight[url] - 1
-            if left:
-                self._upstream_inflight[url] = left
-            else:
-                del self._upstream_inflight[url]
-            self._upstream_done.set()
+
+    def _upstream_ended(self, url: str) -> None:
+        left = self._upstream_inflight[url] - 1
+        if left:
+            self._upstream_inflight[url] = left
+        else:
+            del self._upstream_inflight[url]
+        self._upstream_done.set()
 
     async def _call_upstream(
         self,

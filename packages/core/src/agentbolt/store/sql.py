@@ -568,10 +568,15 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
         return await self._run(tx, write=False)
 
     async def _get_attempts(self, rollout_id: str) -> list[t.Attempt]:
+        # SQL text on the driver's cursor (see sql_schema): the gateway re-checks the attempts
+        # it serves with this every few seconds, on its event loop.
         def tx(conn: Connection) -> list[t.Attempt]:
-            self._load_rollouts(conn, [rollout_id])
-            rows = conn.execute(sa.select(attempts).where(attempts.c.rollout_id == rollout_id).order_by(attempts.c.idx))
-            return [_attempt_from(r) for r in rows]
+            cur = _cursor(conn)
+            cur.execute(self._q("SELECT 1 FROM {rollouts} WHERE rollout_id = ?"), (rollout_id,))
+            if cur.fetchone() is None:
+                raise NotFoundError("rollout", [rollout_id])
+            cur.execute(self._q(f"{_SELECT_ATTEMPTS} WHERE rollout_id = ? ORDER BY idx"), (rollout_id,))
+            return [_attempt_from(r) for r in cur.fetchall()]
 
         return await self._run(tx, write=False)
 
