@@ -21,6 +21,7 @@ from agentbolt.algorithm import Evaluate, as_tasks, batches
 from agentbolt.errors import UserError
 from agentbolt.lightningrl import LightningRLConfig
 from agentbolt.options import RunnerOptions
+from agentbolt.policies import Policies, match
 from agentbolt.store import open_store
 from agentbolt.trainer import Trainer
 from agentbolt.types import Resources, RolloutMode
@@ -151,26 +152,6 @@ def test_max_staleness_is_refused_for_sft_on_demonstrations(tmp_path: Path) -> N
         trainer.fit([], max_staleness=1)
 
 
-def test_max_staleness_is_refused_with_policies_by_role(tmp_path: Path) -> None:
-    """The serving copy holds one version, not one per adapter: async with policies by role is
-    refused before anything loads, saying what to do instead."""
-    from agentbolt.policies import Policies, match
-
-    algorithm = TorchGRPO(
-        "tiny",
-        steps=1,
-        evaluation={"every": None},
-        output={"out_dir": tmp_path, "plot": False},
-    )
-    roles = Policies({"writer": match("write_query", rank=4), "rewriter": match("rewrite_query", rank=4)})
-    trainer = Trainer(
-        one_call_agent, algorithm, store="memory://", runners=RunnerOptions(n=0), progress=False, policies=roles
-    )
-    with pytest.raises(UserError, match="max_staleness with policies by role is not supported yet"):
-        trainer.fit([{"q": 1}], max_staleness=1)
-    assert algorithm._generator is None  # refused before the model loaded
-
-
 # -- torch-grpo with max_staleness ------------------------------------------------------------
 
 
@@ -256,15 +237,25 @@ class _Recording(TorchGRPO):
         super().__init__(*args, **kwargs)
         self.taken: list[list[str]] = []
         self.trained: list[tuple[int, list[tuple[str, int, int | None]]]] = []
+        """Per update: the version being trained, and the rows (rollout id, call index, call version).
+        With policies by role one entry per policy with rows, at its adapter's version."""
         self.on_version = on_version
 
     async def train_rollouts(self, run: Any, step: int, rollouts: Any, *, update: Any, timing: Any) -> Any:
         self.taken.append([r.rollout_id for r in rollouts])
 
         async def recording(rows: list[Any]) -> Any:
-            self.trained.append((run.policy.version, [(r.rollout_id, r.index, r.policy_version) for r in rows]))
+            policies = run.ctx.policies
+            if policies.is_shared:
+                self.trained.append((run.policy.version, [(r.rollout_id, r.index, r.policy_version) for r in rows]))
+            else:  # each policy's rows against its own adapter's version
+                for name in policies:
+                    own = [r for r in rows if policies.policy_for(r.agent_name) == name]
+                    if own:
+                        version = run.policy.version_of(name)
+                        self.trained.append((version, [(r.rollout_id, r.index, r.policy_version) for r in own]))
             out = await update(rows)  # the update, the swap and the new resources
-            self.on_version(run.policy.version)
+            self.on_version(run.policy)
             return out
 
         return await super().train_rollouts(run, step, rollouts, update=recording, timing=timing)
@@ -278,11 +269,32 @@ def test_async_ledger_no_call_trained_twice_or_lost_bound_kept_stale_counted(tmp
     check_async_ledger(tmp_path, swap)
 
 
+ROLES = {"writer": "write_query", "rewriter": "rewrite_query"}
+"""Policies by role for the ledger: policy -> its agent."""
+
+
+@pytest.mark.parametrize("swap", ["inplace", "drain"])
+def test_async_ledger_with_policies_by_role_bounds_each_adapter(tmp_path: Path, swap: str) -> None:
+    """The same ledger with two policies by role (one LoRA adapter each on a shared base): the
+    straggler's first call is the writer's, its second the rewriter's; each call's staleness is
+    measured from its own adapter's version, and each adapter moves one version per step."""
+    algorithm = check_async_ledger(tmp_path, swap, roles=True)
+    versions = [version for version, _ in algorithm.trained]
+    assert max(versions) == 5 and len(versions) == 12  # both adapters trained at every step
+
+
 def check_async_ledger(
-    tmp_path: Path, swap: str, *, model: str = "tiny", generation: dict[str, Any] | None = None
+    tmp_path: Path,
+    swap: str,
+    *,
+    model: str = "tiny",
+    generation: dict[str, Any] | None = None,
+    roles: bool = False,
 ) -> _Recording:
     """max_staleness=1 with a straggler whose rollout spans two weight swaps on ``model`` served
-    by the generator ``generation`` chooses (tests/torch/test_vllm_training.py: vLLM).
+    by the generator ``generation`` chooses (tests/torch/test_vllm_training.py: vLLM); with
+    ``roles``, under two policies by role (:data:`ROLES`: each call's agent, its adapter and its
+    own version).
 
     The first rollout to start makes its first call at version 0, then waits until version 2 is
     served and makes its second call; rollouts of batches >= 3 wait until it has finished, so the
@@ -309,13 +321,18 @@ def check_async_ledger(
         if task["task_id"] in late:
             await asyncio.to_thread(straggler_done.wait, 120)
         client = openai.AsyncOpenAI(base_url=resources.llm.base_url, api_key="none", max_retries=0)
+        agents = [{"X-Agentbolt-Agent-Name": agent} for agent in ROLES.values()] if roles else [{}, {}]
         messages = [{"role": "user", "content": task["question"]}]
-        first = await client.chat.completions.create(model=resources.llm.model, messages=messages)
+        first = await client.chat.completions.create(
+            model=resources.llm.model, messages=messages, extra_headers=agents[0]
+        )
         if me:
             await asyncio.to_thread(released.wait, 120)
         text = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Again?"}]
-        second = await client.chat.completions.create(model=resources.llm.model, messages=messages)
+        second = await client.chat.completions.create(
+            model=resources.llm.model, messages=messages, extra_headers=agents[1]
+        )
         if me:
             straggler["texts"] = [text, second.choices[0].message.content or ""]
             straggler_done.set()
@@ -335,12 +352,15 @@ def check_async_ledger(
         lightningrl=LightningRLConfig(rollout_is="token", rollout_rs="seq_sum_k1", rollout_rs_threshold=10.0)
         if swap == "drain"
         else None,
-        on_version=lambda v: released.set() if v >= 2 else None,
+        on_version=lambda policy: released.set() if policy.version_of("writer" if roles else None) >= 2 else None,
     )
     url = f"sqlite:///{tmp_path}/runs.db"
-    trainer = Trainer(agent, algorithm, store=url, runners=RunnerOptions(n=0, concurrency=8), progress=False)
+    policies = Policies({name: match(agent, rank=4) for name, agent in ROLES.items()}) if roles else None
+    trainer = Trainer(
+        agent, algorithm, store=url, runners=RunnerOptions(n=0, concurrency=8), progress=False, policies=policies
+    )
     result = trainer.fit(train, max_staleness=1)
-    assert result.steps == 6 and result.policy_version == 6
+    assert result.steps == 6 and result.policy_version == (12 if roles else 6)  # roles: each adapter's update counts
 
     taken = [rid for step in algorithm.taken for rid in step]
     assert len(taken) == len(set(taken)) == 24, "a rollout taken twice, or lost"
@@ -352,16 +372,20 @@ def check_async_ledger(
     calls = _calls(url)
     assert len(calls) == 48  # every rollout's two calls are in the store
     trained_keys = {(rid.split(":", 1)[1], index) for rid, index, _ in rows}
-    history = [h for h in result.history if "update/loss" in h]
+    history = [h for h in result.history if "train/transitions" in h]  # the trained steps
     left_out = sum(v for h in history for k, v in h.items() if k.startswith("lightningrl/excluded/"))
     assert len(trained_keys) + left_out == len(calls), "a call neither trained nor counted"
     assert sum(h.get("async/stale_calls", 0) for h in history) == result.stale_calls >= 1
     assert result.untrained_rollouts == 0
+    assert len(history) == 6
+    updates = [f"train/{name}/" for name in ROLES] if roles else ["update/"]  # each policy's update metrics
     if swap == "drain":  # the correction's weights: behaviour (sampling) vs recomputed logprobs
-        assert all(math.isfinite(h["update/is_weight_mean"]) and h["update/is_weight_max"] > 0 for h in history)
-        assert all(0 <= h["update/rs_masked_frac"] <= 1 for h in history)
+        assert all(
+            math.isfinite(h[f"{u}is_weight_mean"]) and h[f"{u}is_weight_max"] > 0 for h in history for u in updates
+        )
+        assert all(0 <= h[f"{u}rs_masked_frac"] <= 1 for h in history for u in updates)
     else:
-        assert all("update/is_weight_mean" not in h for h in history)
+        assert all(f"{u}is_weight_mean" not in h for h in history for u in updates)
 
     # the straggler: its calls keep their own versions and exact ids; the stale one is not trained
     mine = {k[0] for k in calls if k[0].split(":")[1] == straggler["task"]}

@@ -160,3 +160,24 @@ def test_staleness_is_measured_from_each_policys_own_version() -> None:
     )
     assert len(batch.rows_of("writer")) == 4 and batch.rows_of("rewriter") == []
     assert batch.report.excluded == {"no_policy": 4, "stale": 3}
+
+
+def test_a_policy_config_without_a_bound_takes_the_runs_and_its_own_bound_wins() -> None:
+    """An asynchronous run's ``max_staleness`` holds for a policy whose own config declares none
+    (its stale calls would otherwise train); a policy's own bound stays its own."""
+    ts = traces()  # every call sampled at version 1
+    for own, expected in ((None, 0), (5, 5)):
+        policies = Policies(
+            {
+                "writer": match("write_query"),
+                "rewriter": match("rewrite_query", lightningrl=LightningRLConfig(credit="final", max_staleness=own)),
+            }
+        )
+        lrl = PolicyLightningRL(policies, LightningRLConfig(max_staleness=0))
+        assert lrl.config_of("rewriter").max_staleness == expected and lrl.config_of("rewriter").credit == "final"
+        batch = lrl.process(
+            [t.rollout for t in ts],
+            {t.rollout.rollout_id: t.spans for t in ts},
+            policy_versions={"writer": 1, "rewriter": 2},
+        )
+        assert len(batch.rows_of("rewriter")) == (0 if own is None else 3)

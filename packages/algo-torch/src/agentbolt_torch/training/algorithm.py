@@ -125,7 +125,9 @@ class TorchGRPO(Algorithm):
     Asynchronous training: with ``lightningrl.max_staleness=K`` (or ``Trainer.fit(...,
     max_staleness=K)``) the rollouts of the next K batches run while the policy updates and the
     server answers from a copy of the weights; calls staler than K versions are dropped and
-    counted (:mod:`agentbolt_torch.training.asynchronous`).
+    counted (:mod:`agentbolt_torch.training.asynchronous`). With policies by role each call's
+    staleness is measured from its own adapter's version (an adapter moves one version per step
+    at most, so the bound on steps bounds every adapter).
     """
 
     name = "torch-grpo"
@@ -214,12 +216,6 @@ class TorchGRPO(Algorithm):
             raise UserError(
                 f"{self.name} trains on demonstrations here: nothing is sampled, so max_staleness does not "
                 "apply (leave it unset)"
-            )
-        if self.lightningrl.max_staleness is not None and not ctx.policies.is_shared:
-            raise UserError(
-                f"{self.name}: max_staleness with policies by role is not supported yet (the serving copy "
-                "and the swap hold one version, not one per adapter); train per-role policies "
-                "synchronously (leave max_staleness unset) or use one shared policy"
             )
         policy, updater, lrl = await asyncio.to_thread(self._load, ctx.policies)
         await asyncio.to_thread(

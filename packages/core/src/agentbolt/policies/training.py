@@ -16,6 +16,10 @@ role's baseline is the group's rollouts in which that role acted (GRPO: the rewr
 compared with the other rollouts of the task that needed a rewrite, not with those that did not).
 A call served by another policy than its agent's (``X-Agentbolt-Policy`` recorded by the gateway)
 is left out with ``policy_mismatch``: training it would be off-policy by construction.
+
+Staleness: each policy's calls are measured from its own version. A policy config of its own
+without ``max_staleness`` takes the shared config's: the asynchronous run's bound (``Trainer.fit(...,
+max_staleness=K)``) holds for every policy unless one declares a bound of its own.
 """
 
 from __future__ import annotations
@@ -96,8 +100,12 @@ class PolicyLightningRL:
         self.config = LightningRLConfig.from_value(config)
         routed = not policies.is_shared
         self.passes: dict[str, LightningRL] = {}
+        self._configs: dict[str, LightningRLConfig] = {}
         for name, spec in policies.items():
             own = spec.lightningrl or self.config
+            if own.max_staleness is None and self.config.max_staleness is not None:
+                own = own.replace(max_staleness=self.config.max_staleness)  # the run's bound holds for every policy
+            self._configs[name] = own
             select = agent_selector(own.agent_match)
             self.passes[name] = LightningRL(
                 own.replace(agent_match=_OwnAgents(policies, name, select), allow_empty=True),
@@ -106,8 +114,9 @@ class PolicyLightningRL:
             )
 
     def config_of(self, policy: str) -> LightningRLConfig:
-        """The LightningRL config ``policy`` trains with (its own, else the shared one)."""
-        return self.policies[policy].lightningrl or self.config
+        """The LightningRL config ``policy`` trains with (its own, else the shared one; its own
+        without ``max_staleness`` takes the shared one's)."""
+        return self._configs[policy]
 
     def process(
         self,
