@@ -158,6 +158,7 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
         return ""
     keys = [k for s in stages.values() for k in s if k not in ("score", "se", "failed") and not k.endswith("_se")]
     keys = list(dict.fromkeys(keys))
+    keys.sort(key=lambda k: list(STAGE_TIME_KEYS).index(k) if k in STAGE_TIME_KEYS else -1)  # gain, then time last
     if set(stages) == {"before", "after"}:
         parts = []
         for key in keys:
@@ -175,7 +176,7 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
     return " → ".join(chain)
 
 
-STAGE_TIME_KEYS = {"gain_se": "{:+.1f} se", "training_s": "{:.0f} s of training"}
+STAGE_TIME_KEYS = {"gain_z": "{:+.1f} se", "training_s": "{:.0f} s of training"}
 """Per-stage measurements written in words: the gain over the first stage in standard errors,
 and the training time (evaluations excluded) the run had spent when the stage was measured."""
 

@@ -162,7 +162,7 @@ def run_record(
         stage = {"score": mean, "se": se}
         gain = gain_in_se(first, (mean, se))
         if tag != tags[0] and gain is not None:
-            stage["gain_se"] = gain
+            stage["gain_z"] = gain
         stages[f"step {step}"] = stage | {"training_s": round(trained_s.get(step, 0.0), 1)}
     model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
     return RunRecord(

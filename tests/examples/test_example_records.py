@@ -124,7 +124,7 @@ def test_stage_notes_and_best_trivial_policy() -> None:
     timed = bench.stage_notes(
         {
             "step 0": {"score": 0.35, "se": 0.05, "training_s": 0.0},
-            "step 10": {"score": 0.53, "se": 0.05, "gain_se": 2.54, "training_s": 221.4},
+            "step 10": {"score": 0.53, "se": 0.05, "gain_z": 2.54, "training_s": 221.4},
         }
     )
     assert timed == "step 0 0.350 ± 0.050 (0 s of training) → step 10 0.530 ± 0.050 (+2.5 se, 221 s of training)"

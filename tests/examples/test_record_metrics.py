@@ -16,7 +16,7 @@ from the run's ``metrics.jsonl`` and the held-out sets' ``n``:
   steps, at the record's rounding; ``extra.train_reward``: each step's ``train/reward`` to 3 places;
 - ``steps``: the last trained step;
 - a ``step K`` stage's ``training_s`` (the steps' ``time/step_s`` summed up to step K) and
-  ``gain_se`` (its gain over the first stage in standard errors).
+  ``gain_z`` (its gain over the first stage in standard errors).
 """
 
 from __future__ import annotations
@@ -163,11 +163,11 @@ def disagreements(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
                     f"{name}.stages[{stage}].training_s = {values['training_s']}, metrics.jsonl's time/step_s "
                     f"up to step {step} sum to {by_step.get(step)}"
                 )
-            if "gain_se" in values:
+            if "gain_z" in values:
                 first = stages[0][1]
                 gain = (values["score"] - first["score"]) / math.hypot(first["se"], values["se"])
-                if abs(values["gain_se"] - gain) > 0.0051:
-                    problems.append(f"{name}.stages[{stage}].gain_se = {values['gain_se']}, recomputed {gain}")
+                if abs(values["gain_z"] - gain) > 0.0051:
+                    problems.append(f"{name}.stages[{stage}].gain_z = {values['gain_z']}, recomputed {gain}")
     rewards = record.extra.get("train_reward")
     if isinstance(rewards, list):
         logged_rewards = [
@@ -250,7 +250,7 @@ def test_stage_training_seconds_and_gains_are_recomputed() -> None:
         name: values
         | {"training_s": round(spent[int(name.removeprefix("step "))], 1)}
         | (
-            {"gain_se": round((values["score"] - first["score"]) / math.hypot(first["se"], values["se"]), 2)}
+            {"gain_z": round((values["score"] - first["score"]) / math.hypot(first["se"], values["se"]), 2)}
             if name != "step 0"
             else {}
         )
@@ -263,5 +263,5 @@ def test_stage_training_seconds_and_gains_are_recomputed() -> None:
     assert disagreements(with_stages(stages), rows) == []
     slower = {**stages, "step 10": {**stages["step 10"], "training_s": stages["step 10"]["training_s"] + 30}}
     assert any(p.startswith("arithmetic.stages[step 10].training_s") for p in disagreements(with_stages(slower), rows))
-    bigger = {**stages, "step 20": {**stages["step 20"], "gain_se": 3.9}}
-    assert any(p.startswith("arithmetic.stages[step 20].gain_se") for p in disagreements(with_stages(bigger), rows))
+    bigger = {**stages, "step 20": {**stages["step 20"], "gain_z": 3.9}}
+    assert any(p.startswith("arithmetic.stages[step 20].gain_z") for p in disagreements(with_stages(bigger), rows))
