@@ -1,6 +1,6 @@
 """Quickstart: train SmolLM2-135M-Instruct on arithmetic with GRPO, on CPU, through agentbolt.
 
-    ./dev quickstart                                  # the defaults below (about half an hour on 2 CPU cores)
+    ./dev quickstart                                  # the defaults below (minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
     # asynchronous: the next batch's rollouts run while the policy updates (calls at most 1 version stale)
@@ -190,7 +190,11 @@ def run_record(
                 else {}
             ),
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
-            **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
+            **{
+                k: round(v, 1)
+                for k, v in step_means(result.history).items()
+                if k.startswith(("time/", "engine/")) or k == "update/zero_advantage_skipped"
+            },
         },
     )
 
@@ -315,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
             f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens: "
             f"{means.get('engine/prompt_tokens', 0):,.0f} prompt tokens computed, "
-            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache",
+            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache; "
+            f"{means.get('update/zero_advantage_skipped', 0):.1f} of {means.get('update/n_transitions', 0):.0f} "
+            "rows left out of the update (advantage 0: no gradient)",
             flush=True,
         )
     if args.max_staleness is not None and means:

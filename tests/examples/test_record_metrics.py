@@ -12,7 +12,7 @@ from the run's ``metrics.jsonl`` and the held-out sets' ``n``:
   ``after``;
 - the counts behind a 0/1 metric: ``score * n`` is a whole number of questions and the standard
   error is ``sqrt(p (1 - p) / n)``;
-- ``s_per_step`` and the ``time/*`` / ``engine/*`` figures of ``extra``: the mean over the trained
+- ``s_per_step`` and the ``time/*`` / ``engine/*`` / ``update/*`` figures of ``extra``: the mean over the trained
   steps, at the record's rounding; ``extra.train_reward``: each step's ``train/reward`` to 3 places;
 - ``steps``: the last trained step;
 - a ``step K`` stage's ``training_s`` (the steps' ``time/step_s`` summed up to step K) and
@@ -142,7 +142,7 @@ def disagreements(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
             f"s_per_step = {record.s_per_step}, metrics.jsonl: {_mean([r['time/step_s'] for r in trained])}"
         )
     for key, value in record.extra.items():
-        if key.startswith(("time/", "engine/")) and isinstance(value, int | float):
+        if key.startswith(("time/", "engine/", "update/")) and isinstance(value, int | float):
             logged_values = [r[key] for r in trained if key in r]
             if logged_values and abs(value - _mean(logged_values)) > ROUNDING:
                 problems.append(
