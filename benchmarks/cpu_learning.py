@@ -24,6 +24,19 @@ before and after training.
 Each run is its own subprocess (separate memory and timing). Prints accuracy before/after,
 seconds per training step (evaluation excluded) and the ratio agentbolt/bare (target <= 1.15),
 and writes both curves to ``--out``.
+
+The agentbolt arm runs the quickstart's update settings (``examples/quickstart/train.py``'s
+defaults: gradient checkpointing on), so its step time is the quickstart's.
+
+**Timing mode** (minutes, not an hour; no held-out evaluation): the two arms' step times side
+by side, the arms alternating ``--rounds`` times in one invocation, so that load from other
+work on a shared machine falls on both; the ratio, not the seconds, is the figure::
+
+    uv run python benchmarks/cpu_learning.py --timing [--steps 3] [--rounds 2] [--record docs/runs/cpu_learning_timing.json]
+
+Each arm's first step is left out of its means (warm-up: first allocations, the engine's first
+batches); the record keeps every step's seconds, the arms' order, and the machine's load
+before and after each arm.
 """
 
 from __future__ import annotations
@@ -113,6 +126,8 @@ def run_bare(steps: int, n_val: int, out: Path) -> dict[str, Any]:
         return enc, resp, mask, texts
 
     def evaluate() -> float:
+        if n_val == 0:
+            return float("nan")
         val = val_tasks(n_val)
         correct = 0
         for i in range(0, len(val), 32):
@@ -189,7 +204,7 @@ def run_agentbolt(steps: int, n_val: int, out: Path) -> dict[str, Any]:
         sampling={"temperature": 1.0, "max_tokens": MAX_NEW},
         evaluation={"every": None},
         output={"out_dir": out / "agentbolt", "plot": False},
-        update={"lr": LR, "seed": SEED},
+        update={"lr": LR, "seed": SEED, "gradient_checkpointing": True},  # the quickstart's default
         seed=SEED,
     )
     trainer = Trainer(
@@ -232,15 +247,97 @@ def describe(results: dict[str, dict[str, Any]]) -> str:
     return "; ".join(f"{name}: {t}" for name, t in texts.items())
 
 
+def loadavg() -> float:
+    """The machine's 1-minute load average (what else ran beside an arm)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return float("nan")
+
+
+def timing(args: argparse.Namespace) -> int:
+    """The timing mode (module doc): the arms alternate ``--rounds`` times; prints and records the ratio."""
+    from agentbolt.runs.evaluation import provenance
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    runs: list[dict[str, Any]] = []
+    for round_ in range(1, args.rounds + 1):
+        for name in ("bare", "agentbolt"):
+            out = args.out / f"timing-{round_}"
+            out.mkdir(parents=True, exist_ok=True)
+            print(f"== round {round_}/{args.rounds}: {name} ({args.steps} steps, no evaluation)", flush=True)
+            load_before = loadavg()
+            cmd = [sys.executable, __file__, "--only", name, "--steps", str(args.steps), "--val", "0"]
+            subprocess.run([*cmd, "--out", str(out)], check=True, env=env)
+            result = json.loads((out / f"{name}.json").read_text())
+            row: dict[str, Any] = {
+                "arm": name,
+                "round": round_,
+                "step_s": [round(t, 2) for t in result["step_times"]],
+                "load_before": load_before,
+                "load_after": loadavg(),
+            }
+            if name == "agentbolt":
+                steps = [h for h in result["history"] if "time/step_s" in h]
+                row["rollouts_s"] = [round(h["time/rollouts_s"], 2) for h in steps]
+                row["update_s"] = [round(h["time/update_s"], 2) for h in steps]
+            runs.append(row)
+
+    def warm(name: str, key: str = "step_s") -> list[float]:
+        return [t for r in runs if r["arm"] == name for t in r[key][1:]]
+
+    arms = {}
+    for name in ("bare", "agentbolt"):
+        times = warm(name)
+        arms[name] = {
+            "steps_timed": len(times),
+            "mean_s": statistics.fmean(times),
+            "median_s": statistics.median(times),
+        }
+    arms["agentbolt"]["rollouts_mean_s"] = statistics.fmean(warm("agentbolt", "rollouts_s"))
+    arms["agentbolt"]["update_mean_s"] = statistics.fmean(warm("agentbolt", "update_s"))
+    rounded = {name: {k: round(v, 2) if isinstance(v, float) else v for k, v in a.items()} for name, a in arms.items()}
+    record = {
+        **provenance([__file__, *sys.argv[1:]]),
+        "settings": {"steps": args.steps, "rounds": args.rounds, "batch": BATCH, "group": GROUP, "max_new": MAX_NEW},
+        "arms": rounded,
+        "ratio_mean": round(arms["agentbolt"]["mean_s"] / arms["bare"]["mean_s"], 3),
+        "ratio_median": round(arms["agentbolt"]["median_s"] / arms["bare"]["median_s"], 3),
+        "runs": runs,
+    }
+    print(
+        f"\nbare {arms['bare']['mean_s']:.1f} s/step (median {arms['bare']['median_s']:.1f}), agentbolt "
+        f"{arms['agentbolt']['mean_s']:.1f} s/step (median {arms['agentbolt']['median_s']:.1f}; rollouts "
+        f"{arms['agentbolt']['rollouts_mean_s']:.1f} + update {arms['agentbolt']['update_mean_s']:.1f}), first step of "
+        f"each arm left out; agentbolt / bare: {record['ratio_mean']:.2f}x mean, {record['ratio_median']:.2f}x median "
+        "(goal <= 0.5x)",
+        flush=True,
+    )
+    if args.record:
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"record: {args.record}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=None, help="training steps per arm (default 30; --timing: 3)")
     p.add_argument("--val", type=int, default=96)
     p.add_argument("--only", choices=["bare", "agentbolt"])
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-cpu-learning")
     p.add_argument("--report", action="store_true", help="only print the table from the arms' JSON files in --out")
+    p.add_argument("--timing", action="store_true", help="time a few steps per arm, arms alternating (module doc)")
+    p.add_argument("--rounds", type=int, default=2, help="--timing: how many times the two arms alternate")
+    p.add_argument("--record", type=Path, help="--timing: write the figures here as JSON")
     args = p.parse_args()
+    if args.steps is None:
+        args.steps = 3 if args.timing else 30
+    if args.steps < (2 if args.timing else 1) or args.rounds < 1:
+        p.error("--steps must be at least 2 with --timing (the first is warm-up), --rounds at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.timing:
+        return timing(args)
     if args.only:
         run = run_bare if args.only == "bare" else run_agentbolt
         result = run(args.steps, args.val, args.out)

@@ -158,6 +158,7 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
         return ""
     keys = [k for s in stages.values() for k in s if k not in ("score", "se", "failed") and not k.endswith("_se")]
     keys = list(dict.fromkeys(keys))
+    keys.sort(key=lambda k: list(STAGE_TIME_KEYS).index(k) if k in STAGE_TIME_KEYS else -1)  # gain, then time last
     if set(stages) == {"before", "after"}:
         parts = []
         for key in keys:
@@ -169,10 +170,21 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
         return "; ".join(parts)
     chain = []
     for stage, values in stages.items():
-        extra = ", ".join(f"{_label(k)} {_f(values[k], 2)}" for k in keys if k in values)
+        extra = ", ".join(_stage_value(k, values[k]) for k in keys if k in values)
         se = f" ± {_f(values['se'])}" if "se" in values else ""
         chain.append(f"{stage} {_f(values.get('score'))}{se}" + (f" ({extra})" if extra else ""))
     return " → ".join(chain)
+
+
+STAGE_TIME_KEYS = {"gain_z": "{:+.1f} se", "training_s": "{:.0f} s of training"}
+"""Per-stage measurements written in words: the gain over the first stage in standard errors,
+and the training time (evaluations excluded) the run had spent when the stage was measured."""
+
+
+def _stage_value(key: str, value: float) -> str:
+    if key in STAGE_TIME_KEYS:
+        return "n/a" if math.isnan(value) else STAGE_TIME_KEYS[key].format(value)
+    return f"{_label(key)} {_f(value, 2)}"
 
 
 def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:

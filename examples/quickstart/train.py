@@ -1,6 +1,6 @@
 """Quickstart: train SmolLM2-135M-Instruct on arithmetic with GRPO, on CPU, through agentbolt.
 
-    ./dev quickstart                                  # the defaults below (about half an hour on 2 CPU cores)
+    ./dev quickstart                                  # the defaults below (minutes on 2 CPU cores)
     uv run python examples/quickstart/train.py --steps 5 --val 32
 
     # asynchronous: the next batch's rollouts run while the policy updates (calls at most 1 version stale)
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -73,7 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=96, help="held-out questions (default 96)")
-    p.add_argument("--val-every", type=int, default=10, help="evaluate every N steps (default 10)")
+    p.add_argument(
+        "--val-every",
+        type=int,
+        default=5,
+        help="evaluate every N steps (default 5; the record gives each evaluation's training seconds and gain)",
+    )
     p.add_argument("--max-tokens", type=int, default=40, help="tokens per reply (default 40)")
     p.add_argument("--lr", type=float, default=1e-5, help="learning rate (default 1e-5)")
     p.add_argument(
@@ -148,9 +154,16 @@ def run_record(
     findings = asyncio.run(training_findings(args.store))
     correct = {tag: [float(o.score() >= 1.0) for o in found] for tag, found in outcomes.items()}
     stages = {}
+    trained_s = training_seconds(result.history)
+    first = mean_and_se(correct[tags[0]])
     for tag in tags:
         mean, se = mean_and_se(correct[tag])
-        stages[f"step {tag.removeprefix('val')}"] = {"score": mean, "se": se}
+        step = int(tag.removeprefix("val"))
+        stage = {"score": mean, "se": se}
+        gain = gain_in_se(first, (mean, se))
+        if tag != tags[0] and gain is not None:
+            stage["gain_z"] = gain
+        stages[f"step {step}"] = stage | {"training_s": round(trained_s.get(step, 0.0), 1)}
     model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
     return RunRecord(
         example="quickstart",
@@ -177,9 +190,31 @@ def run_record(
                 else {}
             ),
             "train_reward": [round(h["train/reward"], 3) for h in result.history if "train/reward" in h],
-            **{k: round(v, 1) for k, v in step_means(result.history).items() if k.startswith(("time/", "engine/"))},
+            **{
+                k: round(v, 1)
+                for k, v in step_means(result.history).items()
+                if k.startswith(("time/", "engine/")) or k == "update/zero_advantage_skipped"
+            },
         },
     )
+
+
+def training_seconds(history: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds of training (the steps' ``time/step_s``: rollouts and update, evaluations and
+    loading excluded) the run had spent by the end of each step; step 0 is 0."""
+    spent, total = {0: 0.0}, 0.0
+    for h in history:
+        if "time/step_s" in h:
+            total += float(h["time/step_s"])
+            spent[int(h["step"])] = total
+    return spent
+
+
+def gain_in_se(first: tuple[float, float], later: tuple[float, float]) -> float | None:
+    """``(later - first) / sqrt(se_first^2 + se_later^2)``, as the record's headline gain
+    (:attr:`agentbolt.runs.evaluation.SetScore.gain_in_se`); ``None`` when both errors are 0."""
+    se = math.hypot(first[1], later[1])
+    return round((later[0] - first[0]) / se, 2) if se else None
 
 
 async def training_findings(store_url: str) -> list[str]:
@@ -284,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             f"per step (means): rollouts {means.get('time/rollouts_s', 0):.1f} s, update "
             f"{means.get('time/update_s', 0):.1f} s; prompts of {means.get('update/prompt_len_mean', 0):.0f} tokens: "
             f"{means.get('engine/prompt_tokens', 0):,.0f} prompt tokens computed, "
-            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache",
+            f"{means.get('engine/cached_prompt_tokens', 0):,.0f} served from the prompt cache; "
+            f"{means.get('update/zero_advantage_skipped', 0):.1f} of {means.get('update/n_transitions', 0):.0f} "
+            "rows left out of the update (advantage 0: no gradient)",
             flush=True,
         )
     if args.max_staleness is not None and means:

@@ -121,6 +121,13 @@ def test_stage_notes_and_best_trivial_policy() -> None:
         {"base": {"score": 0.2, "tool_call_rate": 0.0}, "sft": {"score": 0.5, "tool_call_rate": 0.9}}
     )
     assert chain == "base 0.200 (tool calls 0.00) → sft 0.500 (tool calls 0.90)"
+    timed = bench.stage_notes(
+        {
+            "step 0": {"score": 0.35, "se": 0.05, "training_s": 0.0},
+            "step 10": {"score": 0.53, "se": 0.05, "gain_z": 2.54, "training_s": 221.4},
+        }
+    )
+    assert timed == "step 0 0.350 ± 0.050 (0 s of training) → step 10 0.530 ± 0.050 (+2.5 se, 221 s of training)"
     rows = [
         {"heldout": "dev", "policy": "constant", "metric": "f1", "score": 0.02, "n": 10},
         {"heldout": "dev", "policy": "most_frequent", "metric": "f1", "score": 0.05, "n": 10},

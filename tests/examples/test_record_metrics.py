@@ -12,9 +12,11 @@ from the run's ``metrics.jsonl`` and the held-out sets' ``n``:
   ``after``;
 - the counts behind a 0/1 metric: ``score * n`` is a whole number of questions and the standard
   error is ``sqrt(p (1 - p) / n)``;
-- ``s_per_step`` and the ``time/*`` / ``engine/*`` figures of ``extra``: the mean over the trained
+- ``s_per_step`` and the ``time/*`` / ``engine/*`` / ``update/*`` figures of ``extra``: the mean over the trained
   steps, at the record's rounding; ``extra.train_reward``: each step's ``train/reward`` to 3 places;
-- ``steps``: the last trained step.
+- ``steps``: the last trained step;
+- a ``step K`` stage's ``training_s`` (the steps' ``time/step_s`` summed up to step K) and
+  ``gain_z`` (its gain over the first stage in standard errors).
 """
 
 from __future__ import annotations
@@ -140,12 +142,32 @@ def disagreements(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
             f"s_per_step = {record.s_per_step}, metrics.jsonl: {_mean([r['time/step_s'] for r in trained])}"
         )
     for key, value in record.extra.items():
-        if key.startswith(("time/", "engine/")) and isinstance(value, int | float):
+        if key.startswith(("time/", "engine/", "update/")) and isinstance(value, int | float):
             logged_values = [r[key] for r in trained if key in r]
             if logged_values and abs(value - _mean(logged_values)) > ROUNDING:
                 problems.append(
                     f"extra[{key!r}] = {value}, the mean over metrics.jsonl's steps is {_mean(logged_values)}"
                 )
+    # a stage's training seconds: the logged steps' time/step_s up to its step; its gain over the first stage
+    spent = 0.0
+    by_step = {0: 0.0}
+    for r in trained:
+        spent += r["time/step_s"]
+        by_step[r["step"]] = spent
+    for name, s in sets.items():
+        stages = [(k, v) for k, v in s.stages.items() if k.startswith("step ")]
+        for stage, values in stages:
+            step = int(stage.removeprefix("step "))
+            if "training_s" in values and abs(values["training_s"] - by_step.get(step, math.nan)) > ROUNDING:
+                problems.append(
+                    f"{name}.stages[{stage}].training_s = {values['training_s']}, metrics.jsonl's time/step_s "
+                    f"up to step {step} sum to {by_step.get(step)}"
+                )
+            if "gain_z" in values:
+                first = stages[0][1]
+                gain = (values["score"] - first["score"]) / math.hypot(first["se"], values["se"])
+                if abs(values["gain_z"] - gain) > 0.0051:
+                    problems.append(f"{name}.stages[{stage}].gain_z = {values['gain_z']}, recomputed {gain}")
     rewards = record.extra.get("train_reward")
     if isinstance(rewards, list):
         logged_rewards = [
@@ -213,3 +235,33 @@ def test_a_record_without_heldout_metrics_is_refused() -> None:
     record = RunRecord.load(RUNS / "sql_agent" / "result.json")
     with pytest.raises(LookupError, match="no held-out figure"):
         disagreements(record, [{"step": 1, "time/step_s": 1.0}])
+
+
+def test_stage_training_seconds_and_gains_are_recomputed() -> None:
+    """A quickstart record's ``step K`` stages with their training seconds and gains: right ones
+    pass, an edited one is caught."""
+    source = RUNS / "quickstart" / "variants" / "own-6e3d9b0"  # a record written before stages had them
+    rows = _rows(source / "metrics.jsonl")
+    record = RunRecord.load(source / "result.json")
+    arithmetic = record.heldout["arithmetic"]
+    first = arithmetic.stages["step 0"]
+    spent = {k: sum(r["time/step_s"] for r in rows if "time/step_s" in r and r["step"] <= k) for k in (0, 10, 20)}
+    stages = {
+        name: values
+        | {"training_s": round(spent[int(name.removeprefix("step "))], 1)}
+        | (
+            {"gain_z": round((values["score"] - first["score"]) / math.hypot(first["se"], values["se"]), 2)}
+            if name != "step 0"
+            else {}
+        )
+        for name, values in arithmetic.stages.items()
+    }
+
+    def with_stages(stages: dict[str, dict[str, float]]) -> RunRecord:
+        return record.model_copy(update={"heldout": {"arithmetic": arithmetic.model_copy(update={"stages": stages})}})
+
+    assert disagreements(with_stages(stages), rows) == []
+    slower = {**stages, "step 10": {**stages["step 10"], "training_s": stages["step 10"]["training_s"] + 30}}
+    assert any(p.startswith("arithmetic.stages[step 10].training_s") for p in disagreements(with_stages(slower), rows))
+    bigger = {**stages, "step 20": {**stages["step 20"], "gain_z": 3.9}}
+    assert any(p.startswith("arithmetic.stages[step 20].gain_z") for p in disagreements(with_stages(bigger), rows))

@@ -195,6 +195,8 @@ STEP_KEYS = (
     "engine/busy_s",
     "update/prompt_len_mean",
     "update/response_len_mean",
+    "update/n_transitions",
+    "update/zero_advantage_skipped",
     "time/trainer_wait_share",
     "time/rollouts_wait_share",
     "lightningrl/staleness_mean",

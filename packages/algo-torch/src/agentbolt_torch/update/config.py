@@ -69,6 +69,15 @@ class UpdateConfig:
     group share their prompt, so this saves up to ``group_size`` times the prompt compute; the
     logprobs and gradients are those of separate sequences (up to float rounding). Micro-batch
     budgets then count each distinct prompt once."""
+    skip_zero_advantage: bool = True
+    """Leave out of the forward and backward passes the rows whose gradient is exactly zero: an
+    advantage of exactly 0 (every sample of a GRPO group scored the same) with no KL or entropy
+    term (``kl_coef == entropy_coef == 0``), where each of their tokens' loss is ``-0 x ratio``.
+    The optimizer step is the same (the rows' token weights are set over the whole mini-batch
+    first, and a mini-batch of such rows only still steps AdamW with zero gradients); the
+    per-token metrics (entropy, clip fraction, ratio, mismatch) then cover the rows that ran.
+    ``UpdateMetrics.zero_advantage_skipped`` counts them. In the quickstart about 5 of 8 groups
+    per step score all alike, so most of the update's compute went into zero gradients."""
     seed: int = 0
     """Seed of the mini-batch shuffling."""
     objective: Literal["policy-gradient", "nll"] = "policy-gradient"
@@ -150,6 +159,9 @@ class UpdateMetrics:
     """Wall time of the update."""
     skipped: int = 0
     """Transitions dropped (no trainable token)."""
+    zero_advantage_skipped: int = 0
+    """Rows (per epoch) not run through the model because their gradient is exactly zero
+    (:attr:`UpdateConfig.skip_zero_advantage`); they count in ``n_transitions``."""
     is_weight_mean: float = float("nan")
     """Off-policy correction: mean IS weight over the trained tokens (NaN without ``rollout_is``)."""
     is_weight_max: float = float("nan")

@@ -20,6 +20,10 @@ module of its own:
    :func:`~agentbolt.lightningrl.rollout_correction` turns behaviour vs proximal into per-token IS
    weights and rejection masks, and the PPO ratio is taken against the proximal logprobs
    (verl's decoupled mode: three policies).
+   **Rows without a gradient** (``skip_zero_advantage``): with no KL or entropy term, a row of
+   advantage exactly 0 (a GRPO group whose samples all scored alike) adds ``-0 x ratio`` per
+   token, so it is left out of the passes below (after its mini-batch's token weights are set);
+   a mini-batch of such rows only steps AdamW with zero gradients, as it would have.
 3. **Forward pass** (:mod:`.forward`): per-token logprobs of the responses, computed
    only at response positions; with ``share_prompts`` (default) each distinct prompt of a
    micro-batch runs once with a KV cache and its responses run against the cache.
@@ -223,7 +227,7 @@ class PolicyUpdater:
         totals: dict[str, float] = dict.fromkeys(
             ("loss", "pg_loss", "kl", "entropy", "clipped", "ratio", "ppo_kl", "mismatch", "grad_norm"), 0.0
         )
-        counts = {"tokens": 0, "mismatch_tokens": 0, "steps": 0, "micro": 0, "processed": 0}
+        counts = {"tokens": 0, "mismatch_tokens": 0, "steps": 0, "micro": 0, "processed": 0, "zero_advantage": 0}
         ratio_max = 0.0
         correction: dict[str, float] = {}
         with policy.lock:
@@ -238,12 +242,15 @@ class PolicyUpdater:
                 if self.correction is not None:
                     items, correction = apply_correction(items, self.correction)
                 first_step = True
-                for _ in range(cfg.epochs):
+                for epoch in range(cfg.epochs):
                     for mini in self._mini_batches(items):
                         assign_token_weights(mini, self.loss_aggregation)
+                        with_gradient = self._rows_with_gradient(mini)
+                        if epoch == 0:
+                            counts["zero_advantage"] += len(mini) - len(with_gradient)
                         self.optimizer.zero_grad(set_to_none=True)
                         step_loss = 0.0
-                        for micro in self._micro_batches(mini):
+                        for micro in self._micro_batches(with_gradient):
                             stats = self._forward_backward(micro, measure_mismatch=first_step)
                             step_loss += stats["loss"]
                             for key in ("pg_loss", "kl", "entropy", "clipped", "ratio", "ppo_kl", "mismatch"):
@@ -253,6 +260,9 @@ class PolicyUpdater:
                             counts["processed"] += int(stats["processed"])
                             counts["micro"] += 1
                             ratio_max = max(ratio_max, stats["ratio_max"])
+                        if not with_gradient:  # every gradient is exactly 0; AdamW's moments still move
+                            for p in self._params:
+                                p.grad = torch.zeros_like(p)
                         if cfg.max_grad_norm is not None:
                             norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm)
                         else:
@@ -307,6 +317,7 @@ class PolicyUpdater:
             tokens_per_s=counts["processed"] / seconds if seconds > 0 else 0.0,
             seconds=seconds,
             skipped=skipped,
+            zero_advantage_skipped=counts["zero_advantage"],
             is_weight_mean=correction.get("is_weight_mean", float("nan")),
             is_weight_max=correction.get("is_weight_max", float("nan")),
             is_clipped_frac=correction.get("is_clipped_frac", float("nan")),
@@ -344,6 +355,14 @@ class PolicyUpdater:
 
     def _mini_batches(self, items: list[PreparedTransition]) -> list[list[PreparedTransition]]:
         return mini_batches(items, self.config.mini_batches, self._rng)
+
+    def _rows_with_gradient(self, mini: list[PreparedTransition]) -> list[PreparedTransition]:
+        """The rows of ``mini`` whose loss has a gradient (:attr:`UpdateConfig.skip_zero_advantage`):
+        with no KL or entropy term, a row of advantage exactly 0 contributes ``-0 x ratio`` per token."""
+        cfg = self.config
+        if not cfg.skip_zero_advantage or cfg.kl_coef > 0 or cfg.entropy_coef > 0:
+            return mini
+        return [it for it in mini if it.advantage != 0.0]
 
     @property
     def _sharing(self) -> bool:
