@@ -33,7 +33,11 @@ direct calls are measured under the same placement as the calls through the gate
 
 Added latency = percentile through the gateway - the same percentile calling the backend
 directly, at the same concurrency, backend latency and placement (median over alternating
-repeats). With a backend that answers in 0 or 50 ms, 64 concurrent clients saturate a 2-core
+repeats). With a fixed backend latency, clients that start together stay in step: at 1 s every
+one of the 64 calls reaches the gateway in the same millisecond, every second, and the row
+measures how long the gateway takes over a burst of 64 calls. ``--stagger`` starts client k
+k/64 of a backend latency late (after the warm-up), as independent agents would arrive; the
+requests/s then include that ramp. With a backend that answers in 0 or 50 ms, 64 concurrent clients saturate a 2-core
 machine, so those rows mostly measure queueing for CPU (a throughput stress test: an LLM call
 takes 0.5-10 s); the rows with a realistic backend latency (``--latency-ms 200 1000``) show what
 an agent sees. Each load starts with one warm-up call per client (its connection opened), then
@@ -85,8 +89,11 @@ APIS = {
 """Client API -> (path under the base URL, request body)."""
 
 
-async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat") -> tuple[list[float], float]:
-    """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len]. Returns latencies, req/s."""
+async def load(
+    base_urls: list[str], n: int, concurrency: int, api: str = "chat", stagger_s: float = 0.0
+) -> tuple[list[float], float]:
+    """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len] and, after the
+    warm-up, starts ``k / concurrency * stagger_s`` late. Returns latencies, req/s."""
     pools = {url: UpstreamPool(url, max_idle=512) for url in set(base_urls)}
     path, request = APIS[api]
     body = orjson.dumps(request)
@@ -94,8 +101,10 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
     latencies: list[float] = []
     remaining = n
 
-    async def worker(k: int) -> None:
+    async def worker(k: int, delay_s: float = 0.0) -> None:
         nonlocal remaining
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         url = base_urls[k % len(base_urls)]
         pool = pools[url]
         while remaining > 0:
@@ -113,7 +122,7 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
     latencies.clear()
     remaining = n
     start = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await asyncio.gather(*(worker(k, k / concurrency * stagger_s) for k in range(concurrency)))
     elapsed = time.perf_counter() - start
     for pool in pools.values():
         pool.close()
@@ -223,6 +232,12 @@ def main() -> None:
         "'pinned' (the gateway alone on the first core, backend and load generator on the others: the "
         "gateway's own work without CPU contention with them)",
     )
+    ap.add_argument(
+        "--stagger",
+        action="store_true",
+        help="clients start spread evenly over one backend latency, as independent agents would, instead of "
+        "all at once (with a fixed backend latency, clients that start together stay in step for the whole load)",
+    )
     ap.add_argument("--record", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
     all_cores = set(os.sched_getaffinity(0))
@@ -271,6 +286,7 @@ def main() -> None:
                             if latency_ms == 0
                             else min(args.requests, int(conc * 1000 / max(latency_ms, 1) * 6) + conc)
                         )
+                        stagger = latency_ms / 1000 if args.stagger else 0.0
                         rows: dict[tuple[str, str], list[tuple[float, ...]]] = {
                             (arm, where): [] for where in args.placement for arm in args.arms
                         }
@@ -279,10 +295,10 @@ def main() -> None:
                                 gateway_cores, other_cores = cores[where]
                                 place([g.pid for g in gateways.values()], gateway_cores)
                                 place([0, server.pid or 0], other_cores)
-                                direct, _ = run(load([server.base_url], n, conc))
+                                direct, _ = run(load([server.base_url], n, conc, stagger_s=stagger))
                                 for arm in args.arms:
                                     cpu = cpu_seconds(gateways[arm].pid)
-                                    through, rate = run(load(routes[arm], n, conc, api))
+                                    through, rate = run(load(routes[arm], n, conc, api, stagger))
                                     cpu = cpu_seconds(gateways[arm].pid) - cpu
                                     rows[(arm, where)].append(
                                         (
@@ -341,6 +357,7 @@ def main() -> None:
                     "commit": commit,
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "cpus": os.cpu_count(),
+                    "staggered_starts": args.stagger,
                     "placements": {
                         where: {"gateway": sorted(g), "backend_and_load": sorted(o)}
                         for where, (g, o) in cores.items()
