@@ -24,17 +24,33 @@ comparison under the same machine conditions. ``--record PATH`` writes the figur
 (``docs/runs/gateway_call_log.json``), including the gateway process's CPU time per call
 (from /proc: less sensitive to other load on the machine than latency is).
 
+``--placement shared pinned`` alternates, in every repeat, two ways of placing the processes on
+the cores: ``shared`` (every process may run on every core: the gateway competes with the load
+generator and the backend for CPU, as on a small machine running all three) and ``pinned`` (the
+gateway alone on the first core, the load generator and the backend on the others, set with
+``sched_setaffinity`` on every thread: the gateway's own work, without that contention). The
+direct calls are measured under the same placement as the calls through the gateway.
+
 Added latency = percentile through the gateway - the same percentile calling the backend
-directly, at the same concurrency and backend latency (median over alternating repeats). With a backend that answers in 0 ms,
-64 concurrent clients saturate the 2 shared cores, so the 0 ms rows mostly measure queueing
-for CPU; the rows with a realistic backend latency show what an agent sees. Requests/s is the
-throughput through one gateway process at concurrency 64 with a 0 ms backend.
+directly, at the same concurrency, backend latency and placement (median over alternating
+repeats). With a fixed backend latency, clients that start together stay in step: at 1 s every
+one of the 64 calls reaches the gateway in the same millisecond, every second, and the row
+measures how long the gateway takes over a burst of 64 calls. ``--stagger`` starts client k
+k/64 of a backend latency late (after the warm-up), as independent agents would arrive; the
+requests/s then include that ramp. With a backend that answers in 0 or 50 ms, 64 concurrent clients saturate a 2-core
+machine, so those rows mostly measure queueing for CPU (a throughput stress test: an LLM call
+takes 0.5-10 s); the rows with a realistic backend latency (``--latency-ms 200 1000``) show what
+an agent sees. Each load starts with one warm-up call per client (its connection opened), then
+times its calls; the gateway's CPU time per call counts both (before this was fixed, the warm-up
+ran as many calls as the load itself while the CPU time was divided as if it were one per
+client, so records made before it overstate the CPU per call about twofold).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -73,8 +89,11 @@ APIS = {
 """Client API -> (path under the base URL, request body)."""
 
 
-async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat") -> tuple[list[float], float]:
-    """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len]. Returns latencies, req/s."""
+async def load(
+    base_urls: list[str], n: int, concurrency: int, api: str = "chat", stagger_s: float = 0.0
+) -> tuple[list[float], float]:
+    """Closed loop: ``concurrency`` workers; worker k uses base_urls[k % len] and, after the
+    warm-up, starts ``k / concurrency * stagger_s`` late. Returns latencies, req/s."""
     pools = {url: UpstreamPool(url, max_idle=512) for url in set(base_urls)}
     path, request = APIS[api]
     body = orjson.dumps(request)
@@ -82,8 +101,10 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
     latencies: list[float] = []
     remaining = n
 
-    async def worker(k: int) -> None:
+    async def worker(k: int, delay_s: float = 0.0) -> None:
         nonlocal remaining
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         url = base_urls[k % len(base_urls)]
         pool = pools[url]
         while remaining > 0:
@@ -95,12 +116,13 @@ async def load(base_urls: list[str], n: int, concurrency: int, api: str = "chat"
                 raise RuntimeError(f"{url}: HTTP {resp.status}: {data[:300]!r}")
             latencies.append(time.perf_counter() - start)
 
-    # warm up connections
+    # warm up connections: one call per worker (the measured calls start on open connections)
+    remaining = concurrency
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
     latencies.clear()
     remaining = n
     start = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await asyncio.gather(*(worker(k, k / concurrency * stagger_s) for k in range(concurrency)))
     elapsed = time.perf_counter() - start
     for pool in pools.values():
         pool.close()
@@ -122,6 +144,19 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PLACEMENTS = ("shared", "pinned")
+"""``shared``: every process may run on every core (the scheduler decides); ``pinned``: the
+gateway alone on the first core, this load generator and the fake backend on the others."""
+
+
+def place(pids: list[int], cores: set[int]) -> None:
+    """Restrict every thread of the processes ``pids`` (0: this one) to ``cores``."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid or os.getpid()}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), cores)
 
 
 def start_gateway(
@@ -188,8 +223,31 @@ def main() -> None:
         type=Path,
         help="another version's packages/core/src: every arm also runs on it, as '<arm>@base'",
     )
+    ap.add_argument(
+        "--placement",
+        nargs="+",
+        choices=PLACEMENTS,
+        default=["shared"],
+        help="where the processes run, alternated in every repeat: 'shared' (all on all cores) and/or "
+        "'pinned' (the gateway alone on the first core, backend and load generator on the others: the "
+        "gateway's own work without CPU contention with them)",
+    )
+    ap.add_argument(
+        "--stagger",
+        action="store_true",
+        help="clients start spread evenly over one backend latency, as independent agents would, instead of "
+        "all at once (with a fixed backend latency, clients that start together stay in step for the whole load)",
+    )
     ap.add_argument("--record", type=Path, help="write the rows as JSON here")
     args = ap.parse_args()
+    all_cores = set(os.sched_getaffinity(0))
+    if "pinned" in args.placement and len(all_cores) < 2:
+        ap.error(f"--placement pinned needs at least 2 cores; this process may use {len(all_cores)}")
+    gateway_core = {min(all_cores)}
+    cores = {
+        "shared": (all_cores, all_cores),  # (the gateway's, the backend's and load generator's)
+        "pinned": (gateway_core, all_cores - gateway_core),
+    }
     if args.base_src is not None:
         if not (args.base_src / "agentbolt" / "gateway").is_dir():
             ap.error(f"--base-src {args.base_src}: no agentbolt/gateway package there (pass a packages/core/src)")
@@ -201,10 +259,11 @@ def main() -> None:
     except ImportError:  # pragma: no cover
         run = asyncio.run
     print(
-        f"gateway benchmark: {args.requests} chat completions per row; backend, gateway and load generator on {os.cpu_count()} cores"
+        f"gateway benchmark: up to {args.requests} chat completions per row; backend, gateway and load generator "
+        f"on {len(all_cores)} cores (pinned: the gateway on core {min(all_cores)}, the others on the rest)"
     )
     print(
-        f"{'api':>9} {'arm':>8} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9} | {'gw cpu/call':>8}"
+        f"{'api':>9} {'arm':>14} {'placement':>9} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9} | {'gw cpu/call':>8}"
     )
     record: list[dict[str, object]] = []
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -227,30 +286,37 @@ def main() -> None:
                             if latency_ms == 0
                             else min(args.requests, int(conc * 1000 / max(latency_ms, 1) * 6) + conc)
                         )
-                        rows: dict[str, list[tuple[float, ...]]] = {arm: [] for arm in args.arms}
+                        stagger = latency_ms / 1000 if args.stagger else 0.0
+                        rows: dict[tuple[str, str], list[tuple[float, ...]]] = {
+                            (arm, where): [] for where in args.placement for arm in args.arms
+                        }
                         for _ in range(args.repeat):  # alternate, so every arm sees the same machine conditions
-                            direct, _ = run(load([server.base_url], n, conc))
-                            for arm in args.arms:
-                                cpu = cpu_seconds(gateways[arm].pid)
-                                through, rate = run(load(routes[arm], n, conc, api))
-                                cpu = cpu_seconds(gateways[arm].pid) - cpu
-                                rows[arm].append(
-                                    (
-                                        percentile(direct, 0.5) * 1e3,
-                                        percentile(direct, 0.99) * 1e3,
-                                        percentile(through, 0.5) * 1e3,
-                                        percentile(through, 0.99) * 1e3,
-                                        rate,
-                                        cpu / (n + conc) * 1e3,  # the warm-up calls count too
+                            for where in args.placement:
+                                gateway_cores, other_cores = cores[where]
+                                place([g.pid for g in gateways.values()], gateway_cores)
+                                place([0, server.pid or 0], other_cores)
+                                direct, _ = run(load([server.base_url], n, conc, stagger_s=stagger))
+                                for arm in args.arms:
+                                    cpu = cpu_seconds(gateways[arm].pid)
+                                    through, rate = run(load(routes[arm], n, conc, api, stagger))
+                                    cpu = cpu_seconds(gateways[arm].pid) - cpu
+                                    rows[(arm, where)].append(
+                                        (
+                                            percentile(direct, 0.5) * 1e3,
+                                            percentile(direct, 0.99) * 1e3,
+                                            percentile(through, 0.5) * 1e3,
+                                            percentile(through, 0.99) * 1e3,
+                                            rate,
+                                            cpu / (n + conc) * 1e3,  # the warm-up calls count too (one per worker)
+                                        )
                                     )
-                                )
-                        for arm in args.arms:
+                        for (arm, where), runs in rows.items():
                             d50, d99, g50, g99, rate, cpu_ms = (
-                                statistics.median(col) for col in zip(*rows[arm], strict=True)
+                                statistics.median(col) for col in zip(*runs, strict=True)
                             )
-                            added = [(r[2] - r[0], r[3] - r[1]) for r in rows[arm]]
+                            added = [(r[2] - r[0], r[3] - r[1]) for r in runs]
                             print(
-                                f"{api:>9} {arm:>8} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
+                                f"{api:>9} {arm:>14} {where:>9} {latency_ms:>7.0f}ms {conc:>5} | {d50:>8.2f}ms {d99:>6.2f}ms | {g50:>9.2f}ms {g99:>6.2f}ms | "
                                 f"{g50 - d50:>7.2f}ms {g99 - d99:>6.2f}ms | {rate:>9,.0f} | {cpu_ms:>6.3f}ms",
                                 flush=True,
                             )
@@ -258,6 +324,7 @@ def main() -> None:
                                 {
                                     "api": api,
                                     "arm": arm,
+                                    "placement": where,
                                     "backend_latency_ms": latency_ms,
                                     "concurrency": conc,
                                     "requests": n,
@@ -271,10 +338,11 @@ def main() -> None:
                                     "gateway_cpu_ms_per_call": round(cpu_ms, 3),
                                     "repeats_added_p50_ms": [round(a, 3) for a, _ in added],
                                     "repeats_added_p99_ms": [round(b, 3) for _, b in added],
-                                    "repeats_gateway_cpu_ms_per_call": [round(r[5], 3) for r in rows[arm]],
+                                    "repeats_gateway_cpu_ms_per_call": [round(r[5], 3) for r in runs],
                                 }
                             )
                 finally:
+                    place([0], all_cores)
                     for gateway in gateways.values():
                         gateway.send_signal(signal.SIGTERM)
                         gateway.wait(30)
@@ -289,6 +357,12 @@ def main() -> None:
                     "commit": commit,
                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "cpus": os.cpu_count(),
+                    "staggered_starts": args.stagger,
+                    "placements": {
+                        where: {"gateway": sorted(g), "backend_and_load": sorted(o)}
+                        for where, (g, o) in cores.items()
+                        if where in args.placement
+                    },
                     "load_average_start": load_start,
                     "load_average_end": [round(x, 2) for x in os.getloadavg()],
                     "rows": record,

@@ -235,6 +235,7 @@ def gateway_serve(
     (Chat Completions, Completions, the Responses API and the Anthropic Messages API)."""
 
     from ..gateway import Upstream
+    from ..long_running_gc import freeze_startup_objects
     from ..options import CaptureOptions, GatewayOptions
     from ..store import open_store
 
@@ -265,6 +266,7 @@ def gateway_serve(
         opened = open_store(store)
         gateway = options.gateway(opened, captured, served_model=model, allowed_hosts=allowed_host or ())
         await gateway.start(options.host, options.port)
+        freeze_startup_objects()  # full collections then skip what the imports and start-up made
         target = ", ".join(upstream) if upstream else "no upstream yet: set them with POST /gateway/upstreams"
         typer.echo(f"gateway listening on {gateway.url} (forwarding to {target})", err=True)
         stop = asyncio.Event()

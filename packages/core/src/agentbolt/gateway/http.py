@@ -145,8 +145,17 @@ class _ServerConnection(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._size = 0
-        self._idle: asyncio.TimerHandle | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()  # protocols are made on the serving loop
+        # One watchdog timer per connection, armed lazily: a request that arrives whole in one
+        # read and is answered before the connection's idle timeout never creates, moves or
+        # cancels a timer (four timer operations per request otherwise, on every call's path).
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None
+        """Loop time the connection went idle (no request arriving, queued or answered)."""
+        self._deadline = 0.0
+        """Loop time by which the request being received must have its head (or body)."""
+        self._deadline_what = ""
+        self._deadline_s = 0.0
         self._header_bytes = 0
         self._in_message = False
         self._peer: str = ""
@@ -167,7 +176,7 @@ class _ServerConnection(asyncio.Protocol):
             log.warning("refusing a connection from %s: it holds %d already, none idle", self._peer, count - 1)
             self._fail(503, f"too many connections from {self._peer or 'this client'}; reuse connections")
             return
-        self._arm_idle()
+        self._go_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -179,10 +188,9 @@ class _ServerConnection(asyncio.Protocol):
             else:
                 self.server.per_client.pop(self._peer, None)
         self._writable.set()
-        if self._idle is not None:
-            self._idle.cancel()
-        if self._deadline is not None:
-            self._deadline.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -197,6 +205,8 @@ class _ServerConnection(asyncio.Protocol):
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
             self._fail(400, f"malformed HTTP request: {exc}")
+        if self._in_message and not self.closed:  # a request still arriving: its deadline must be watched
+            self._watch(self._deadline)
 
     # -- parser callbacks ----------------------------------------------------------------------
 
@@ -207,9 +217,7 @@ class _ServerConnection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._header_bytes = 0
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._idle_since = None
         # The whole head must arrive within the deadline, however slowly it trickles in.
         self._set_deadline(self.server.header_timeout_s, "request headers")
 
@@ -235,15 +243,41 @@ class _ServerConnection(asyncio.Protocol):
             self._fail(431, f"request line and headers over {self.server.max_header_bytes} bytes")
 
     def _set_deadline(self, seconds: float, what: str) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        if not self.closed:
-            self._deadline = asyncio.get_running_loop().call_later(seconds, self._too_slow, seconds, what)
+        """The part of the request now arriving (``what``) must be in within ``seconds``: checked
+        by the watchdog, armed only if the request is still incomplete after this read."""
+        self._deadline = self._loop.time() + seconds
+        self._deadline_what = what
+        self._deadline_s = seconds
 
-    def _too_slow(self, seconds: float, what: str) -> None:
-        self._deadline = None
-        log.info("closing a connection from %s: %s did not arrive within %g s", self._peer, what, seconds)
-        self._fail(408, f"{what} did not arrive within {seconds:g} s")
+    def _watch(self, when: float) -> None:
+        """Have the watchdog fire by loop time ``when`` (it may fire earlier: it checks)."""
+        watchdog = self._watchdog
+        if watchdog is not None:
+            if watchdog.when() <= when:
+                return
+            watchdog.cancel()
+        self._watchdog = self._loop.call_at(when, self._check)
+
+    def _check(self) -> None:
+        """The watchdog: cut a request that is too slow, close a connection idle too long;
+        else re-arm for the next moment either could happen."""
+        self._watchdog = None
+        if self.closed:
+            return
+        now = self._loop.time()
+        if self._in_message:
+            if now >= self._deadline:
+                what, seconds = self._deadline_what, self._deadline_s
+                log.info("closing a connection from %s: %s did not arrive within %g s", self._peer, what, seconds)
+                self._fail(408, f"{what} did not arrive within {seconds:g} s")
+            else:
+                self._watch(self._deadline)
+        elif self._idle_since is not None:
+            closes = self._idle_since + self.server.idle_timeout_s
+            if now >= closes:
+                self.close()
+            else:
+                self._watch(closes)
 
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
@@ -253,10 +287,7 @@ class _ServerConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._in_message = False
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._in_message = False  # a watchdog armed for its deadline finds nothing to do
         if self.closed:
             return
         parsed = httptools.parse_url(self._url)
@@ -276,7 +307,7 @@ class _ServerConnection(asyncio.Protocol):
     def _next(self) -> None:
         if not self.queue or self.closed:
             self.busy = False
-            self._arm_idle()
+            self._go_idle()
             return
         self.busy = True
         request, close = self.queue.popleft()
@@ -326,17 +357,20 @@ class _ServerConnection(asyncio.Protocol):
         )
         self.close()
 
-    def _arm_idle(self) -> None:
-        if self._idle is None and not self.closed:
-            self._idle = asyncio.get_running_loop().call_later(self.server.idle_timeout_s, self.close)
+    def _go_idle(self) -> None:
+        """No request in progress: the connection closes once idle for ``idle_timeout_s``."""
+        if self.closed or self._in_message:
+            return
+        self._idle_since = now = self._loop.time()
+        self._watch(now + self.server.idle_timeout_s)
 
     @property
     def idle_since(self) -> float | None:
-        """When this keep-alive connection's idle timer started (loop time), None while it has a
-        request in progress (arriving, queued or being answered) or once closed."""
-        if self.closed or self._idle is None or self.busy or self.queue or self._in_message:
+        """When this keep-alive connection went idle (loop time), None while it has a request in
+        progress (arriving, queued or being answered) or once closed."""
+        if self.closed or self._idle_since is None or self.busy or self.queue or self._in_message:
             return None
-        return self._idle.when() - self.server.idle_timeout_s
+        return self._idle_since
 
 
 class HttpServer:

@@ -36,6 +36,9 @@ __all__ = ["CallRecord", "Retokenizer", "StreamAssembler", "build_span", "parse_
 Retokenizer = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[list[int], list[int]] | None]
 """``(request, response) -> (prompt_ids, response_ids)`` for upstreams that return no ids."""
 
+_UNSET = t.SpanStatus()
+"""The status of a call that did not fail (immutable: one instance serves every span)."""
+
 # Request fields kept in ``agentbolt.llm.request`` (messages/prompt go to gen_ai.input.messages).
 _BULKY_REQUEST_FIELDS = ("messages", "prompt")
 
@@ -140,7 +143,7 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
     if record.upstream_latency_s is not None:
         attrs["agentbolt.llm.upstream_latency_s"] = record.upstream_latency_s
 
-    status = t.SpanStatus()
+    status = _UNSET
     resp = record.response
     if resp is not None and record.error_type is None:
         choices = resp.get("choices") or []
@@ -176,7 +179,7 @@ def build_span(record: CallRecord, *, span_id: str | None = None, retokenize: Re
             attrs[semconv.RESPONSE_TOKEN_IDS] = list(tokens[1])
             n_response = len(tokens[1])
             logprobs = _choice_logprobs(first, record.operation)
-            if logprobs is not None and not all(math.isfinite(x) for x in logprobs):
+            if logprobs is not None and not all(map(math.isfinite, logprobs)):
                 attrs["agentbolt.llm.logprobs_invalid"] = "the upstream returned non-finite logprobs; they are not kept"
                 logprobs = None
             if logprobs is not None and len(logprobs) == n_response:

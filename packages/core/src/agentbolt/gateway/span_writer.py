@@ -22,6 +22,7 @@ import time
 from .. import types as t
 from .._tasks import cancel_and_wait
 from ..errors import NotFoundError
+from ..store.background_writes import background_writes
 from ..store.base import Store
 from .call_log import CallLog
 from .recorder import CallRecord, Retokenizer, build_span
@@ -203,7 +204,8 @@ class SpanWriter:
                 first = self.added - len(self.buffered) + 1
                 self._in_flight = len(batch)
                 try:
-                    await self.store.add_spans(batch)
+                    with background_writes():  # no answer waits on it: off the event loop if the store can
+                        await self.store.add_spans(batch)
                 except NotFoundError as exc:  # rollouts purged meanwhile: those spans have no home
                     log.warning("dropping %d gateway spans: %s", len(batch), exc)
                     self.dropped += len(batch)

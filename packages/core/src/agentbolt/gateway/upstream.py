@@ -60,12 +60,9 @@ class UpstreamResponse:
                 continue
             if conn.error is not None:
                 raise conn.error
-            conn.more.clear()
-            try:
-                await asyncio.wait_for(conn.more.wait(), self._timeout)
-            except TimeoutError:
+            if not await _within(conn.wait_more(), self._timeout):
                 conn.abort()
-                raise UpstreamTimeout(f"no data from the upstream for {self._timeout:g} s") from None
+                raise UpstreamTimeout(f"no data from the upstream for {self._timeout:g} s")
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -77,6 +74,34 @@ class UpstreamResponse:
             self._conn.abort()
 
 
+async def _within(waiter: asyncio.Future[None], timeout: float) -> bool:
+    """Wait for ``waiter``; False (and ``waiter`` cancelled) after ``timeout`` seconds.
+
+    A timer on the future itself instead of ``asyncio.wait_for``, which wraps the wait in
+    another future (and an event's wait in a task): every layer costs the call one more turn of
+    the event loop before it resumes, on each upstream answer's path, and under load a turn is
+    the time the loop takes to serve every other call that is ready.
+    """
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        waiter.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not expired or (task is not None and task.cancelling()):
+            raise  # the caller itself is cancelled
+        return False
+    finally:
+        timer.cancel()
+    return True
+
+
 class _ClientConnection(asyncio.Protocol):
     def __init__(self, pool: UpstreamPool) -> None:
         self.pool = pool
@@ -85,7 +110,8 @@ class _ClientConnection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.head: asyncio.Future[None] | None = None
         self.chunks: collections.deque[bytes | None] = collections.deque()
-        self.more = asyncio.Event()
+        self._more: asyncio.Future[None] | None = None
+        """What :meth:`wait_more` returned, resolved when a chunk, the end or an error arrives."""
         self.error: Exception | None = None
         self.closed = False
         self.received_any = False
@@ -105,7 +131,7 @@ class _ClientConnection(asyncio.Protocol):
             return
         else:
             self.error = err
-            self.more.set()
+            self._wake()
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
@@ -115,7 +141,7 @@ class _ClientConnection(asyncio.Protocol):
             self.error = UpstreamError(f"malformed HTTP response from {self.pool.base_url}: {exc}")
             if self.head is not None and not self.head.done():
                 self.head.set_exception(self.error)
-            self.more.set()
+            self._wake()
             self.abort()
 
     # parser callbacks
@@ -129,14 +155,26 @@ class _ClientConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
-        self.more.set()
+        self._wake()
         if len(self.chunks) > 64 and self.transport is not None and not self.paused:
             self.paused = True
             self.transport.pause_reading()  # the client end is slower: apply back-pressure
 
     def on_message_complete(self) -> None:
         self.chunks.append(None)
-        self.more.set()
+        self._wake()
+
+    def wait_more(self) -> asyncio.Future[None]:
+        """A future resolved when the next chunk, the end of the body or an error arrives."""
+        self._more = asyncio.get_running_loop().create_future()
+        return self._more
+
+    def _wake(self) -> None:
+        more = self._more
+        if more is not None:
+            self._more = None
+            if not more.done():
+                more.set_result(None)
 
     def resume_if_drained(self) -> None:
         if self.paused and len(self.chunks) < 16 and self.transport is not None:
@@ -238,16 +276,16 @@ class UpstreamPool:
             if conn.closed:
                 continue
             try:
-                await asyncio.wait_for(conn.send(data), timeout_s)
-            except TimeoutError:
-                conn.abort()
-                raise UpstreamTimeout(f"{self.base_url} sent no response headers within {timeout_s:g} s") from None
+                answered = await _within(conn.send(data), timeout_s)
             except UpstreamError:
                 conn.abort()
                 # A keep-alive connection the server already closed: retry once on a new one.
                 if reused and not conn.received_any and attempt == 0:
                     continue
                 raise
+            if not answered:
+                conn.abort()
+                raise UpstreamTimeout(f"{self.base_url} sent no response headers within {timeout_s:g} s")
             return UpstreamResponse(conn.parser.get_status_code(), conn.headers, conn, timeout_s)
         raise UpstreamError(f"cannot send to {self.base_url}")
 

@@ -450,7 +450,9 @@ class OnlineServer:
 
 
 def serve(server: OnlineServer) -> None:
-    """Run ``server`` until SIGINT/SIGTERM, then stop it cleanly."""
+    """Run ``server`` until SIGINT/SIGTERM, then stop it cleanly (the process's entry point:
+    ``agentbolt serve``; it sets the process's garbage collector, see :mod:`agentbolt.long_running_gc`)."""
+    from ..long_running_gc import freeze_startup_objects
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -459,6 +461,7 @@ def serve(server: OnlineServer) -> None:
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         await server.start()
+        freeze_startup_objects()  # full collections then skip what the imports and start-up made
         started = time.monotonic()
         try:
             await stop.wait()

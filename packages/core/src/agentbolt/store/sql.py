@@ -47,6 +47,7 @@ from ..errors import (
     UserError,
 )
 from . import lifecycle
+from .background_writes import in_background
 from .base import AttemptReport, Notifier, Store, normalize_statuses
 from .sql_engine import (
     _data_version,
@@ -218,7 +219,7 @@ class SqlStore(SqlSpansMixin, SqlRunsMixin, Store):
         return self._executor.submit(self._transaction, fn, write)
 
     async def _run(self, fn: Callable[[Connection], R], *, write: bool = True) -> R:
-        if self.dialect == "sqlite" and not self._closed:
+        if self.dialect == "sqlite" and not self._closed and not in_background():
             inline = self._run_inline(fn, write)
             if inline is not None:
                 return inline[0]
