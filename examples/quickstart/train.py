@@ -70,12 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(e.g. runs/quickstart-sft/checkpoint-final) or a Hugging Face model directory",
     )
     p.add_argument("--threshold", type=float, default=1.0, help="torch-sft: imitate rollouts with this reward or more")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=30,
-        help="training steps (default 30; docs/benchmarks.md says how the default was chosen)",
-    )
+    p.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     p.add_argument("--batch-size", type=int, default=8, help="questions per step (default 8)")
     p.add_argument("--group-size", type=int, default=4, help="samples per question (default 4)")
     p.add_argument("--val", type=int, default=96, help="held-out questions (default 96)")
