@@ -48,6 +48,9 @@ RUNS = REPO / "docs" / "runs"
 README = REPO / "README.md"
 MAX_METRICS_BYTES = 256 * 1024
 """A published metrics.jsonl larger than this is refused (records stay small)."""
+HELDOUT_ITEMS = "heldout_items.json"
+"""A run's per-question held-out outcomes, published beside its record when the run wrote them
+(the quickstart does): tests/examples/test_record_metrics.py recomputes the stages from them."""
 
 
 # -- what there is ---------------------------------------------------------------------------------
@@ -176,9 +179,14 @@ def stage_notes(stages: dict[str, dict[str, float]]) -> str:
     return " → ".join(chain)
 
 
-STAGE_TIME_KEYS = {"gain_z": "{:+.1f} se", "training_s": "{:.0f} s of training"}
-"""Per-stage measurements written in words: the gain over the first stage in standard errors,
-and the training time (evaluations excluded) the run had spent when the stage was measured."""
+STAGE_TIME_KEYS = {
+    "gain_z": "{:+.1f} se",
+    "paired_gain_z": "{:+.1f} se paired",
+    "training_s": "{:.0f} s of training",
+}
+"""Per-stage measurements written in words: the gain over the first stage in standard errors
+(the two evaluations taken as independent, then paired by question), and the training time
+(evaluations excluded) the run had spent when the stage was measured."""
 
 
 def _stage_value(key: str, value: float) -> str:
@@ -608,7 +616,7 @@ def publish(name: str, source: Path, runs: Path = RUNS, variant: str | None = No
         raise ValueError(f"{metrics} is {metrics.stat().st_size:,} bytes (> {MAX_METRICS_BYTES:,}); trim it first")
     target = runs / name if variant is None else runs / name / VARIANTS / variant
     target.mkdir(parents=True, exist_ok=True)
-    for file in ("result.json", "metrics.jsonl"):
+    for file in ("result.json", "metrics.jsonl", HELDOUT_ITEMS):
         if (source / file).is_file():
             shutil.copyfile(source / file, target / file)
     plot_record(record, target / "metrics.jsonl", target / "curve.png")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
 import sys
@@ -44,6 +45,7 @@ from agentbolt.runs.evaluation import (  # noqa: E402
     RunRecord,
     latest_run,
     mean_and_se,
+    paired_gain,
     provenance,
     read_heldout,
     set_score,
@@ -137,33 +139,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+HELDOUT_ITEMS = "heldout_items.json"
+"""Beside ``result.json``: each evaluation's per-question outcomes (:func:`heldout_items`)."""
+
 MEMORY_INTERVAL_S = 0.25
 """How often the run's memory is sampled (:class:`run_memory.RunMemory`)."""
 
 
-def run_record(
-    args: argparse.Namespace, origin: dict[str, str], result: Any, wall_s: float, memory: MemoryPeak | None = None
-) -> RunRecord | None:
-    """The run record: held-out accuracy before and after (each evaluation as a stage), with
-    standard errors; ``None`` without held-out questions."""
+def heldout_items(store_url: str, result: Any) -> dict[str, Any] | None:
+    """Each evaluation's per-question outcomes (1 right, 0 not), in task order:
+    ``{"set": ..., "task_ids": [...], "stages": {"step 0": [...], "step 5": [...]}}``, the file
+    ``heldout_items.json`` beside the record; ``None`` without held-out questions. The record's
+    stage scores and paired gains are recomputed from it (tests/examples/test_record_metrics.py)."""
     evaluations = sorted({int(h["step"]) for h in result.history if "val/accuracy" in h})
-    tags = [f"val{step}" for step in evaluations]
-    if not tags:
+    if not evaluations:
         return None
-    outcomes = asyncio.run(read_heldout(args.store, tags, spans=False))
+    outcomes = asyncio.run(read_heldout(store_url, [f"val{step}" for step in evaluations], spans=False))
+    task_ids = [o.task_id for o in outcomes[f"val{evaluations[0]}"]]
+    stages: dict[str, list[int]] = {}
+    for step in evaluations:
+        found = outcomes[f"val{step}"]
+        if [o.task_id for o in found] != task_ids:
+            raise RuntimeError(f"the evaluation at step {step} did not score the same questions as the first one")
+        stages[f"step {step}"] = [int(o.score() >= 1.0) for o in found]
+    return {"set": HELDOUT_SET, "task_ids": task_ids, "stages": stages}
+
+
+def run_record(
+    args: argparse.Namespace,
+    origin: dict[str, str],
+    result: Any,
+    wall_s: float,
+    items: dict[str, Any] | None,
+    memory: MemoryPeak | None = None,
+) -> RunRecord | None:
+    """The run record: held-out accuracy before and after (each evaluation as a stage, with its gain
+    over the first in standard errors, independent and paired), from :func:`heldout_items`;
+    ``None`` without held-out questions."""
+    if items is None:
+        return None
     findings = asyncio.run(training_findings(args.store))
-    correct = {tag: [float(o.score() >= 1.0) for o in found] for tag, found in outcomes.items()}
+    correct = {stage: [float(x) for x in values] for stage, values in items["stages"].items()}
+    names = list(correct)
     stages = {}
     trained_s = training_seconds(result.history)
-    first = mean_and_se(correct[tags[0]])
-    for tag in tags:
-        mean, se = mean_and_se(correct[tag])
-        step = int(tag.removeprefix("val"))
+    first = correct[names[0]]
+    for name in names:
+        mean, se = mean_and_se(correct[name])
         stage = {"score": mean, "se": se}
-        gain = gain_in_se(first, (mean, se))
-        if tag != tags[0] and gain is not None:
-            stage["gain_z"] = gain
-        stages[f"step {step}"] = stage | {"training_s": round(trained_s.get(step, 0.0), 1)}
+        if name != names[0]:
+            gain = gain_in_se(mean_and_se(first), (mean, se))
+            if gain is not None:
+                stage["gain_z"] = gain
+            diff, paired_se = paired_gain(first, correct[name])
+            if paired_se:
+                stage["paired_gain_z"] = round(diff / paired_se, 2)
+        stages[name] = stage | {"training_s": round(trained_s.get(int(name.removeprefix("step ")), 0.0), 1)}
     model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
     return RunRecord(
         example="quickstart",
@@ -172,7 +203,7 @@ def run_record(
         steps=result.steps,
         wall_s=round(wall_s, 1),
         s_per_step=round(result.seconds_per_step, 1),
-        heldout={HELDOUT_SET: set_score("accuracy", correct[tags[0]], correct[tags[-1]], **stages)},
+        heldout={HELDOUT_SET: set_score("accuracy", first, correct[names[-1]], **stages)},
         headline=f"{HELDOUT_SET}/accuracy",
         extra={
             "algorithm": args.algorithm,
@@ -298,15 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     with RunMemory(MEMORY_INTERVAL_S) as memory:
         result = trainer.fit(train, val, max_staleness=args.max_staleness)
     wall_s = time.time() - started
-    record = run_record(args, origin, result, wall_s, memory.peak)
+    items = heldout_items(args.store, result)
+    record = run_record(args, origin, result, wall_s, items, memory.peak)
     if record is not None:
         record.write(Path(args.out) / "result.json")
+        Path(args.out, HELDOUT_ITEMS).write_text(json.dumps(items, separators=(",", ":")) + "\n")
         score = record.heldout[HELDOUT_SET]
-        print(
+        paired = score.paired_gain_in_se
+        line = (
             f"held-out accuracy {score.before:.3f} ± {score.before_se:.3f} -> {score.after:.3f} ± "
-            f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se)".replace("gain +nan se", "no gain"),
-            flush=True,
+            f"{score.after_se:.3f} (n={score.n}, gain {score.gain_in_se:+.1f} se"
+            + ("" if paired is None or math.isnan(paired) else f", {paired:+.1f} se paired")
+            + ")"
         )
+        print(line.replace("gain +nan se", "no gain"), flush=True)
     print(
         f"over {result.steps} steps ({result.seconds_per_step:.1f} s/step, {wall_s / 60:.1f} min in all); "
         f"curve: {result.curve_png}",

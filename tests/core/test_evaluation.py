@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from agentbolt import semconv
 from agentbolt import types as t
-from agentbolt.runs.evaluation import RunRecord, mean_and_se, provenance, read_heldout, set_score
+from agentbolt.runs.evaluation import RunRecord, mean_and_se, paired_gain, provenance, read_heldout, set_score
 from agentbolt.store import open_store
 
 
@@ -34,6 +34,32 @@ def test_set_score_and_gain() -> None:
     with pytest.raises(ValueError, match="same items"):
         set_score("accuracy", [1.0], [1.0, 0.0])
     assert math.isnan(set_score("accuracy", [1.0, 1.0], [1.0, 1.0]).gain_in_se)
+
+
+def test_paired_gain_uses_the_per_question_differences() -> None:
+    before, after = [0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]
+    assert paired_gain(before, after) == (0.25, pytest.approx(0.5 / 2))  # stdev([1, 0, 0, 0]) / sqrt(4)
+    score = set_score("accuracy", [0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
+    assert score.gain_se_paired == pytest.approx(math.sqrt(1 / 3) / 2)  # sample stdev of [1, 1, 0, 0] / sqrt(4)
+    assert score.paired_gain_in_se == pytest.approx(0.5 / score.gain_se_paired)
+    # questions that trade places: no gain, though some questions changed
+    traded = set_score("accuracy", [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0])
+    assert traded.paired_gain_in_se == 0.0 and traded.gain_se_paired and traded.gain_se_paired > 0
+    # correlated outcomes (what was right stays right): the paired error is below the independent one
+    correlated = set_score("accuracy", [1.0] * 5 + [0.0] * 5, [1.0] * 7 + [0.0] * 3)
+    assert correlated.gain_se_paired is not None
+    assert correlated.gain_se_paired < math.hypot(correlated.before_se, correlated.after_se)
+    assert paired_gain([1.0], [0.0]) == (-1.0, None)
+    assert math.isnan(set_score("accuracy", [1.0, 0.0], [1.0, 0.0]).paired_gain_in_se or 0.0)
+    with pytest.raises(ValueError, match="same items"):
+        paired_gain([1.0], [1.0, 0.0])
+    with pytest.raises(ValueError, match="no values"):
+        paired_gain([], [])
+
+
+def test_a_record_written_before_paired_errors_has_none() -> None:
+    record = RunRecord.model_validate(_record())
+    assert record.heldout["dev"].gain_se_paired is None and record.heldout["dev"].paired_gain_in_se is None
 
 
 def _record(**changes: object) -> dict:

@@ -17,6 +17,10 @@ from the run's ``metrics.jsonl`` and the held-out sets' ``n``:
 - ``steps``: the last trained step;
 - a ``step K`` stage's ``training_s`` (the steps' ``time/step_s`` summed up to step K) and
   ``gain_z`` (its gain over the first stage in standard errors).
+
+Where the run published its per-question outcomes (``heldout_items.json``, the quickstart does),
+:func:`item_disagreements` recomputes from them each stage's score and standard error, ``before``,
+``after`` and ``n``, and the paired gains (``paired_gain_z``, ``gain_se_paired``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from agentbolt.runs.evaluation import RunRecord
+from agentbolt.runs.evaluation import RunRecord, mean_and_se, paired_gain
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "docs" / "runs"
@@ -178,6 +182,46 @@ def disagreements(record: RunRecord, rows: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def item_disagreements(record: RunRecord, items: dict[str, Any]) -> list[str]:
+    """What in the record's held-out set disagrees with the run's per-question outcomes
+    (``heldout_items.json``: ``{"set", "task_ids", "stages": {"step K": [0/1, ...]}}``)."""
+    name = items["set"]
+    if name not in record.heldout:
+        return [f"heldout_items.json is about {name!r}, the record has no such set"]
+    s = record.heldout[name]
+    problems = []
+    ids = items["task_ids"]
+    if len(ids) != s.n or len(set(ids)) != len(ids):
+        problems.append(f"{name}.n = {s.n}, heldout_items.json has {len(ids)} questions ({len(set(ids))} distinct)")
+    outcomes = {stage: [float(x) for x in values] for stage, values in items["stages"].items()}
+    if any(len(v) != len(ids) for v in outcomes.values()) or any(
+        x not in (0.0, 1.0) for v in outcomes.values() for x in v
+    ):
+        return [*problems, "heldout_items.json: every stage must score each question 0 or 1"]
+    if set(outcomes) != {k for k in s.stages if k.startswith("step ")}:
+        problems.append(f"{name}: heldout_items.json has stages {sorted(outcomes)}, the record {sorted(s.stages)}")
+    names = list(outcomes)
+    first = outcomes[names[0]]
+    for stage, values in outcomes.items():
+        recorded = s.stages.get(stage, {})
+        mean, se = mean_and_se(values)
+        for key, value in (("score", mean), ("se", se)):
+            if not _close(recorded.get(key, math.nan), value):
+                problems.append(f"{name}.stages[{stage}].{key} = {recorded.get(key)}, the questions give {value}")
+        if "paired_gain_z" in recorded:
+            diff, paired_se = paired_gain(first, values)
+            z = diff / paired_se if paired_se else math.nan
+            if not abs(recorded["paired_gain_z"] - z) <= 0.0051:
+                problems.append(f"{name}.stages[{stage}].paired_gain_z = {recorded['paired_gain_z']}, recomputed {z}")
+    for what, value, stage in (("before", s.before, names[0]), ("after", s.after, names[-1])):
+        if not _close(value, mean_and_se(outcomes[stage])[0]):
+            problems.append(f"{name}.{what} = {value}, the questions give {mean_and_se(outcomes[stage])[0]} ({stage})")
+    paired_se = paired_gain(first, outcomes[names[-1]])[1]
+    if s.gain_se_paired is None or paired_se is None or not _close(s.gain_se_paired, paired_se):
+        problems.append(f"{name}.gain_se_paired = {s.gain_se_paired}, recomputed {paired_se}")
+    return problems
+
+
 @pytest.mark.parametrize("where", RECORDS)
 def test_a_record_agrees_with_its_metrics(where: str) -> None:
     record = RunRecord.load(RUNS / where / "result.json")
@@ -185,6 +229,9 @@ def test_a_record_agrees_with_its_metrics(where: str) -> None:
     # the per-step checks (steps, s_per_step, time/*, engine/*) only run over trained steps
     assert any("time/step_s" in r for r in rows), f"docs/runs/{where}/metrics.jsonl logs no trained step"
     problems = disagreements(record, rows)
+    items = RUNS / where / "heldout_items.json"
+    if items.is_file():
+        problems += item_disagreements(record, json.loads(items.read_text(encoding="utf-8")))
     assert not problems, f"docs/runs/{where}/result.json disagrees with its metrics.jsonl:\n" + "\n".join(problems)
 
 
