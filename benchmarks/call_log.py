@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-import orjson
+from bench_record import load_average, write_record
 
 from agentbolt import types as t
 from agentbolt.gateway.call_log import CallLog
@@ -69,26 +66,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--record", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="agentbolt-calllog-") as tmp:
         rows = asyncio.run(measure(Path(tmp), args.calls, args.rounds))
     print(f"durable-call cost per call ({args.calls} calls x {args.rounds} rounds; thread CPU time, medians)")
     for name, row in rows.items():
         print(f"{name:>10}: {row['cpu_us']:8.1f} us CPU  {row['wall_us']:8.1f} us wall")
     if args.record is not None:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record = {
-            "benchmark": "benchmarks/call_log.py",
-            "argv": sys.argv[1:],
-            "commit": commit,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "cpus": os.cpu_count(),
-            "load_average_start": load_start,
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "arms": rows,
-        }
-        args.record.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
-        print(f"record written to {args.record}")
+        write_record(args.record, "benchmarks/call_log.py", load_start, arms=rows)
 
 
 async def measure(tmp: Path, calls: int, rounds: int) -> dict[str, dict[str, Any]]:

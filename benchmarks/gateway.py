@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 
 import orjson
+from bench_record import load_average, write_record
 
 from agentbolt import types as t
 from agentbolt.gateway.upstream import UpstreamPool
@@ -266,7 +267,7 @@ def main() -> None:
         f"{'api':>9} {'arm':>14} {'placement':>9} {'backend':>9} {'conc':>5} | {'direct p50':>10} {'p99':>8} | {'gateway p50':>11} {'p99':>8} | {'added p50':>9} {'p99':>8} | {'gw req/s':>9} | {'gw cpu/call':>8}"
     )
     record: list[dict[str, object]] = []
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = load_average()
     with tempfile.TemporaryDirectory(prefix="agentbolt-gw-") as tmp:
         for latency_ms in args.latency_ms:
             backend = FakeLLM(default_reply="The answer is 42.", latency_s=latency_ms / 1000, record=False)
@@ -347,31 +348,19 @@ def main() -> None:
                         gateway.send_signal(signal.SIGTERM)
                         gateway.wait(30)
     if args.record is not None:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        args.record.write_bytes(
-            orjson.dumps(
-                {
-                    "benchmark": "benchmarks/gateway.py",
-                    "argv": sys.argv[1:],
-                    "base_src": None if args.base_src is None else str(args.base_src),
-                    "commit": commit,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "cpus": os.cpu_count(),
-                    "staggered_starts": args.stagger,
-                    "placements": {
-                        where: {"gateway": sorted(g), "backend_and_load": sorted(o)}
-                        for where, (g, o) in cores.items()
-                        if where in args.placement
-                    },
-                    "load_average_start": load_start,
-                    "load_average_end": [round(x, 2) for x in os.getloadavg()],
-                    "rows": record,
-                },
-                option=orjson.OPT_INDENT_2,
-            )
-            + b"\n"
+        write_record(
+            args.record,
+            "benchmarks/gateway.py",
+            load_start,
+            base_src=None if args.base_src is None else str(args.base_src),
+            staggered_starts=args.stagger,
+            placements={
+                where: {"gateway": sorted(g), "backend_and_load": sorted(o)}
+                for where, (g, o) in cores.items()
+                if where in args.placement
+            },
+            rows=record,
         )
-        print(f"record written to {args.record}")
 
 
 if __name__ == "__main__":

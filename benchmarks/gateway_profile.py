@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import orjson
+from bench_record import load_average, write_record
 
 SHARES = {
     "answer_socket_write": ("_ServerConnection.write",),
@@ -138,30 +139,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--record", type=Path)
     args = ap.parse_args()
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = load_average()
     results = {}
     for placement in args.placement:
         results[placement] = profile(placement, args.seconds)
         print(placement, orjson.dumps(results[placement]).decode(), flush=True)
     if args.record is not None:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        args.record.write_bytes(
-            orjson.dumps(
-                {
-                    "benchmark": "benchmarks/gateway_profile.py",
-                    "argv": sys.argv[1:],
-                    "commit": commit,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "cpus": os.cpu_count(),
-                    "load_average_start": load_start,
-                    "load_average_end": [round(x, 2) for x in os.getloadavg()],
-                    "placements": results,
-                },
-                option=orjson.OPT_INDENT_2,
-            )
-            + b"\n"
-        )
-        print(f"record written to {args.record}")
+        write_record(args.record, "benchmarks/gateway_profile.py", load_start, placements=results)
 
 
 if __name__ == "__main__":
