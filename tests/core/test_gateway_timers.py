@@ -1,23 +1,24 @@
 """The gateway's HTTP server and upstream client keep their deadlines with cheaper timers: one
-lazily armed watchdog per server connection (idle timeout, request deadlines) and a timer on the
-upstream's own futures instead of ``asyncio.wait_for``. These tests pin the behaviour those
-timers must keep: idle connections close after the idle timeout and not before, a trickled
-request is cut off, an upstream that stalls mid-body times out, and cancelling a caller is a
-cancellation, not a timeout."""
+lazily armed watchdog per server connection (idle timeout, request deadlines) and
+``asyncio.timeout`` on the upstream's own futures instead of ``asyncio.wait_for``. These tests pin
+the behaviour those timers must keep: idle connections close after the idle timeout and not
+before, a trickled request is cut off, an upstream that stalls mid-body times out, cancelling a
+caller is a cancellation, not a timeout, and an upstream's answer costs no extra loop turn."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import pytest_asyncio
 
 from agentbolt.gateway.http import HttpServer, Request, Responder
-from agentbolt.gateway.upstream import UpstreamPool, UpstreamTimeout
+from agentbolt.gateway.upstream import UpstreamPool, UpstreamTimeout, _within
 from agentbolt.long_running_gc import freeze_startup_objects
 
 REQUEST = b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -120,6 +121,52 @@ async def test_cancelling_a_caller_waiting_on_the_upstream_is_a_cancellation(sta
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def _turns_until_resumed(wait: Callable[[asyncio.Future[None]], Awaitable[object]]) -> int:
+    """How many turns of the event loop pass between a future's result and the resumption of a
+    task waiting on it through ``wait``."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    turns, resumed = 0, False
+
+    def tick() -> None:
+        nonlocal turns
+        if not resumed:
+            turns += 1
+            loop.call_soon(tick)
+
+    async def caller() -> None:
+        nonlocal resumed
+        await wait(waiter)
+        resumed = True
+
+    task = asyncio.create_task(caller())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the caller is waiting
+    waiter.set_result(None)
+    loop.call_soon(tick)
+    await task
+    return turns
+
+
+async def test_an_upstream_answer_resumes_its_caller_as_soon_as_a_bare_await_would() -> None:
+    """The upstream waits under a timeout at no cost in loop turns: as soon as awaiting the future
+    with no timeout at all (Python 3.11's ``asyncio.wait_for`` takes one turn more)."""
+
+    async def bare(waiter: asyncio.Future[None]) -> None:
+        await waiter
+
+    baseline = await _turns_until_resumed(bare)
+    assert await _turns_until_resumed(lambda w: _within(w, 30)) == baseline
+    if sys.version_info < (3, 12):  # the measure tells a wrapped wait apart
+        assert await _turns_until_resumed(lambda w: asyncio.wait_for(w, 30)) > baseline
+
+
+async def test_a_waiter_past_its_timeout_is_cancelled() -> None:
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    assert await _within(waiter, 0.05) is False
+    assert waiter.cancelled()
 
 
 def test_freezing_startup_objects_keeps_them_out_of_collections() -> None:

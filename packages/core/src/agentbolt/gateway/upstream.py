@@ -77,28 +77,19 @@ class UpstreamResponse:
 async def _within(waiter: asyncio.Future[None], timeout: float) -> bool:
     """Wait for ``waiter``; False (and ``waiter`` cancelled) after ``timeout`` seconds.
 
-    A timer on the future itself instead of ``asyncio.wait_for``, which wraps the wait in
-    another future (and an event's wait in a task): every layer costs the call one more turn of
-    the event loop before it resumes, on each upstream answer's path, and under load a turn is
-    the time the loop takes to serve every other call that is ready.
+    ``asyncio.timeout`` arms one timer that cancels this task, and the task awaits ``waiter``
+    itself, so the call resumes on the loop turn after ``waiter`` resolves.
+    ``asyncio.wait_for`` (before Python 3.12) wraps the wait in another future, and every
+    layer costs one more turn of the event loop on each upstream answer's path: under load a
+    turn is the time the loop takes to serve every other call that is ready
+    (tests/core/test_gateway_timers.py counts the turns). Cancelling the caller stays a
+    cancellation, not a timeout.
     """
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        waiter.cancel()
-
-    timer = asyncio.get_running_loop().call_later(timeout, expire)
     try:
-        await waiter
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not expired or (task is not None and task.cancelling()):
-            raise  # the caller itself is cancelled
+        async with asyncio.timeout(timeout):
+            await waiter
+    except TimeoutError:
         return False
-    finally:
-        timer.cancel()
     return True
 
 
