@@ -142,8 +142,12 @@ def _f(x: float | None, digits: int = 3) -> str:
 
 
 def _gain(record: RunRecord, name: str) -> str:
-    gain = record.heldout[name].gain_in_se
-    return "n/a" if math.isnan(gain) else f"{gain:+.1f} se"
+    """``+3.6 se``, the gain with the two evaluations taken as independent, and ``, +4.5 se
+    paired`` (per-question differences) when the record has a paired error."""
+    score = record.heldout[name]
+    gain, paired = score.gain_in_se, score.paired_gain_in_se
+    text = "n/a" if math.isnan(gain) else f"{gain:+.1f} se"
+    return text + ("" if paired is None or math.isnan(paired) else f", {paired:+.1f} se paired")
 
 
 def _label(key: str) -> str:

@@ -312,3 +312,35 @@ def test_stage_training_seconds_and_gains_are_recomputed() -> None:
     assert any(p.startswith("arithmetic.stages[step 10].training_s") for p in disagreements(with_stages(slower), rows))
     bigger = {**stages, "step 20": {**stages["step 20"], "gain_z": 3.9}}
     assert any(p.startswith("arithmetic.stages[step 20].gain_z") for p in disagreements(with_stages(bigger), rows))
+
+
+def test_the_quickstart_publishes_its_questions_and_an_edit_is_caught() -> None:
+    """The published quickstart's per-question outcomes agree with its record; a paired gain, a
+    stage score or one question's outcome edited alone is caught."""
+    source = RUNS / "quickstart"
+    record = RunRecord.load(source / "result.json")
+    items = json.loads((source / "heldout_items.json").read_text(encoding="utf-8"))
+    assert item_disagreements(record, items) == []
+    arithmetic = record.heldout["arithmetic"]
+
+    def with_stage(stage: str, **edit: float) -> RunRecord:
+        stages = {**arithmetic.stages, stage: {**arithmetic.stages[stage], **edit}}
+        return record.model_copy(update={"heldout": {"arithmetic": arithmetic.model_copy(update={"stages": stages})}})
+
+    paired = arithmetic.stages["step 10"]["paired_gain_z"]
+    assert any(
+        ".paired_gain_z" in p for p in item_disagreements(with_stage("step 10", paired_gain_z=paired + 1), items)
+    )
+    score = arithmetic.stages["step 15"]["score"]
+    assert any("step 15].score" in p for p in item_disagreements(with_stage("step 15", score=score + 0.05), items))
+    flipped = json.loads(json.dumps(items))
+    last = list(flipped["stages"])[-1]
+    flipped["stages"][last][0] = 1 - flipped["stages"][last][0]
+    problems = item_disagreements(record, flipped)
+    assert any(p.startswith("arithmetic.after") for p in problems) and any("gain_se_paired" in p for p in problems)
+    looser = record.model_copy(
+        update={
+            "heldout": {"arithmetic": arithmetic.model_copy(update={"gain_se_paired": arithmetic.gain_se_paired * 0.8})}
+        }
+    )
+    assert any("gain_se_paired" in p for p in item_disagreements(looser, items))
