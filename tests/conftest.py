@@ -61,11 +61,32 @@ def _group(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test its xdist group (see this module's docstring); runs before xdist reads them."""
+    """Give each test its xdist group (see this module's docstring), and on an xdist worker
+    (``--dist loadgroup``) tell the controller: append ``@group`` to the test's node id, which is
+    how xdist's ``loadgroup`` scheduler reads groups. xdist 3.8 appends it by assigning
+    ``item._nodeid``, which pytest 9.2's structured node ids no longer read (pytest-xdist issue
+    #1386, fix proposed in #1388), so without this every test was its own group and a file's
+    module fixtures started on each worker; ``tests/test_xdist_groups.py`` checks that a file's
+    tests share one worker."""
+    loadgroup = bool(getattr(config.option, "loadgroup", False))  # set on xdist's workers under --dist loadgroup
     for item in items:
         group = _group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+        if not group:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+        if loadgroup and not item.nodeid.endswith(f"@{group}"):
+            _rename(item, f"{item.nodeid}@{group}")
+
+
+def _rename(item: pytest.Item, nodeid: str) -> None:
+    """Set ``item``'s node id (pytest 9.2 keeps it as a structured ``NodeId`` in ``_id``; earlier
+    versions as a string in ``_nodeid``)."""
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)  # type: ignore[attr-defined]
+    else:
+        item._nodeid = nodeid
 
 
 @pytest.fixture(scope="session")
