@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: agentbolt-torch's policy server and update on CUDA in bf16 with a small
 # random model, a few GRPO steps end to end through the gateway (synchronous and max_staleness=1),
-# printing tokens/s and s/step. Sized for one H100 and the machine's own Python (3.11+ with torch,
+# then the same steps with vLLM generating when vLLM is installed (else a "vllm: not run" line
+# says what could not run), printing tokens/s and s/step. Sized for one H100 and the machine's own Python (3.11+ with torch,
 # transformers and peft); it fetches nothing.
 #
 #   scripts/gpu_check.sh                  # on the GPU machine, from the repository root
@@ -24,7 +25,7 @@ WHEELS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS="${2:?--wheels needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
 done

@@ -15,9 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_check_python_part_runs_on_cpu() -> None:
+    """Without vLLM (the workspace's Python has none, and no $AGENTBOLT_VLLM_PYTHON): every other
+    part runs, and the output says the vLLM generator could not (tests/torch/test_vllm_gpu_check.py
+    runs it with vLLM)."""
+    env = {k: v for k, v in os.environ.items() if k != "AGENTBOLT_VLLM_PYTHON"}
     done = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick"],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
@@ -25,6 +30,8 @@ def test_gpu_check_python_part_runs_on_cpu() -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("gpu_check:")]
     assert done.returncode == 0, done.stdout + done.stderr
     assert lines[-1] == "gpu_check: ok"
+    (not_run,) = [line for line in lines if line.startswith("gpu_check: vllm: not run:")]
+    assert "vLLM is not installed" in not_run and "AGENTBOLT_VLLM_PYTHON" in not_run
     assert any("torch-grpo synchronous: 2 steps" in line and "policy version 2" in line for line in lines)
     assert any("asynchronous (max_staleness=1): 2 steps" in line for line in lines)
     assert any(line.startswith("gpu_check: engine: 32 concurrent requests") for line in lines)
