@@ -166,47 +166,79 @@ async def parity_agent(task: dict[str, Any], resources: Any) -> float:
     return float(len(text) % 2)
 
 
-def grpo_steps(model_dir: Path, device: str, steps: int, out: Path, *, batch_size: int, max_tokens: int) -> None:
+TASKS = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(64)]
+"""The GRPO runs' tasks (the parity agent ignores their content)."""
+
+
+def grpo_run(
+    model_dir: Path,
+    out: Path,
+    bound: int | None,
+    *,
+    steps: int,
+    batch_size: int,
+    max_tokens: int,
+    policy: dict[str, Any],
+    generation: dict[str, Any] | None = None,
+) -> tuple[Any, float]:
+    """``steps`` GRPO steps of the parity agent through the gateway (``max_staleness=bound``): the
+    trainer's result and the seconds the run took; fails unless every step ran and reached its version."""
     from agentbolt.options import RunnerOptions
     from agentbolt.trainer import Trainer
     from agentbolt_torch.training.algorithm import TorchGRPO
 
-    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(64)]
+    algorithm = TorchGRPO(
+        str(model_dir),
+        steps=steps,
+        batch_size=batch_size,
+        group_size=4,
+        sampling={"max_tokens": max_tokens},
+        evaluation={"every": None},
+        policy=policy,
+        generation=generation or {},
+        output={"out_dir": out, "plot": False},
+    )
+    trainer = Trainer(
+        parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0, concurrency=64), progress=False
+    )
+    started = time.perf_counter()
+    result = trainer.fit(TASKS, max_staleness=bound)
+    if result.steps != steps or result.policy_version != steps:
+        raise SystemExit(
+            f"gpu_check: {out.name}: ran {result.steps} of {steps} steps, policy version {result.policy_version}"
+        )
+    return result, time.perf_counter() - started
+
+
+def _mode(bound: int | None) -> str:
+    return "synchronous" if bound is None else f"asynchronous (max_staleness={bound})"
+
+
+def grpo_steps(model_dir: Path, device: str, steps: int, out: Path, *, batch_size: int, max_tokens: int) -> None:
+    """Part 3: GRPO steps on agentbolt's own engine, synchronous and one version stale."""
     for bound in (None, 1):
-        algorithm = TorchGRPO(
-            str(model_dir),
+        result, seconds = grpo_run(
+            model_dir,
+            out / f"grpo-{bound}",
+            bound,
             steps=steps,
             batch_size=batch_size,
-            group_size=4,
-            sampling={"max_tokens": max_tokens},
-            evaluation={"every": None},
+            max_tokens=max_tokens,
             policy={"device": device},
-            output={"out_dir": out / f"grpo-{bound}", "plot": False},
         )
-        trainer = Trainer(
-            parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0, concurrency=64), progress=False
-        )
-        started = time.perf_counter()
-        result = trainer.fit(tasks, max_staleness=bound)
-        mode = "synchronous" if bound is None else f"asynchronous (max_staleness={bound})"
         say(
-            f"torch-grpo {mode}: {result.steps} steps, {result.seconds_per_step:.2f} s/step, policy version "
-            f"{result.policy_version}, {result.stale_calls} stale calls, {time.perf_counter() - started:.1f} s in all"
+            f"torch-grpo {_mode(bound)}: {result.steps} steps, {result.seconds_per_step:.2f} s/step, policy version "
+            f"{result.policy_version}, {result.stale_calls} stale calls, {seconds:.1f} s in all"
         )
-        if result.steps != steps or result.policy_version != steps:
-            raise SystemExit(f"gpu_check: torch-grpo {mode} ran {result.steps} of {steps} steps")
 
 
 def vllm_steps(
     model_dir: Path, device: str, steps: int, out: Path, *, batch_size: int, max_tokens: int, required: bool
 ) -> None:
-    """Part 4: :func:`grpo_steps`' run with vLLM generating; says ``vllm: not run`` and why (or
+    """Part 4: :func:`grpo_steps`' runs with vLLM generating; says ``vllm: not run`` and why (or
     fails, with ``required``) when no Python with vLLM is found."""
     from agentbolt.errors import UserError
-    from agentbolt.options import RunnerOptions
-    from agentbolt.trainer import Trainer
     from agentbolt_torch.serving.vllm_process import find_vllm_python
-    from agentbolt_torch.training.algorithm import TorchGRPO
 
     try:
         python = find_vllm_python()
@@ -218,7 +250,6 @@ def vllm_steps(
             f"update, exact ids and logprobs through the gateway) could not run here. {e}"
         )
         return
-    tasks = [{"task_id": f"q{i}", "question": f"What is {i} + {i}?"} for i in range(64)]
     vllm: dict[str, Any] = {"python": python, "max_model_len": 1024}
     policy: dict[str, Any] = {"device": device}
     if device == "cpu":  # both in fp32: the recorded logprobs match the policy's own to about 1e-5
@@ -228,33 +259,24 @@ def vllm_steps(
         vllm["extra_args"] = ["--gpu-memory-utilization", "0.3"]
     for bound in (None, 1):
         work = out / f"vllm-{bound}"
-        algorithm = TorchGRPO(
-            str(model_dir),
+        result, seconds = grpo_run(
+            model_dir,
+            work,
+            bound,
             steps=steps,
             batch_size=batch_size,
-            group_size=4,
-            sampling={"max_tokens": max_tokens},
-            evaluation={"every": None},
+            max_tokens=max_tokens,
             policy=policy,
             generation={"generator": "vllm", "vllm": vllm | {"work_dir": work / "server"}},
-            output={"out_dir": work, "plot": False},
         )
-        trainer = Trainer(
-            parity_agent, algorithm, store="memory://", runners=RunnerOptions(n=0, concurrency=64), progress=False
-        )
-        started = time.perf_counter()
-        result = trainer.fit(tasks, max_staleness=bound)
-        mode = "synchronous" if bound is None else f"asynchronous (max_staleness={bound})"
         mismatch = [h["update/logprob_mismatch"] for h in result.history if "update/logprob_mismatch" in h]
         say(
-            f"vllm torch-grpo {mode}: {result.steps} steps, {result.seconds_per_step:.2f} s/step, policy version "
+            f"vllm torch-grpo {_mode(bound)}: {result.steps} steps, {result.seconds_per_step:.2f} s/step, policy version "
             f"{result.policy_version}, logprob mismatch (mean |recorded - recomputed|) "
             f"{max(mismatch, default=float('nan')):.2e} at most"
             + ("" if bound is None else " (calls one version stale were generated by the previous weights)")
-            + f", {time.perf_counter() - started:.1f} s in all (vLLM's start included)"
+            + f", {seconds:.1f} s in all (vLLM's start included)"
         )
-        if result.steps != steps or result.policy_version != steps:
-            raise SystemExit(f"gpu_check: vllm torch-grpo {mode} ran {result.steps} of {steps} steps")
 
 
 def main(argv: list[str] | None = None) -> int:
