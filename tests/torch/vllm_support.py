@@ -31,3 +31,12 @@ def vllm_tiny(seed: int = 0) -> tuple[Any, Any]:
     from agentbolt_torch.models import tiny_model
 
     return tiny_model(seed=seed, hidden_size=64, num_heads=2, num_kv_heads=1)
+
+
+def serving_part(log: str) -> str:
+    """A vLLM server log up to its shutdown (the first ``[shutdown]`` line): what it logged while it
+    served. On SIGTERM vLLM stops its engine in ``abort`` mode with no grace period, and its API
+    server can then log an ``EngineDeadError`` traceback while it exits; a traceback before that is
+    an error of the run."""
+    index = log.find("[shutdown]")
+    return log if index < 0 else log[: log.rfind("\n", 0, index) + 1]
