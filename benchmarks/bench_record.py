@@ -14,13 +14,13 @@ was: latency figures on a shared machine swing with other work, so they are read
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from agentbolt.runs.evaluation import provenance
 
 __all__ = ["load_average", "write_record"]
 
@@ -31,14 +31,14 @@ def load_average() -> list[float]:
 
 
 def write_record(path: Path, benchmark: str, load_start: list[float], **figures: Any) -> None:
-    """Write ``benchmark``'s record to ``path``: ``benchmark``, ``argv``, ``commit`` (short),
-    ``date`` (UTC), ``cpus``, ``load_average_start``/``_end``, then ``figures`` in order."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    """Write ``benchmark``'s record to ``path``: ``benchmark``, ``argv``, then what
+    :func:`agentbolt.runs.evaluation.provenance` says of this process (``command``, ``commit`` with
+    ``+dirty`` for a changed tree, ``date``, ``machine``), ``cpus``, ``load_average_start``/``_end``,
+    then ``figures`` in order."""
     header = {
         "benchmark": benchmark,
         "argv": sys.argv[1:],
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **provenance(sys.argv),
         "cpus": os.cpu_count(),
         "load_average_start": load_start,
         "load_average_end": load_average(),
