@@ -45,7 +45,6 @@ from agentbolt.runs.evaluation import (  # noqa: E402
     RunRecord,
     latest_run,
     mean_and_se,
-    paired_gain,
     provenance,
     read_heldout,
     set_score,
@@ -192,13 +191,11 @@ def run_record(
     for name in names:
         mean, se = mean_and_se(correct[name])
         stage = {"score": mean, "se": se}
-        if name != names[0]:
-            gain = gain_in_se(mean_and_se(first), (mean, se))
-            if gain is not None:
-                stage["gain_z"] = gain
-            diff, paired_se = paired_gain(first, correct[name])
-            if paired_se:
-                stage["paired_gain_z"] = round(diff / paired_se, 2)
+        if name != names[0]:  # its gains over the first evaluation, as the record's headline gains
+            score = set_score("accuracy", first, correct[name])
+            for key, z in (("gain_z", score.gain_in_se), ("paired_gain_z", score.paired_gain_in_se)):
+                if z is not None and math.isfinite(z):
+                    stage[key] = round(z, 2)
         stages[name] = stage | {"training_s": round(trained_s.get(int(name.removeprefix("step ")), 0.0), 1)}
     model = {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny (random)"}.get(args.model, Path(args.model).name)
     return RunRecord(
@@ -244,13 +241,6 @@ def training_seconds(history: list[dict[str, Any]]) -> dict[int, float]:
             total += float(h["time/step_s"])
             spent[int(h["step"])] = total
     return spent
-
-
-def gain_in_se(first: tuple[float, float], later: tuple[float, float]) -> float | None:
-    """``(later - first) / sqrt(se_first^2 + se_later^2)``, as the record's headline gain
-    (:attr:`agentbolt.runs.evaluation.SetScore.gain_in_se`); ``None`` when both errors are 0."""
-    se = math.hypot(first[1], later[1])
-    return round((later[0] - first[0]) / se, 2) if se else None
 
 
 async def training_findings(store_url: str) -> list[str]:
